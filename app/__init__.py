@@ -1,0 +1,60 @@
+"""Loom's web app: ``create_app`` builds it from settings, the registry and the stores."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from flask import Flask
+from flask_smorest import Api
+
+from app.api import register_error_handlers, register_ops
+from app.registry import load_ops
+from app.services import Services
+from app.settings import load_settings
+
+API_TITLE = "Loom"
+API_VERSION = "1"
+
+
+def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
+    """Defaults, then the environment, then ``test_config``.
+
+    ``test_config`` keys are settings attributes (``redis_url``, ``auth``, ...); the keys
+    ``clock`` and ``redis`` inject a clock and a Redis client.
+    """
+    overrides = dict(test_config or {})
+    clock = overrides.pop("clock", None)
+    redis_client = overrides.pop("redis", None)
+    settings = load_settings(overrides=overrides)
+
+    app = Flask(__name__)
+    app.config.update(
+        MAX_CONTENT_LENGTH=settings.max_body_bytes,
+        API_TITLE=API_TITLE,
+        API_VERSION=API_VERSION,
+        OPENAPI_VERSION="3.0.3",
+        OPENAPI_URL_PREFIX="/",
+        OPENAPI_JSON_PATH="openapi.json",
+        OPENAPI_SWAGGER_UI_PATH="/docs",
+        OPENAPI_SWAGGER_UI_URL="https://cdn.jsdelivr.net/npm/swagger-ui-dist/",
+    )
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.json.compact = True  # type: ignore[attr-defined]
+    logging.getLogger("loom").setLevel(logging.INFO)
+
+    services = Services(settings, redis_client=redis_client, clock=clock)
+    app.extensions["loom"] = services
+
+    api = Api(app)
+    api.spec.components.security_scheme(
+        "bearer", {"type": "http", "scheme": "bearer", "description": "A Loom token"}
+    )
+    register_error_handlers(app)
+    register_ops(app, api, load_ops(), services)
+
+    from app.cli import loom_cli
+
+    app.cli.add_command(loom_cli)
+    return app

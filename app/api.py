@@ -1,0 +1,204 @@
+"""The HTTP face of the registry: one route per op, the OpenAPI document, one error shape.
+
+Every op in ``REGISTRY`` becomes ``POST /v1/<op>`` (or the path it declares) in a blueprint per
+plane, documented from its schemas with flask-smorest. A request goes: body read (413 before
+the body is read when it is too large; 400 for a wrong content type or malformed JSON) ->
+principal (401) -> role (403) -> input schema (422 naming each field) -> identity (403 outside
+the token's reach, 422 when incomplete) -> handler. Every failure, ours or werkzeug's, leaves
+as ``{"error": {"code", "message", ...}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from flask import Flask, Response, current_app, request
+from flask_smorest import Api, Blueprint
+from marshmallow import EXCLUDE, Schema, ValidationError
+from werkzeug.exceptions import HTTPException
+
+from app.auth import Principal, resolve_identity
+from app.errors import (
+    AuthInsufficient,
+    BodyTooLarge,
+    LoomError,
+    MalformedJson,
+    MethodNotAllowed,
+    RouteNotFound,
+    UnknownOp,
+    UnsupportedContentType,
+    ValidationFailed,
+)
+from app.registry import Call, Op, OpRegistry
+from app.schemas.common import ErrorAnswer
+from app.services import Services
+
+log = logging.getLogger("loom.api")
+
+ERROR_RESPONSES = {
+    "400": "Malformed JSON or a wrong content type",
+    "401": "Missing, unknown, revoked or expired token",
+    "403": "Role too low, or an identity outside the token's reach",
+    "413": "Body over LOOM_MAX_BODY_BYTES",
+    "422": "Invalid input; the error names each field",
+}
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def read_json_body() -> dict[str, Any]:
+    """The request body as a JSON object; an empty body is ``{}``."""
+    max_bytes = current_app.config["MAX_CONTENT_LENGTH"]
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise BodyTooLarge(
+            f"body of {request.content_length} bytes is over {max_bytes}", max_bytes=max_bytes
+        )
+    raw = request.get_data(cache=False)
+    if not raw.strip():
+        return {}
+    if not request.is_json:
+        raise UnsupportedContentType(
+            "the body must be sent as application/json",
+            content_type=request.mimetype or "",
+        )
+    try:
+        # Strict UTF-8 first: json.loads on bytes would let surrogates through to Redis.
+        text = raw.decode("utf-8")
+        body = json.loads(text, parse_constant=_reject_constant)
+        if "\\ud" in text or "\\uD" in text:
+            # An escaped lone surrogate parses, but cannot be stored or answered.
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except (ValueError, RecursionError) as exc:
+        raise MalformedJson(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise MalformedJson("the body must be a JSON object")
+    return body
+
+
+def load_args(schema: Schema, body: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return schema.load(body, unknown=EXCLUDE)
+    except ValidationError as exc:
+        messages = exc.messages if isinstance(exc.messages, dict) else {"_body": exc.messages}
+        raise ValidationFailed(messages) from None
+
+
+def _client_name() -> str:
+    return request.headers.get("X-Loom-Client") or request.headers.get("User-Agent", "")
+
+
+def make_view(op: Op, services: Services) -> Callable[[], Any]:
+    schema = op.args()
+    known = frozenset(f.data_key or name for name, f in schema.load_fields.items())
+    authenticate = services.authenticate
+
+    def view(**path_args: Any) -> Any:
+        body = read_json_body()
+        principal: Principal = authenticate(request.headers, op)
+        if not principal.reaches_role(op.role):
+            raise AuthInsufficient(
+                f"{op.name} needs the {op.role} role; this token has {principal.role}",
+                required_role=op.role,
+            )
+        if path_args:
+            body = {**body, **path_args}
+        if request.args and op.http_method == "GET":
+            body = {**request.args.to_dict(), **body}
+        args = load_args(schema, body)
+        identity = resolve_identity(op, principal, args)
+        result = op.handler(Call(op, args, identity, principal, services, _client_name()))
+        result["ignored_args"] = [name for name in body if name not in known]
+        return result
+
+    view.__name__ = op.name.replace(".", "_")
+    view.__doc__ = op.summary
+    return view
+
+
+def _document(op: Op, view: Callable[..., Any]) -> Callable[..., Any]:
+    responses: dict[str, Any] = {
+        "200": {"description": "OK", "content": {"application/json": {"schema": op.answer}}}
+    }
+    for status, description in ERROR_RESPONSES.items():
+        responses[status] = {
+            "description": description,
+            "content": {"application/json": {"schema": ErrorAnswer}},
+        }
+    doc: dict[str, Any] = {
+        "summary": op.summary,
+        "description": (
+            f"Role `{op.role}` · {op.kind}"
+            + ("" if not op.mcp else f" · MCP `{op.mcp_name}`")
+            + ("" if op.listed or not op.mcp else " · not listed under the MCP all toolset")
+        ),
+        "operationId": op.name,
+        "responses": responses,
+    }
+    if op.http_method != "GET":
+        doc["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": op.args}},
+        }
+    return Blueprint.doc(**doc)(view)
+
+
+def register_ops(app: Flask, api: Api, registry: OpRegistry, services: Services) -> None:
+    for plane, ops in registry.planes().items():
+        blueprint = Blueprint(plane, __name__, description=f"The {plane} plane")
+        for declared in ops:
+            view = _document(declared, make_view(declared, services))
+            blueprint.route(
+                declared.http_path,
+                methods=[declared.http_method],
+                endpoint=declared.name.replace(".", "_"),
+            )(view)
+        api.register_blueprint(blueprint)
+
+
+def error_response(error: LoomError) -> Response:
+    response = current_app.json.response({"error": error.to_dict()})
+    response.status_code = error.status
+    retry_after = error.details.get("retry_after")
+    if retry_after is not None:
+        response.headers["Retry-After"] = str(retry_after)
+    return response
+
+
+def register_error_handlers(app: Flask) -> None:
+    @app.errorhandler(LoomError)
+    def handle_loom_error(error: LoomError) -> Response:
+        return error_response(error)
+
+    @app.errorhandler(HTTPException)
+    def handle_http_exception(error: HTTPException) -> Response:
+        if error.code == 404:
+            if request.path.startswith("/v1/"):
+                name = request.path[len("/v1/"):]
+                return error_response(UnknownOp(f"no op named {name!r}", op=name))
+            return error_response(RouteNotFound(f"no route {request.path}"))
+        if error.code == 405:
+            return error_response(
+                MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
+            )
+        if error.code == 413:
+            max_bytes = current_app.config["MAX_CONTENT_LENGTH"]
+            return error_response(BodyTooLarge(f"body is over {max_bytes} bytes"))
+        if error.code == 400:
+            return error_response(MalformedJson(error.description or "bad request"))
+        generic = LoomError(error.description or error.name)
+        generic.code = error.name.upper().replace(" ", "_")
+        generic.status = error.code or 500
+        return error_response(generic)
+
+    @app.errorhandler(Exception)
+    def handle_unexpected(error: Exception) -> Response:
+        log.exception("unexpected error on %s", request.path)
+        internal = LoomError("internal error; it has been logged")
+        internal.code = "INTERNAL_ERROR"
+        internal.status = 500
+        return error_response(internal)

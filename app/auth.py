@@ -1,0 +1,90 @@
+"""Who is calling, and which identity an op may act as.
+
+A ``Principal`` is what a token grants (or, with auth off, the install's single user).
+``resolve_identity`` fills the identity fields a body leaves out from the principal and refuses
+a body that names an org, namespace, agent, user or session outside the principal's reach.
+Token storage and lookup live in ``app.store.tokens``; this module holds no Redis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.errors import AuthInsufficient, IdentityIncomplete
+from app.registry import ROLE_RANK, Op
+from app.store.identity import Identity
+
+READ_SCOPES = ("namespace", "own_user", "own_session")
+READ_SCOPE_RANK = {"own_session": 0, "own_user": 1, "namespace": 2}
+ANY = "*"
+
+
+@dataclass(frozen=True)
+class Principal:
+    org: str
+    namespace: str = ANY
+    role: str = "admin"
+    read_scope: str = "namespace"
+    read_user_id: str | None = None
+    session_id: str | None = None
+    agent: str | None = None
+    scopes: frozenset[str] = field(default_factory=frozenset)
+    token_id: str | None = None
+    single_user: bool = False
+
+    def reaches_role(self, role: str) -> bool:
+        return ROLE_RANK[self.role] >= ROLE_RANK[role]
+
+    def has_scope(self, scope: str) -> bool:
+        return self.single_user or self.role == "admin" or scope in self.scopes
+
+
+def single_user(org: str) -> Principal:
+    """The seeds' single-user server: the install's org, every role, every namespace."""
+    return Principal(org=org, single_user=True)
+
+
+def _fixed(field_name: str, given: Any, fixed: str | None, blank: Any) -> Any:
+    """The body may repeat what the token fixes, or leave it out; naming another is a 403."""
+    if fixed is None:
+        return given
+    if given not in (None, blank, fixed):
+        raise AuthInsufficient(
+            f"{field_name} {given!r} is outside this token's reach", field=field_name
+        )
+    return fixed
+
+
+def resolve_identity(op: Op, principal: Principal, args: dict[str, Any]) -> Identity:
+    if not principal.reaches_role(op.role):
+        raise AuthInsufficient(
+            f"{op.name} needs the {op.role} role; this token has {principal.role}",
+            required_role=op.role,
+        )
+    if principal.single_user:
+        # Auth off: every call acts in the install's org, whatever the body says (seed 000).
+        org = principal.org
+    else:
+        org = _fixed("org", args.get("org"), principal.org, None)
+    namespace = _fixed(
+        "namespace",
+        args.get("namespace"),
+        None if principal.namespace == ANY else principal.namespace,
+        None,
+    )
+    agent = _fixed("agent", args.get("agent"), principal.agent, None)
+    user_id = _fixed("user_id", args.get("user_id", "-"), principal.read_user_id, "-")
+    session_id = _fixed("session_id", args.get("session_id", "-"), principal.session_id, "-")
+    if not namespace:
+        raise IdentityIncomplete("namespace is required", field="namespace")
+    if op.needs_agent and not agent:
+        raise IdentityIncomplete("agent is required", field="agent")
+    return Identity(
+        org=org,
+        namespace=namespace,
+        agent=agent or "-",
+        user_id=user_id or "-",
+        session_id=session_id or "-",
+        run_id=args.get("run_id") or "-",
+    )

@@ -1,0 +1,186 @@
+"""Loom's domain errors: a flat list of small classes, each with the seed's code and status.
+
+Stores, schemas and jobs raise these; the HTTP layer turns every one of them into the single
+error shape ``{"error": {"code", "message", ...details}}``. Nothing below knows about HTTP
+beyond the status number it carries.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LoomError(Exception):
+    """Root of every error Loom answers with; ``details`` are extra keys of the error object."""
+
+    code = "LOOM_ERROR"
+    status = 400
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, **self.details}
+
+
+# --- request shape (400 / 404 / 413 / 422) ---------------------------------------------------
+
+
+class MalformedJson(LoomError):
+    code = "MALFORMED_JSON"
+    status = 400
+
+
+class UnsupportedContentType(LoomError):
+    code = "UNSUPPORTED_CONTENT_TYPE"
+    status = 400
+
+
+class BodyTooLarge(LoomError):
+    code = "BODY_TOO_LARGE"
+    status = 413
+
+
+class UnknownOp(LoomError):
+    code = "UNKNOWN_OP"
+    status = 404
+
+
+class RouteNotFound(LoomError):
+    code = "NOT_FOUND"
+    status = 404
+
+
+class MethodNotAllowed(LoomError):
+    code = "METHOD_NOT_ALLOWED"
+    status = 405
+
+
+class ValidationFailed(LoomError):
+    """422 naming each bad field: ``fields`` maps a field path to its messages."""
+
+    code = "VALIDATION_ERROR"
+    status = 422
+
+    def __init__(self, fields: dict[str, Any], message: str | None = None) -> None:
+        names = ", ".join(sorted(fields))
+        super().__init__(message or f"invalid input: {names}", fields=fields)
+
+
+class IdentityIncomplete(LoomError):
+    code = "IDENTITY_INCOMPLETE"
+    status = 422
+
+
+class SchemaRuleViolation(LoomError):
+    """A declared document (profile schema, object types, features) breaks a named rule."""
+
+    code = "SCHEMA_INVALID"
+    status = 422
+
+    def __init__(self, rule: str, message: str, **details: Any) -> None:
+        super().__init__(message, rule=rule, **details)
+        self.rule = rule
+
+
+# --- auth (401 / 403 / 429) -------------------------------------------------------------------
+
+
+class AuthRequired(LoomError):
+    code = "AUTH_REQUIRED"
+    status = 401
+
+
+class AuthInvalid(LoomError):
+    code = "AUTH_INVALID"
+    status = 401
+
+
+class AuthInsufficient(LoomError):
+    code = "AUTH_INSUFFICIENT"
+    status = 403
+
+
+class RateLimited(LoomError):
+    code = "RATE_LIMITED"
+    status = 429
+
+
+# --- working memory (seed 004) ----------------------------------------------------------------
+
+
+class WorkingMemoryLimitExceeded(LoomError):
+    code = "WORKING_MEMORY_LIMIT_EXCEEDED"
+    status = 422
+
+    def __init__(self, value_length: int, char_limit: int) -> None:
+        super().__init__(
+            f"content of {value_length} characters is over the block's char_limit {char_limit}",
+            value_length=value_length,
+            char_limit=char_limit,
+        )
+
+
+class SubstringNotFound(LoomError):
+    code = "SUBSTRING_NOT_FOUND"
+    status = 422
+
+
+class WorkingMemoryBlockNotFound(LoomError):
+    code = "WORKING_MEMORY_BLOCK_NOT_FOUND"
+    status = 404
+
+
+# --- memory rows and profiles (seed 003) ------------------------------------------------------
+
+
+class CharLimitExceeded(LoomError):
+    code = "CHAR_LIMIT_EXCEEDED"
+    status = 422
+
+    def __init__(self, value_length: int, char_limit: int) -> None:
+        super().__init__(
+            f"value of {value_length} characters (canonical JSON) is over char_limit {char_limit}",
+            value_length=value_length,
+            char_limit=char_limit,
+        )
+
+
+class HashMismatch(LoomError):
+    code = "HASH_MISMATCH"
+    status = 409
+
+
+class MemoryNotFound(LoomError):
+    code = "MEMORY_NOT_FOUND"
+    status = 404
+
+
+class ProfileSectionNotFound(LoomError):
+    code = "PROFILE_SECTION_NOT_FOUND"
+    status = 404
+
+
+class MemoryLocked(LoomError):
+    code = "MEMORY_LOCKED"
+    status = 409
+
+
+class UserBeingErased(LoomError):
+    code = "USER_BEING_ERASED"
+    status = 409
+
+
+# --- agent state (seed 002) -------------------------------------------------------------------
+
+
+class AgentStateConflict(LoomError):
+    code = "agent_state_conflict"
+    status = 412
+
+
+class FeatureDisabled(LoomError):
+    code = "FEATURE_DISABLED"
+    status = 403

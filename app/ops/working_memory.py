@@ -1,0 +1,197 @@
+"""The working_memory.* ops (seed 004): their schemas, and handlers over WorkingMemoryStore."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marshmallow import Schema, fields, validate
+
+from app.registry import Call, op
+from app.schemas.common import Answer, IdentityArgs, StrictInt
+from app.store.working_memory import (
+    DEFAULT_BLOCK_KEY,
+    DEFAULT_CHAR_LIMIT,
+    MAX_CHAR_LIMIT,
+    WorkingMemoryStore,
+)
+
+BLOCK_KEY_MAX = 80
+RENDER_MAX_BLOCK_KEYS = 20
+
+
+def _block_key(description: str) -> fields.String:
+    return fields.String(
+        load_default=DEFAULT_BLOCK_KEY,
+        validate=validate.Length(min=1, max=BLOCK_KEY_MAX),
+        metadata={"description": description},
+    )
+
+
+class WorkingMemorySetArgs(IdentityArgs):
+    block_key = _block_key("The block to write, within the caller's scope.")
+    content = fields.String(
+        load_default="", metadata={"description": "The block's whole new text."}
+    )
+    char_limit = StrictInt(
+        load_default=None,
+        validate=validate.Range(min=1, max=MAX_CHAR_LIMIT),
+        metadata={
+            "description": "The block's size cap in characters (default 4096, at most 16384); "
+            "left out, an existing block keeps its cap."
+        },
+    )
+
+
+class WorkingMemoryAppendArgs(IdentityArgs):
+    block_key = _block_key("The block to append to; a missing block is created.")
+    addition = fields.String(required=True, metadata={"description": "Text added at the end."})
+    separator = fields.String(
+        load_default="\n",
+        metadata={"description": "Put between the existing text and addition."},
+    )
+
+
+class WorkingMemoryReplaceArgs(IdentityArgs):
+    block_key = _block_key("The block to edit; a missing block is a 404.")
+    old = fields.String(
+        required=True,
+        validate=validate.Length(min=1),
+        metadata={"description": "Text to find; every occurrence is replaced."},
+    )
+    new = fields.String(
+        load_default="", metadata={"description": "Replacement text; empty deletes."}
+    )
+
+
+class WorkingMemoryKeyArgs(IdentityArgs):
+    block_key = _block_key("The block to read or delete.")
+
+
+class WorkingMemoryRenderArgs(IdentityArgs):
+    block_keys = fields.List(
+        fields.String(validate=validate.Length(min=1, max=BLOCK_KEY_MAX)),
+        load_default=None,
+        validate=validate.Length(max=RENDER_MAX_BLOCK_KEYS),
+        metadata={"description": "Only these blocks (at most 20); empty = every live block."},
+    )
+    format = fields.String(load_default="xml", validate=validate.OneOf(["xml", "markdown"]))
+    limit = StrictInt(load_default=20, validate=validate.Range(min=1, max=100))
+
+
+class WorkingMemoryWrite(Answer):
+    block_key = fields.String()
+    version = fields.Integer()
+    char_limit = fields.Integer()
+    value_length = fields.Integer()
+    fill_ratio = fields.Float()
+
+
+class WorkingMemoryBlock(Schema):
+    block_key = fields.String()
+    content = fields.String()
+    char_limit = fields.Integer()
+    version = fields.Integer()
+    updated_at = fields.String(allow_none=True)
+    fill_ratio = fields.Float()
+
+
+class WorkingMemoryGet(Answer, WorkingMemoryBlock):
+    found = fields.Boolean()
+
+
+class WorkingMemoryDeleted(Answer):
+    deleted = fields.Boolean()
+    block_key = fields.String()
+
+
+class WorkingMemoryRendered(Answer):
+    rendered = fields.String()
+    blocks = fields.List(fields.Nested(WorkingMemoryBlock))
+    block_count = fields.Integer()
+    total_chars = fields.Integer()
+
+
+def _store(call: Call) -> WorkingMemoryStore:
+    return call.services.store(WorkingMemoryStore)
+
+
+@op("working_memory.set", role="writer", kind="idempotent",
+    args=WorkingMemorySetArgs, answer=WorkingMemoryWrite)
+def working_memory_set(call: Call) -> dict[str, Any]:
+    """Overwrite one working-memory block."""
+    a = call.args
+    written = _store(call).set(call.identity, a["block_key"], a["content"], a["char_limit"])
+    return written.as_answer()
+
+
+@op("working_memory.append", role="writer", kind="write",
+    args=WorkingMemoryAppendArgs, answer=WorkingMemoryWrite)
+def working_memory_append(call: Call) -> dict[str, Any]:
+    """Append text to a working-memory block, creating it when missing."""
+    a = call.args
+    written = _store(call).append(call.identity, a["block_key"], a["addition"], a["separator"])
+    return written.as_answer()
+
+
+@op("working_memory.replace", role="writer", kind="idempotent", listed=False,
+    args=WorkingMemoryReplaceArgs, answer=WorkingMemoryWrite)
+def working_memory_replace(call: Call) -> dict[str, Any]:
+    """Replace exact text inside a working-memory block."""
+    a = call.args
+    return _store(call).replace(call.identity, a["block_key"], a["old"], a["new"]).as_answer()
+
+
+@op("working_memory.delete", role="writer", kind="idempotent", listed=False,
+    args=WorkingMemoryKeyArgs, answer=WorkingMemoryDeleted)
+def working_memory_delete(call: Call) -> dict[str, Any]:
+    """Delete one working-memory block."""
+    block_key = call.args["block_key"]
+    return {"deleted": _store(call).delete(call.identity, block_key), "block_key": block_key}
+
+
+@op("working_memory.get", role="viewer", kind="read", listed=False,
+    args=WorkingMemoryKeyArgs, answer=WorkingMemoryGet)
+def working_memory_get(call: Call) -> dict[str, Any]:
+    """Fetch one working-memory block by key."""
+    block_key = call.args["block_key"]
+    block = _store(call).get(call.identity, block_key)
+    if block is None:
+        return {
+            "found": False,
+            "block_key": block_key,
+            "content": "",
+            "char_limit": DEFAULT_CHAR_LIMIT,
+            "version": 0,
+            "updated_at": None,
+            "fill_ratio": 0.0,
+        }
+    return {"found": True, **block.as_answer()}
+
+
+def render_blocks(blocks: list[Any], style: str) -> str:
+    """The blocks as one prompt fragment; context.pack renders its layers with this too."""
+    if style == "markdown":
+        return "\n\n".join(f"## {block.block_key}\n{block.content}" for block in blocks)
+    return "\n".join(
+        f'<working-memory block="{_attribute(block.block_key)}">{block.content}</working-memory>'
+        for block in blocks
+    )
+
+
+def _attribute(text: str) -> str:
+    return text.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
+
+
+@op("working_memory.render", role="viewer", kind="read",
+    args=WorkingMemoryRenderArgs, answer=WorkingMemoryRendered)
+def working_memory_render(call: Call) -> dict[str, Any]:
+    """Render working-memory blocks as XML or markdown."""
+    a = call.args
+    blocks = _store(call).blocks(call.identity, a["block_keys"], a["limit"])
+    return {
+        "rendered": render_blocks(blocks, a["format"]),
+        "blocks": [block.as_answer() for block in blocks],
+        "block_count": len(blocks),
+        "total_chars": sum(len(block.content) for block in blocks),
+    }
+

@@ -1,0 +1,61 @@
+"""Keeps the README's settings and ops tables equal to ``SETTINGS`` and the registry.
+
+``python -m app.readme`` rewrites the tables between their markers; a test fails when the
+README is behind, so the tables cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from app.registry import load_ops
+from app.settings import SETTINGS
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def settings_table() -> str:
+    rows = ["| Setting | Default | What it does |", "|---|---|---|"]
+    for setting in SETTINGS:
+        default = f"`{setting.default}`" if setting.default else "(empty)"
+        rows.append(f"| `{setting.name}` | {default} | {setting.doc} |")
+    return "\n".join(rows)
+
+
+def ops_table() -> str:
+    rows = ["| Op | HTTP | Role | Kind | MCP `all` | Does |", "|---|---|---|---|---|---|"]
+    for declared in load_ops():
+        if not declared.mcp:
+            listed = "never"
+        else:
+            listed = "yes" if declared.listed else "no"
+        rows.append(
+            f"| `{declared.name}` | `{declared.http_method} {declared.http_path}` "
+            f"| {declared.role} | {declared.kind} | {listed} | {declared.summary} |"
+        )
+    return "\n".join(rows)
+
+
+TABLES = {"settings": settings_table, "ops": ops_table}
+
+
+def render(text: str) -> str:
+    for name, build in TABLES.items():
+        pattern = re.compile(
+            rf"(<!-- {name}:start -->\n).*?(\n<!-- {name}:end -->)", flags=re.DOTALL
+        )
+        text, count = pattern.subn(lambda m, b=build: m.group(1) + b() + m.group(2), text)
+        if count != 1:
+            raise ValueError(f"README needs one <!-- {name}:start/end --> pair")
+    return text
+
+
+def main() -> int:
+    README.write_text(render(README.read_text()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""The op registry: each Loom op is declared exactly once, here, through ``@op``.
+
+A declaration carries the op's name, role, kind, whether the MCP ``all`` toolset lists it, its
+input and output schemas and its handler. The HTTP routes and OpenAPI document
+(``app.api``), the MCP server (``loom.mcp_server``) and the SDK's generated methods
+(``loom.client``) are all derived from ``REGISTRY``, so adding an op touches one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from marshmallow import Schema
+
+if TYPE_CHECKING:
+    from app.auth import Principal
+    from app.services import Services
+    from app.store.identity import Identity
+
+Role = Literal["viewer", "writer", "admin"]
+Kind = Literal["read", "write", "idempotent"]
+ROLE_RANK: dict[str, int] = {"viewer": 0, "writer": 1, "admin": 2}
+
+
+@dataclass
+class Call:
+    """One invocation of an op, as a handler sees it: parsed args, resolved identity, services."""
+
+    op: Op
+    args: dict[str, Any]
+    identity: Identity
+    principal: Principal
+    services: Services
+    client: str = ""
+
+
+Handler = Callable[[Call], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    role: Role
+    kind: Kind
+    listed: bool
+    args: type[Schema]
+    answer: type[Schema]
+    handler: Handler
+    summary: str
+    # Agent state keeps its REST paths and is never an MCP tool (seed 002).
+    http_method: str = "POST"
+    path: str | None = None
+    mcp: bool = True
+    # Ops on the whole namespace (schemas, features, tokens) take no user, agent or session.
+    needs_agent: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def plane(self) -> str:
+        return self.name.split(".", 1)[0]
+
+    @property
+    def method(self) -> str:
+        return self.name.split(".", 1)[1]
+
+    @property
+    def http_path(self) -> str:
+        return self.path or f"/v1/{self.name}"
+
+    @property
+    def mcp_name(self) -> str:
+        return "loom_" + self.name.replace(".", "_")
+
+
+class OpRegistry:
+    def __init__(self) -> None:
+        self._ops: dict[str, Op] = {}
+
+    def add(self, declared: Op) -> Op:
+        if declared.name in self._ops:
+            raise ValueError(f"op {declared.name} is declared twice")
+        if declared.role not in ROLE_RANK:
+            raise ValueError(f"op {declared.name}: unknown role {declared.role}")
+        self._ops[declared.name] = declared
+        return declared
+
+    def get(self, name: str) -> Op | None:
+        return self._ops.get(name)
+
+    def __iter__(self) -> Iterator[Op]:
+        return iter(sorted(self._ops.values(), key=lambda declared: declared.name))
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._ops
+
+    def planes(self) -> dict[str, list[Op]]:
+        grouped: dict[str, list[Op]] = {}
+        for declared in self:
+            grouped.setdefault(declared.plane, []).append(declared)
+        return grouped
+
+
+REGISTRY = OpRegistry()
+
+
+def op(
+    name: str,
+    *,
+    role: Role,
+    kind: Kind,
+    args: type[Schema],
+    answer: type[Schema],
+    listed: bool = True,
+    **options: Any,
+) -> Callable[[Handler], Handler]:
+    """Declare an op; the handler's docstring first line becomes its summary."""
+
+    def register(handler: Handler) -> Handler:
+        summary = (handler.__doc__ or name).strip().splitlines()[0]
+        REGISTRY.add(
+            Op(
+                name=name,
+                role=role,
+                kind=kind,
+                listed=listed,
+                args=args,
+                answer=answer,
+                handler=handler,
+                summary=summary,
+                **options,
+            )
+        )
+        return handler
+
+    return register
+
+
+def load_ops() -> OpRegistry:
+    """Import every op module so the registry is complete."""
+    import app.ops  # noqa: F401  (importing declares the ops)
+
+    return REGISTRY

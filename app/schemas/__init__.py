@@ -1,0 +1,1 @@
+"""Marshmallow schemas shared by every plane: identity fields, strict scalars, answers."""

@@ -1,0 +1,93 @@
+"""Fields and base schemas every op shares.
+
+``IdentityArgs`` carries the identity tuple of the wire conventions; plane schemas subclass it.
+``StrictInt`` and ``Text`` refuse the coercions marshmallow allows by default (``"12"`` as an
+int, ``true`` as 1), so a wrong type anywhere is a 422 naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marshmallow import Schema, ValidationError, fields, validate
+
+IDENTITY_FIELDS = ("org", "namespace", "agent", "user_id", "session_id", "run_id")
+IDENTITY_MAX_LENGTH = 256
+
+
+class StrictInt(fields.Integer):
+    """An integer that must arrive as a JSON integer (no strings, floats or booleans)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(strict=True, **kwargs)
+
+    def _validated(self, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise self.make_error("invalid")
+        return super()._validated(value)
+
+
+class StrictFloat(fields.Float):
+    """A finite number that must arrive as a JSON number."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(allow_nan=False, **kwargs)
+
+    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.make_error("invalid")
+        return super()._deserialize(value, attr, data, **kwargs)
+
+
+def _no_control_characters(value: str) -> None:
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+        raise ValidationError("must not contain control characters")
+
+
+class IdentityText(fields.String):
+    """An identity component: 1 to 256 characters, no control characters."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(
+            validate=[validate.Length(min=1, max=IDENTITY_MAX_LENGTH), _no_control_characters],
+            **kwargs,
+        )
+
+
+class IdentityArgs(Schema):
+    """The identity tuple. org, namespace and agent are required, but a token may fill them,
+    so a missing one is reported after the token is read (IDENTITY_INCOMPLETE)."""
+
+    org = IdentityText(load_default=None, metadata={"description": "The tenant."})
+    namespace = IdentityText(
+        load_default=None, metadata={"description": "The namespace the op reads or writes."}
+    )
+    agent = IdentityText(
+        load_default=None, metadata={"description": "The writing or reading agent."}
+    )
+    user_id = IdentityText(
+        load_default="-", metadata={"description": "The end user; '-' for none."}
+    )
+    session_id = IdentityText(
+        load_default="-", metadata={"description": "The session or conversation; '-' for none."}
+    )
+    run_id = IdentityText(
+        load_default="-", metadata={"description": "The agent run (task scope); '-' for none."}
+    )
+
+
+class Answer(Schema):
+    """Every answer lists the input fields it did not use."""
+
+    ignored_args = fields.List(
+        fields.String(), metadata={"description": "Input fields the op did not use."}
+    )
+
+
+class ErrorDetail(Schema):
+    code = fields.String(required=True)
+    message = fields.String(required=True)
+
+
+class ErrorAnswer(Schema):
+    error = fields.Nested(ErrorDetail, required=True)

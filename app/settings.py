@@ -1,0 +1,243 @@
+"""Every setting Loom reads, declared once: name, default, parser and what it does.
+
+The web app, the RQ worker, the scheduler and the MCP server all read the same environment
+through ``load_settings``. A bad value stops the process at start with a plain message that
+names the setting. The README's settings table is checked against ``SETTINGS`` by a test, so
+the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+
+class SettingsError(ValueError):
+    """A setting is missing or malformed; the message names it."""
+
+
+def _text(value: str) -> str:
+    return value.strip()
+
+
+def _redis_url(value: str) -> str:
+    value = value.strip()
+    if not value:
+        return ""
+    scheme = urlparse(value).scheme
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ValueError("must be a redis://, rediss:// or unix:// URL")
+    return value
+
+
+def _bool(value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("must be true or false")
+
+
+def _int_range(low: int, high: int) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            number = int(value.strip())
+        except ValueError:
+            raise ValueError("must be a whole number") from None
+        if not low <= number <= high:
+            raise ValueError(f"must be between {low} and {high}")
+        return number
+
+    return parse
+
+
+def _positive_float(value: str) -> float:
+    try:
+        number = float(value.strip())
+    except ValueError:
+        raise ValueError("must be a number") from None
+    if not number > 0:
+        raise ValueError("must be above 0")
+    return number
+
+
+def _choice(*options: str) -> Callable[[str], str]:
+    def parse(value: str) -> str:
+        lowered = value.strip().lower()
+        if lowered not in options:
+            raise ValueError(f"must be one of {', '.join(options)}")
+        return lowered
+
+    return parse
+
+
+def _org(value: str) -> str:
+    value = value.strip()
+    if not value or len(value) > 128:
+        raise ValueError("must be 1 to 128 characters")
+    return value
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: str
+    parse: Callable[[str], Any]
+    doc: str
+
+    @property
+    def attr(self) -> str:
+        """Attribute name on ``Settings``: lower case, without the ``LOOM_`` prefix."""
+        name = self.name.lower()
+        return name[5:] if name.startswith("loom_") else name
+
+
+_SECONDS = _int_range(1, 7 * 24 * 3600)
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("REDIS_URL", "", _redis_url,
+            "Redis for the data plane. Unset: the run command starts an embedded redis-server."),
+    Setting("LOOM_QUEUE_URL", "", _redis_url,
+            "Redis for RQ jobs; defaults to REDIS_URL (RQ does not run on Redis Cluster)."),
+    Setting("PORT", "8000", _int_range(1, 65535), "Port the web process listens on."),
+    Setting("LOOM_DEFAULT_ORG", "default", _org,
+            "The install's org: every call without a token acts in it when auth is off."),
+    Setting("LOOM_SECRET_KEY", "", _text,
+            "Key for keyed hashes (tokens, agent-state scope ids). Unset with auth off: "
+            "generated once and kept under LOOM_DATA_DIR. Required with auth on."),
+    Setting("LOOM_AUTH", "off", _choice("off", "on"),
+            "off: single-user server, no token. on: every call needs a bearer token."),
+    Setting("LOOM_ADMIN_TOKEN", "", _text, "The install's admin token (auth on)."),
+    Setting("LOOM_RATE_LIMIT", "", _text,
+            "Per-token request budget such as 100/minute; empty turns it off."),
+    Setting("LOOM_DATA_DIR", "var", _text,
+            "Folder for local state: the embedded Redis's files and a generated secret key."),
+    Setting("LOOM_MAX_BODY_BYTES", "262144", _int_range(1024, 64 * 1024 * 1024),
+            "Largest request body; a larger one is refused with 413 before it is read."),
+    Setting("LOOM_LLM_BASE_URL", "", _text,
+            "OpenAI-compatible endpoint, e.g. http://127.0.0.1:11434/v1. Empty: model calls off."),
+    Setting("LOOM_LLM_API_KEY", "", _text, "Bearer key sent to the model endpoint."),
+    Setting("LOOM_LLM_MODEL", "", _text, "Model name sent with each call. Empty: model calls off."),
+    Setting("LOOM_LLM_TIMEOUT_SECONDS", "60", _positive_float, "Timeout of one model call."),
+    Setting("LOOM_LLM_MAX_TOKENS_OVERRIDES", "", _text,
+            "Per-task LLM_MAX_TOKENS (default 32), e.g. structured_profile=64."),
+    Setting("LOOM_STRUCTURED_PROFILE_MEMORY_LIMIT", "100", _int_range(1, 10000),
+            "Most facts one structured-profile build reads."),
+    Setting("LOOM_STRUCTURED_PROFILE_INTERVAL_SECONDS", "60", _SECONDS,
+            "Time between passes while users are behind."),
+    Setting("LOOM_STRUCTURED_PROFILE_IDLE_INTERVAL_SECONDS", "600", _SECONDS,
+            "Time before the next pass after one that found nobody behind."),
+    Setting("LOOM_STRUCTURED_PROFILE_MAX_USERS_PER_PASS", "20", _int_range(1, 100000),
+            "Most profiles one pass builds."),
+    Setting("LOOM_STRUCTURED_PROFILE_MAX_PASS_SECONDS", "600", _SECONDS,
+            "A pass takes no new user in the second half of this time."),
+    Setting("LOOM_STRUCTURED_PROFILE_SCAN_MAX_AGE_SECONDS", "600", _SECONDS,
+            "Oldest a namespace's scan list may be before it is made again."),
+    Setting("LOOM_STRUCTURED_PROFILE_COOLDOWN_SECONDS", "600", _int_range(0, 7 * 24 * 3600),
+            "Wait after a change before a rebuild (deletions skip it)."),
+    Setting("LOOM_STRUCTURED_PROFILE_BACKOFF_BASE_SECONDS", "300", _SECONDS,
+            "First wait after a failed build; doubles each failure."),
+    Setting("LOOM_STRUCTURED_PROFILE_BACKOFF_CAP_SECONDS", "21600", _SECONDS,
+            "Longest wait after failed builds."),
+    Setting("LOOM_STRUCTURED_PROFILE_REFUSAL_RETRY_SECONDS", "21600", _SECONDS,
+            "A refused or cut-off build is tried again after this, or at the next change."),
+    Setting("LOOM_PROFILE_CONSOLIDATION_ENABLED", "false", _bool,
+            "Turns on the worker that folds preference and decision facts into a section."),
+    Setting("LOOM_PROFILE_CONSOLIDATION_INTERVAL_SECONDS", "3600", _SECONDS,
+            "Time between consolidation passes."),
+    Setting("LOOM_MEMORY_ATTRIBUTE_TAGGING", "false", _bool,
+            "Tags fact writes with protected attributes (attribute:<name>)."),
+    Setting("LOOM_AGENT_STATE_SWEEP_INTERVAL_SECONDS", "3600", _SECONDS,
+            "Time between sweeps removing expired agent states and fields."),
+    Setting("LOOM_ERASURE_REWRITE_AOF", "false", _bool,
+            "Rewrite Redis's append-only file after an erasure so erased data leaves the disk."),
+    Setting("LOOM_MCP_TOOLSETS", "all", _choice("all", "full"),
+            "MCP listing: all (the seeds' default listing) or full (every op)."),
+    Setting("LOOM_API_URL", "http://127.0.0.1:8000", _text,
+            "Where the MCP server sends its calls."),
+    Setting("LOOM_API_KEY", "", _text, "Token the MCP server sends when its caller gives none."),
+)
+
+_BY_ATTR = {setting.attr: setting for setting in SETTINGS}
+
+
+class Settings:
+    """The parsed settings; read as attributes (``settings.redis_url``, ``settings.auth``)."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self._values = dict(values)
+
+    def __getattr__(self, attr: str) -> Any:
+        try:
+            return self._values[attr]
+        except KeyError:
+            raise AttributeError(attr) from None
+
+    def replace(self, **changes: Any) -> Settings:
+        unknown = set(changes) - set(_BY_ATTR)
+        if unknown:
+            raise SettingsError(f"unknown settings: {', '.join(sorted(unknown))}")
+        return Settings({**self._values, **changes})
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    @property
+    def queue_redis_url(self) -> str:
+        return self._values["queue_url"] or self._values["redis_url"]
+
+
+def load_settings(
+    environ: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None
+) -> Settings:
+    """Parse every setting from ``environ`` (default ``os.environ``), then apply overrides.
+
+    Overrides are already-typed values keyed by attribute name (tests use them).
+    """
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        raw = environ.get(setting.name, setting.default)
+        try:
+            values[setting.attr] = setting.parse(raw)
+        except ValueError as exc:
+            raise SettingsError(f"{setting.name}={raw!r}: {exc}") from None
+    settings = Settings(values)
+    if overrides:
+        settings = settings.replace(**overrides)
+    return _with_secret_key(settings)
+
+
+def _with_secret_key(settings: Settings) -> Settings:
+    if settings.secret_key:
+        return settings
+    if settings.auth == "on":
+        raise SettingsError(
+            "LOOM_SECRET_KEY is required with LOOM_AUTH=on: every web process must hash "
+            "tokens and scope ids under the same key"
+        )
+    return settings.replace(secret_key=_local_secret_key(Path(settings.data_dir)))
+
+
+def _local_secret_key(data_dir: Path) -> str:
+    """Generate the key once and keep it, so scope digests survive a restart of a local run."""
+    path = data_dir / "secret_key"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        # O_EXCL: two web processes starting at once agree on the first key written.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secrets.token_hex(32))
+    return path.read_text().strip()

@@ -1,0 +1,1 @@
+"""Background work on RQ: job functions, the pass planner, the model provider, the schedule."""

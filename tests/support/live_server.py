@@ -1,0 +1,68 @@
+"""A real gunicorn serving ``wsgi:app`` on a free loopback port, for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+from app.local import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class LiveServer:
+    def __init__(self, env: dict[str, str], workers: int = 2) -> None:
+        self.port = free_port()
+        self.env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+        self.workers = workers
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> LiveServer:
+        self.process = subprocess.Popen(
+            [
+                sys.executable, "-m", "gunicorn", "wsgi:app",
+                "--bind", f"127.0.0.1:{self.port}",
+                "--workers", str(self.workers),
+                "--worker-class", "sync",
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                stderr = self.process.stderr.read().decode() if self.process.stderr else ""
+                raise RuntimeError(f"gunicorn exited: {stderr}")
+            try:
+                requests.get(self.url + "/openapi.json", timeout=0.5)
+                return self
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("gunicorn did not start")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+            self.process = None
+
+    def __enter__(self) -> LiveServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

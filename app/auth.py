@@ -88,3 +88,35 @@ def resolve_identity(op: Op, principal: Principal, args: dict[str, Any]) -> Iden
         session_id=session_id or "-",
         run_id=args.get("run_id") or "-",
     )
+
+
+def effective_read_scope(principal: Principal, requested: str | None) -> str:
+    """The read scope a read runs under: the token's ``read_scope`` is the ceiling.
+
+    A request that names no scope reads at the ceiling; one that names a broader scope than
+    the token allows is refused rather than quietly narrowed, so the caller learns why rows
+    are missing.
+    """
+    if requested is None:
+        return principal.read_scope
+    if READ_SCOPE_RANK[requested] > READ_SCOPE_RANK[principal.read_scope]:
+        raise AuthInsufficient(
+            f"read_scope {requested!r} is broader than this token's {principal.read_scope!r}",
+            field="read_scope",
+        )
+    return requested
+
+
+def row_visible(read_scope: str, identity: Identity, row_user_id: str, row_session_id: str) -> bool:
+    """Whether a row of (user, session) is inside a read at ``read_scope`` for ``identity``.
+
+    ``own_user`` reads that user's rows and the namespace-level ones (user ``-``);
+    ``own_session`` reads that session's rows and the namespace-level ones.
+    """
+    if read_scope == "namespace":
+        return True
+    if row_user_id == "-" and row_session_id == "-":
+        return True
+    if read_scope == "own_user":
+        return row_user_id == identity.user_id
+    return row_session_id == identity.session_id and row_user_id in ("-", identity.user_id)

@@ -10,6 +10,7 @@ as ``{"error": {"code", "message", ...}}``.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable
@@ -92,28 +93,53 @@ def _client_name() -> str:
     return request.headers.get("X-Loom-Client") or request.headers.get("User-Agent", "")
 
 
-def make_view(op: Op, services: Services) -> Callable[[], Any]:
+def run_op(
+    op: Op,
+    body: dict[str, Any],
+    principal: Principal,
+    services: Services,
+    client: str = "",
+    schema: Schema | None = None,
+) -> dict[str, Any]:
+    """Run one op for a principal: role, input schema, identity, handler, ``ignored_args``.
+
+    The HTTP views and the ``flask loom`` commands both come through here, so an op behaves
+    the same whichever way it is called.
+    """
+    if not principal.reaches_role(op.role):
+        raise AuthInsufficient(
+            f"{op.name} needs the {op.role} role; this token has {principal.role}",
+            required_role=op.role,
+        )
+    schema = schema or op.args()
+    args = load_args(schema, body)
+    identity = resolve_identity(op, principal, args)
+    result = op.handler(Call(op, args, identity, principal, services, client))
+    known = _known_fields(type(schema))
+    result["ignored_args"] = [name for name in body if name not in known]
+    return result
+
+
+@functools.cache
+def _known_fields(schema_class: type[Schema]) -> frozenset[str]:
+    fields = schema_class().load_fields
+    return frozenset(field.data_key or name for name, field in fields.items())
+
+
+def make_view(op: Op, services: Services) -> Callable[..., Any]:
     schema = op.args()
-    known = frozenset(f.data_key or name for name, f in schema.load_fields.items())
     authenticate = services.authenticate
+    check_budget = services.check_budget
 
     def view(**path_args: Any) -> Any:
         body = read_json_body()
-        principal: Principal = authenticate(request.headers, op)
-        if not principal.reaches_role(op.role):
-            raise AuthInsufficient(
-                f"{op.name} needs the {op.role} role; this token has {principal.role}",
-                required_role=op.role,
-            )
+        principal: Principal = authenticate(request.headers)
+        check_budget(principal)
         if path_args:
             body = {**body, **path_args}
         if request.args and op.http_method == "GET":
             body = {**request.args.to_dict(), **body}
-        args = load_args(schema, body)
-        identity = resolve_identity(op, principal, args)
-        result = op.handler(Call(op, args, identity, principal, services, _client_name()))
-        result["ignored_args"] = [name for name in body if name not in known]
-        return result
+        return run_op(op, body, principal, services, _client_name(), schema)
 
     view.__name__ = op.name.replace(".", "_")
     view.__doc__ = op.summary
@@ -140,10 +166,10 @@ def _document(op: Op, view: Callable[..., Any]) -> Callable[..., Any]:
         "responses": responses,
     }
     if op.http_method != "GET":
-        doc["requestBody"] = {
-            "required": True,
-            "content": {"application/json": {"schema": op.args}},
-        }
+        content: dict[str, Any] = {"schema": op.args}
+        if op.example:
+            content["example"] = op.example
+        doc["requestBody"] = {"required": True, "content": {"application/json": content}}
     return Blueprint.doc(**doc)(view)
 
 

@@ -32,6 +32,9 @@ class Principal:
     scopes: frozenset[str] = field(default_factory=frozenset)
     token_id: str | None = None
     single_user: bool = False
+    # Where an install-wide principal (org "*") acts when the body names no org.
+    default_org: str = "default"
+    expires_at: int | None = None
 
     def reaches_role(self, role: str) -> bool:
         return ROLE_RANK[self.role] >= ROLE_RANK[role]
@@ -65,6 +68,9 @@ def resolve_identity(op: Op, principal: Principal, args: dict[str, Any]) -> Iden
     if principal.single_user:
         # Auth off: every call acts in the install's org, whatever the body says (seed 000).
         org = principal.org
+    elif principal.org == ANY:
+        # The install's admin token reaches every org; it acts in the one the body names.
+        org = args.get("org") or principal.default_org
     else:
         org = _fixed("org", args.get("org"), principal.org, None)
     namespace = _fixed(
@@ -76,13 +82,13 @@ def resolve_identity(op: Op, principal: Principal, args: dict[str, Any]) -> Iden
     agent = _fixed("agent", args.get("agent"), principal.agent, None)
     user_id = _fixed("user_id", args.get("user_id", "-"), principal.read_user_id, "-")
     session_id = _fixed("session_id", args.get("session_id", "-"), principal.session_id, "-")
-    if not namespace:
+    if op.needs_namespace and not namespace:
         raise IdentityIncomplete("namespace is required", field="namespace")
     if op.needs_agent and not agent:
         raise IdentityIncomplete("agent is required", field="agent")
     return Identity(
         org=org,
-        namespace=namespace,
+        namespace=namespace or "-",
         agent=agent or "-",
         user_id=user_id or "-",
         session_id=session_id or "-",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import click
+from flask import current_app
+from flask.cli import with_appcontext
 
 from app.readme import ops_table
 
@@ -16,3 +18,70 @@ def loom_cli() -> None:
 def list_ops() -> None:
     """Print the ops table."""
     click.echo(ops_table())
+
+
+@loom_cli.group("token")
+def token_cli() -> None:
+    """Mint, list and revoke tokens without the HTTP API."""
+
+
+@token_cli.command("create")
+@click.option("--org", default=None, help="The org (default: LOOM_DEFAULT_ORG).")
+@click.option("--namespace", default="*", show_default=True, help="A namespace, or * for all.")
+@click.option("--role", type=click.Choice(["viewer", "writer", "admin"]), required=True)
+@click.option("--read-scope", type=click.Choice(["namespace", "own_user", "own_session"]))
+@click.option("--read-user-id", default=None, help="Pin the token to one end user.")
+@click.option("--session-id", default=None, help="Bind the token to one session.")
+@click.option("--agent", default=None, help="Fix the agent.")
+@click.option("--scope", "scopes", multiple=True, help="Extra scopes, e.g. agent_state.")
+@click.option("--label", default="", help="What the token is for.")
+@click.option("--expires-at", default=None, help="ISO 8601 time the token stops working.")
+@with_appcontext
+def token_create(**options: object) -> None:
+    """Mint a token and print its secret once."""
+    body = {key: value for key, value in options.items() if value not in (None, ())}
+    body["scopes"] = list(options["scopes"])  # type: ignore[call-overload]
+    answer = _invoke("token.create", body)
+    click.echo(f"token_id: {answer['token_id']}")
+    click.echo(f"token:    {answer['token']}")
+
+
+@token_cli.command("list")
+@click.option("--org", default=None)
+@with_appcontext
+def token_list(org: str | None) -> None:
+    """List the org's tokens (never their secrets)."""
+    for row in _invoke("token.list", {"org": org} if org else {})["tokens"]:
+        state = "revoked" if row["revoked"] else "active"
+        click.echo(
+            f"{row['token_id']}  {row['role']:<6}  {row['namespace']:<16}  {state:<7}  "
+            f"{row['label']}"
+        )
+
+
+@token_cli.command("revoke")
+@click.argument("token_id")
+@click.option("--org", default=None)
+@with_appcontext
+def token_revoke(token_id: str, org: str | None) -> None:
+    """Revoke a token; it fails on its next use."""
+    body = {"token_id": token_id, **({"org": org} if org else {})}
+    _invoke("token.revoke", body)
+    click.echo(f"revoked {token_id}")
+
+
+def _invoke(op_name: str, body: dict[str, object]) -> dict[str, object]:
+    """Run an op as the install's admin, reporting a refusal as a CLI error."""
+    from app.api import run_op
+    from app.auth import ANY, Principal
+    from app.errors import LoomError
+    from app.registry import REGISTRY
+
+    services = current_app.extensions["loom"]
+    admin = Principal(org=ANY, role="admin", default_org=services.settings.default_org)
+    declared = REGISTRY.get(op_name)
+    assert declared is not None, op_name
+    try:
+        return run_op(declared, body, admin, services, client="loom-cli")
+    except LoomError as error:
+        raise click.ClickException(f"{error.code}: {error.message}") from None

@@ -108,6 +108,11 @@ class RateLimited(LoomError):
     status = 429
 
 
+class TokenNotFound(LoomError):
+    code = "TOKEN_NOT_FOUND"
+    status = 404
+
+
 # --- working memory (seed 004) ----------------------------------------------------------------
 
 

@@ -53,8 +53,12 @@ class Op:
     http_method: str = "POST"
     path: str | None = None
     mcp: bool = True
-    # Ops on the whole namespace (schemas, features, tokens) take no user, agent or session.
+    # Namespace-wide ops (schemas, features) need no agent; org-wide ops (tokens, usage)
+    # need no namespace either.
     needs_agent: bool = True
+    needs_namespace: bool = True
+    # A valid body for this op: the OpenAPI example, and what the auth matrix sends.
+    example: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property

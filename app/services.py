@@ -7,14 +7,15 @@ module: ``services.store(WorkingMemoryStore)``.
 
 from __future__ import annotations
 
+import hmac
 import threading
 from typing import Any, TypeVar
 
 import redis
 
-from app.auth import Principal, single_user
+from app.auth import ANY, Principal, single_user
 from app.clock import Clock
-from app.errors import AuthRequired
+from app.errors import AuthInvalid, AuthRequired, RateLimited
 from app.settings import Settings
 
 StoreT = TypeVar("StoreT")
@@ -35,6 +36,7 @@ class Services:
         self._stores: dict[type, Any] = {}
         self._lock = threading.Lock()
         self._single_user = single_user(settings.default_org)
+        self._install_admin = Principal(org=ANY, role="admin", default_org=settings.default_org)
 
     @property
     def queue_redis(self) -> redis.Redis:
@@ -43,11 +45,41 @@ class Services:
             self._queue_redis = redis.Redis.from_url(self.settings.queue_redis_url)
         return self._queue_redis
 
-    def authenticate(self, headers: Any, op: Any = None) -> Principal:
-        """The caller's principal: the install's single user with auth off."""
-        if self.settings.auth == "off":
-            return self._single_user
-        raise AuthRequired("auth is on: send Authorization: Bearer <token>")
+    def authenticate(self, headers: Any) -> Principal:
+        """The caller's principal from ``Authorization: Bearer <token>``.
+
+        With auth off, a call without a token is the install's single user (seed 004); a call
+        that sends a token is held to it either way.
+        """
+        header = headers.get("Authorization", "")
+        if not header:
+            if self.settings.auth == "off":
+                return self._single_user
+            raise AuthRequired("auth is on: send Authorization: Bearer <token>")
+        scheme, _, token = header.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise AuthInvalid("the Authorization header must be Bearer <token>")
+        admin = self.settings.admin_token
+        if admin and hmac.compare_digest(token.encode(), admin.encode()):
+            return self._install_admin
+        from app.store.tokens import TokenStore
+
+        principal = self.store(TokenStore).principal_for(token, self.settings.default_org)
+        if principal is None:
+            raise AuthInvalid("unknown, revoked or expired token")
+        return principal
+
+    def check_budget(self, principal: Principal) -> None:
+        """Count the request against the caller's budget; 429 with Retry-After when over."""
+        if self.settings.rate_limit is None:
+            return
+        from app.store.ratelimit import RateLimiter
+
+        caller = principal.token_id or ("install-admin" if principal.org == ANY else "single-user")
+        retry_after = self.store(RateLimiter).retry_after(caller)
+        if retry_after is not None:
+            raise RateLimited("request budget spent for this token", retry_after=retry_after)
 
     def store(self, store_class: type[StoreT]) -> StoreT:
         found = self._stores.get(store_class)

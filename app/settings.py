@@ -77,6 +77,20 @@ def _choice(*options: str) -> Callable[[str], str]:
     return parse
 
 
+_RATE_PERIODS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+
+
+def _rate_limit(value: str) -> tuple[int, int] | None:
+    """``100/minute`` -> (100, 60); empty -> None (no budget)."""
+    value = value.strip().lower()
+    if not value:
+        return None
+    count, _, period = value.partition("/")
+    if not count.strip().isdigit() or int(count) < 1 or period.strip() not in _RATE_PERIODS:
+        raise ValueError("must look like 100/minute (per second, minute, hour or day)")
+    return int(count), _RATE_PERIODS[period.strip()]
+
+
 def _org(value: str) -> str:
     value = value.strip()
     if not value or len(value) > 128:
@@ -114,7 +128,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("LOOM_AUTH", "off", _choice("off", "on"),
             "off: single-user server, no token. on: every call needs a bearer token."),
     Setting("LOOM_ADMIN_TOKEN", "", _text, "The install's admin token (auth on)."),
-    Setting("LOOM_RATE_LIMIT", "", _text,
+    Setting("LOOM_RATE_LIMIT", "", _rate_limit,
             "Per-token request budget such as 100/minute; empty turns it off."),
     Setting("LOOM_DATA_DIR", "var", _text,
             "Folder for local state: the embedded Redis's files and a generated secret key."),

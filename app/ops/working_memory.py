@@ -16,6 +16,7 @@ from app.store.working_memory import (
 )
 
 BLOCK_KEY_MAX = 80
+_WHO = {"namespace": "support", "agent": "triage-bot", "run_id": "run-7"}
 RENDER_MAX_BLOCK_KEYS = 20
 
 
@@ -116,7 +117,8 @@ def _store(call: Call) -> WorkingMemoryStore:
 
 
 @op("working_memory.set", role="writer", kind="idempotent",
-    args=WorkingMemorySetArgs, answer=WorkingMemoryWrite)
+    args=WorkingMemorySetArgs, answer=WorkingMemoryWrite,
+    example={**_WHO, "block_key": "state", "content": "cursor: ticket 4812"})
 def working_memory_set(call: Call) -> dict[str, Any]:
     """Overwrite one working-memory block."""
     a = call.args
@@ -125,7 +127,8 @@ def working_memory_set(call: Call) -> dict[str, Any]:
 
 
 @op("working_memory.append", role="writer", kind="write",
-    args=WorkingMemoryAppendArgs, answer=WorkingMemoryWrite)
+    args=WorkingMemoryAppendArgs, answer=WorkingMemoryWrite,
+    example={**_WHO, "block_key": "state", "addition": "step 3 done"})
 def working_memory_append(call: Call) -> dict[str, Any]:
     """Append text to a working-memory block, creating it when missing."""
     a = call.args
@@ -134,7 +137,8 @@ def working_memory_append(call: Call) -> dict[str, Any]:
 
 
 @op("working_memory.replace", role="writer", kind="idempotent", listed=False,
-    args=WorkingMemoryReplaceArgs, answer=WorkingMemoryWrite)
+    args=WorkingMemoryReplaceArgs, answer=WorkingMemoryWrite,
+    example={**_WHO, "block_key": "state", "old": "4812", "new": "4813"})
 def working_memory_replace(call: Call) -> dict[str, Any]:
     """Replace exact text inside a working-memory block."""
     a = call.args
@@ -142,7 +146,8 @@ def working_memory_replace(call: Call) -> dict[str, Any]:
 
 
 @op("working_memory.delete", role="writer", kind="idempotent", listed=False,
-    args=WorkingMemoryKeyArgs, answer=WorkingMemoryDeleted)
+    args=WorkingMemoryKeyArgs, answer=WorkingMemoryDeleted,
+    example={**_WHO, "block_key": "state"})
 def working_memory_delete(call: Call) -> dict[str, Any]:
     """Delete one working-memory block."""
     block_key = call.args["block_key"]
@@ -150,7 +155,8 @@ def working_memory_delete(call: Call) -> dict[str, Any]:
 
 
 @op("working_memory.get", role="viewer", kind="read", listed=False,
-    args=WorkingMemoryKeyArgs, answer=WorkingMemoryGet)
+    args=WorkingMemoryKeyArgs, answer=WorkingMemoryGet,
+    example={**_WHO, "block_key": "state"})
 def working_memory_get(call: Call) -> dict[str, Any]:
     """Fetch one working-memory block by key."""
     block_key = call.args["block_key"]
@@ -183,7 +189,8 @@ def _attribute(text: str) -> str:
 
 
 @op("working_memory.render", role="viewer", kind="read",
-    args=WorkingMemoryRenderArgs, answer=WorkingMemoryRendered)
+    args=WorkingMemoryRenderArgs, answer=WorkingMemoryRendered,
+    example={**_WHO, "format": "xml"})
 def working_memory_render(call: Call) -> dict[str, Any]:
     """Render working-memory blocks as XML or markdown."""
     a = call.args

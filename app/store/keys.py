@@ -48,3 +48,20 @@ def working_memory_scope(
 def working_memory_scopes(org: str, namespace: str, user_id: str) -> str:
     """Set of a user's working-memory scope keys, so erasure and packs need no SCAN."""
     return f"{PREFIX}:wm-scopes:{user_tag(org, namespace, user_id)}"
+
+
+# --- tokens and request budgets ---------------------------------------------------------------
+
+
+def token(token_id: str) -> str:
+    """A token's row: claims and the keyed hash of the secret."""
+    return f"{PREFIX}:token:{{{escape(token_id)}}}"
+
+
+def org_tokens(org: str) -> str:
+    return f"{PREFIX}:tokens:{org_tag(org)}"
+
+
+def rate_window(caller: str, window: int) -> str:
+    """Requests a caller (token id, or the single user) made in one fixed window."""
+    return f"{PREFIX}:rate:{{{escape(caller)}}}:{window}"

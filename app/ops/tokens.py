@@ -1,0 +1,171 @@
+"""token.create / token.revoke / token.list: admin ops that mint and retire API tokens.
+
+A new token never reaches above the token that minted it: its role, org, namespace, read
+scope, pinned user, bound session, agent, scopes and expiry are each the same as or narrower
+than the creator's.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC
+from typing import Any
+
+from marshmallow import fields, validate
+
+from app.auth import ANY, READ_SCOPE_RANK, READ_SCOPES, Principal
+from app.errors import AuthInsufficient, TokenNotFound, ValidationFailed
+from app.registry import ROLE_RANK, Call, op
+from app.schemas.common import Answer, IdentityArgs, IdentityText
+from app.store.tokens import TokenStore
+
+KNOWN_SCOPES = ("agent_state",)
+
+
+class TokenCreateArgs(IdentityArgs):
+    namespace = IdentityText(
+        load_default=None,
+        metadata={"description": "The namespace the token reaches, or '*' for every one."},
+    )
+    role = fields.String(required=True, validate=validate.OneOf(list(ROLE_RANK)))
+    read_scope = fields.String(load_default=None, validate=validate.OneOf(READ_SCOPES))
+    read_user_id = IdentityText(
+        load_default=None, metadata={"description": "Pin the token to one end user."}
+    )
+    scopes = fields.List(
+        fields.String(validate=validate.OneOf(KNOWN_SCOPES)), load_default=list
+    )
+    label = fields.String(load_default="", validate=validate.Length(max=200))
+    expires_at = fields.AwareDateTime(
+        load_default=None, default_timezone=UTC,
+        metadata={"description": "When the token stops working (ISO 8601)."},
+    )
+
+
+class TokenIdArgs(IdentityArgs):
+    token_id = fields.String(required=True, validate=validate.Length(min=1, max=64))
+
+
+class TokenListArgs(IdentityArgs):
+    pass
+
+
+class TokenClaims(Answer):
+    token_id = fields.String()
+    org = fields.String()
+    namespace = fields.String()
+    role = fields.String()
+    read_scope = fields.String()
+    read_user_id = fields.String(allow_none=True)
+    session_id = fields.String(allow_none=True)
+    agent = fields.String(allow_none=True)
+    scopes = fields.List(fields.String())
+    label = fields.String()
+    expires_at = fields.Integer(allow_none=True)
+    created_at = fields.Integer()
+    created_by = fields.String()
+    revoked = fields.Boolean()
+    revoked_at = fields.Integer(allow_none=True)
+
+
+class TokenCreated(TokenClaims):
+    token = fields.String(metadata={"description": "The secret, shown once."})
+
+
+class TokenRevoked(Answer):
+    token_id = fields.String()
+    revoked = fields.Boolean()
+
+
+class TokenList(Answer):
+    tokens = fields.List(fields.Nested(TokenClaims))
+
+
+def actor_of(principal: Principal) -> str:
+    """Who did something, for audit rows: a token id, never a secret."""
+    if principal.single_user:
+        return "single-user"
+    return principal.token_id or "install-admin"
+
+
+def _narrower(claim: str, wanted: Any, ceiling: Any) -> Any:
+    """A claim the creator fixes is inherited; naming another value is a 403."""
+    if ceiling is None:
+        return wanted
+    if wanted not in (None, ceiling):
+        raise AuthInsufficient(f"{claim} {wanted!r} is beyond this token's reach", field=claim)
+    return ceiling
+
+
+def claims_for(call: Call) -> dict[str, Any]:
+    creator, args = call.principal, call.args
+    if ROLE_RANK[args["role"]] > ROLE_RANK[creator.role]:
+        raise AuthInsufficient("a token cannot mint a role above its own", field="role")
+    namespace = args.get("namespace") or creator.namespace
+    read_scope = args["read_scope"] or creator.read_scope
+    if READ_SCOPE_RANK[read_scope] > READ_SCOPE_RANK[creator.read_scope]:
+        raise AuthInsufficient("read_scope is broader than this token's", field="read_scope")
+    scopes = sorted(set(args["scopes"]))
+    for scope in scopes:
+        if not creator.has_scope(scope):
+            raise AuthInsufficient(f"this token does not hold the {scope} scope", field="scopes")
+    expires_at = None
+    if args["expires_at"] is not None:
+        expires_at = int(args["expires_at"].timestamp() * 1e9)
+        if expires_at <= call.services.clock.now_ns():
+            raise ValidationFailed({"expires_at": ["must be in the future"]})
+    if creator.expires_at is not None and (expires_at is None or expires_at > creator.expires_at):
+        expires_at = creator.expires_at
+    session_id = call.identity.session_id if call.identity.session_id != "-" else None
+    return {
+        "org": call.identity.org,
+        "namespace": namespace,
+        "role": args["role"],
+        "read_scope": read_scope,
+        "read_user_id": _narrower("read_user_id", args["read_user_id"], creator.read_user_id),
+        "session_id": _narrower("session_id", session_id, creator.session_id),
+        "agent": _narrower("agent", args.get("agent"), creator.agent),
+        "scopes": scopes,
+        "label": args["label"],
+        "expires_at": expires_at,
+    }
+
+
+def _in_reach(principal: Principal, claims: dict[str, Any]) -> bool:
+    if principal.org not in (ANY, claims["org"]) and not principal.single_user:
+        return False
+    return principal.namespace == ANY or principal.namespace == claims["namespace"]
+
+
+@op("token.create", role="admin", kind="write", listed=False,
+    args=TokenCreateArgs, answer=TokenCreated, needs_agent=False, needs_namespace=False,
+    example={"namespace": "support", "role": "writer", "label": "triage service"})
+def token_create(call: Call) -> dict[str, Any]:
+    """Mint a token; its secret is answered once and only its keyed hash is kept."""
+    claims = claims_for(call)
+    secret, row = call.services.store(TokenStore).create(claims, actor_of(call.principal))
+    return {"token": secret, **row.as_answer()}
+
+
+@op("token.revoke", role="admin", kind="idempotent", listed=False,
+    args=TokenIdArgs, answer=TokenRevoked, needs_agent=False, needs_namespace=False,
+    example={"token_id": "0123456789abcdef"})
+def token_revoke(call: Call) -> dict[str, Any]:
+    """Revoke a token; it fails on its next use."""
+    store = call.services.store(TokenStore)
+    row = store.get(call.args["token_id"])
+    if row is None or row.claims["org"] != call.identity.org or not _in_reach(
+        call.principal, row.claims
+    ):
+        raise TokenNotFound("no such token in this org", token_id=call.args["token_id"])
+    store.revoke(row.token_id)
+    return {"token_id": row.token_id, "revoked": True}
+
+
+@op("token.list", role="admin", kind="read", listed=False,
+    args=TokenListArgs, answer=TokenList, needs_agent=False, needs_namespace=False,
+    example={})
+def token_list(call: Call) -> dict[str, Any]:
+    """List the org's tokens (claims and state, never secrets or hashes)."""
+    rows = call.services.store(TokenStore).list(call.identity.org)
+    visible = [row for row in rows if _in_reach(call.principal, row.claims)]
+    return {"tokens": [row.as_answer() for row in visible]}

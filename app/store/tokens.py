@@ -1,0 +1,132 @@
+"""API tokens in Redis: claims and a keyed hash, never the secret.
+
+A token reads ``loom_<token_id>_<secret>``. The id finds the row in one HGETALL; the row keeps
+an HMAC-SHA256 of the whole token under ``LOOM_SECRET_KEY``, compared in constant time. A
+revoked or expired row fails on its next use: nothing is cached between requests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from app.auth import ANY, Principal
+from app.store import keys
+
+if TYPE_CHECKING:
+    from app.services import Services
+
+TOKEN_PREFIX = "loom_"
+
+
+@dataclass(frozen=True)
+class TokenRow:
+    token_id: str
+    claims: dict[str, Any]
+    created_at: int
+    created_by: str
+    revoked_at: int | None
+
+    def as_answer(self) -> dict[str, Any]:
+        return {
+            "token_id": self.token_id,
+            **self.claims,
+            "created_at": self.created_at,
+            "created_by": self.created_by,
+            "revoked": self.revoked_at is not None,
+            "revoked_at": self.revoked_at,
+        }
+
+
+def principal_from_claims(claims: dict[str, Any], token_id: str, default_org: str) -> Principal:
+    return Principal(
+        org=claims["org"],
+        namespace=claims.get("namespace") or ANY,
+        role=claims["role"],
+        read_scope=claims.get("read_scope") or "namespace",
+        read_user_id=claims.get("read_user_id"),
+        session_id=claims.get("session_id"),
+        agent=claims.get("agent"),
+        scopes=frozenset(claims.get("scopes") or ()),
+        token_id=token_id,
+        default_org=default_org,
+        expires_at=claims.get("expires_at"),
+    )
+
+
+class TokenStore:
+    def __init__(self, services: Services) -> None:
+        self.redis = services.redis
+        self.clock = services.clock
+        self._key = services.settings.secret_key.encode()
+
+    def _digest(self, token: str) -> str:
+        return hmac.new(self._key, token.encode(), hashlib.sha256).hexdigest()
+
+    def create(self, claims: dict[str, Any], created_by: str) -> tuple[str, TokenRow]:
+        token_id = secrets.token_hex(8)
+        token = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
+        now = self.clock.now_ns()
+        row = {
+            "hash": self._digest(token),
+            "claims": json.dumps(claims, sort_keys=True),
+            "created_at": now,
+            "created_by": created_by,
+        }
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(keys.token(token_id), mapping=row)
+        pipe.sadd(keys.org_tokens(claims["org"]), token_id)
+        pipe.execute()
+        return token, TokenRow(token_id, claims, now, created_by, None)
+
+    def principal_for(self, token: str, default_org: str) -> Principal | None:
+        """The token's principal, or None when unknown, revoked or expired."""
+        if not token.startswith(TOKEN_PREFIX):
+            return None
+        token_id, _, secret = token[len(TOKEN_PREFIX):].partition("_")
+        if not token_id or not secret:
+            return None
+        row = self.redis.hgetall(keys.token(token_id))
+        # Compare even when the row is missing, so timing does not tell which ids exist.
+        stored = row.get("hash", "0" * 64)
+        if not hmac.compare_digest(stored, self._digest(token)) or not row:
+            return None
+        if row.get("revoked_at"):
+            return None
+        claims = json.loads(row["claims"])
+        expires_at = claims.get("expires_at")
+        if expires_at is not None and self.clock.now_ns() >= expires_at:
+            return None
+        return principal_from_claims(claims, token_id, default_org)
+
+    def get(self, token_id: str) -> TokenRow | None:
+        row = self.redis.hgetall(keys.token(token_id))
+        return _row(token_id, row) if row else None
+
+    def revoke(self, token_id: str) -> bool:
+        """Mark the row revoked; the hash stays so a revoked token is told apart from a typo."""
+        revoked = self.redis.hsetnx(keys.token(token_id), "revoked_at", self.clock.now_ns())
+        return bool(revoked)
+
+    def list(self, org: str) -> list[TokenRow]:
+        token_ids = sorted(self.redis.smembers(keys.org_tokens(org)))
+        pipe = self.redis.pipeline(transaction=False)
+        for token_id in token_ids:
+            pipe.hgetall(keys.token(token_id))
+        rows = pipe.execute()
+        return [_row(tid, row) for tid, row in zip(token_ids, rows, strict=True) if row]
+
+
+def _row(token_id: str, row: dict[str, str]) -> TokenRow:
+    revoked = row.get("revoked_at")
+    return TokenRow(
+        token_id=token_id,
+        claims=json.loads(row["claims"]),
+        created_at=int(row["created_at"]),
+        created_by=row.get("created_by", ""),
+        revoked_at=int(revoked) if revoked else None,
+    )

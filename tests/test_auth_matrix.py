@@ -1,0 +1,176 @@
+"""Every op in the registry x every way a caller can be out of reach.
+
+The matrix reads the registry, so an op added later is covered without editing this file: it
+only needs an ``example`` body in its declaration. Marker strings are planted in the victim's
+org, namespace and user through every write op; no answer to any other caller may carry one.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlencode
+
+import pytest
+
+from app.registry import ROLE_RANK, load_ops
+from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint
+
+OPS = list(load_ops())
+VICTIM = {"org": "victim-org", "namespace": "victim-ns", "user_id": "victim-user",
+          "session_id": "victim-session"}
+MARKER = "MARKER-7d41c0"
+# Free-text fields a write op stores: planting puts the marker in each of them.
+TEXT_FIELDS = ("content", "addition", "value", "new")
+
+
+def _schema_fields(declared) -> set[str]:
+    return set(declared.args().load_fields)
+
+
+def _url_and_body(declared, body):
+    path = declared.http_path
+    body = dict(body)
+    for name in re.findall(r"<(?:\w+:)?(\w+)>", path):
+        path = re.sub(rf"<(?:\w+:)?{name}>", str(body.pop(name)), path)
+    return path, body
+
+
+def send(client, declared, body, token=None):
+    headers = bearer(token) if token else {}
+    path, body = _url_and_body(declared, body)
+    if declared.http_method == "GET":
+        response = client.get(path + ("?" + urlencode(body) if body else ""), headers=headers)
+    else:
+        response = client.open(path, method=declared.http_method, json=body, headers=headers)
+    return response.status_code, response.get_data(as_text=True)
+
+
+@pytest.fixture(scope="module")
+def world(redis_server_url, tmp_path_factory):
+    """An auth-on app with victim data planted through every write op, and the tokens."""
+    import redis
+
+    redis.Redis.from_url(redis_server_url).flushdb()
+    from tests.conftest import make_app
+
+    app = auth_app(
+        lambda **o: make_app(redis_server_url, tmp_path_factory.mktemp("matrix"), **o)
+    )
+    client = app.test_client()
+    for declared in OPS:
+        if declared.kind == "read" or not declared.example:
+            continue
+        body = {**declared.example}
+        for name in ("org", "namespace", "user_id", "session_id"):
+            if name in _schema_fields(declared):
+                body[name] = VICTIM[name]
+        for name in TEXT_FIELDS:
+            if isinstance(body.get(name), str):
+                body[name] = f"{MARKER} {body[name]}"
+        send(client, declared, body, ADMIN_TOKEN)
+    tokens = {
+        "other_org": mint(client, org="other-org", namespace="*", role="admin"),
+        "other_namespace": mint(client, org=VICTIM["org"], namespace="other-ns", role="admin"),
+        "viewer": mint(client, org=VICTIM["org"], namespace=VICTIM["namespace"], role="viewer"),
+        "writer": mint(client, org=VICTIM["org"], namespace=VICTIM["namespace"], role="writer"),
+        "pinned": mint(client, org=VICTIM["org"], namespace=VICTIM["namespace"], role="admin",
+                       read_user_id="other-user", scopes=["agent_state"]),
+        "session_bound": mint(client, org=VICTIM["org"], namespace=VICTIM["namespace"],
+                              role="admin", session_id="other-session", scopes=["agent_state"]),
+    }
+    revoked_answer = client.post(
+        "/v1/token.create",
+        json={"org": VICTIM["org"], "namespace": VICTIM["namespace"], "role": "admin"},
+        headers=bearer(ADMIN_TOKEN),
+    ).get_json()
+    client.post("/v1/token.revoke", json={"token_id": revoked_answer["token_id"],
+                                          "org": VICTIM["org"]}, headers=bearer(ADMIN_TOKEN))
+    tokens["revoked"] = revoked_answer["token"]
+    yield client, tokens
+    redis.Redis.from_url(redis_server_url).flushdb()
+
+
+def _victim_body(declared, **overrides):
+    body = {**declared.example}
+    for name, value in {**VICTIM, **overrides}.items():
+        if name in _schema_fields(declared):
+            body[name] = value
+    return body
+
+
+def test_every_op_declares_an_example():
+    missing = [declared.name for declared in OPS if not declared.example and
+               _schema_fields(declared) - {"org", "namespace", "agent", "user_id",
+                                           "session_id", "run_id"}]
+    assert missing == [], "declare example= for these ops so the matrix can call them"
+
+
+def test_markers_were_planted(world):
+    client, _ = world
+    out = client.post(
+        "/v1/working_memory.get",
+        json={**VICTIM, "agent": "triage-bot", "run_id": "run-7", "block_key": "state"},
+        headers=bearer(ADMIN_TOKEN),
+    ).get_json()
+    assert MARKER in out["content"]
+
+
+@pytest.mark.parametrize("declared", OPS, ids=lambda d: d.name)
+def test_no_token_unknown_token_and_revoked_token_are_401(world, declared):
+    client, tokens = world
+    body = _victim_body(declared)
+    for token in (None, "loom_0000000000000000_forged", tokens["revoked"]):
+        status, text = send(client, declared, body, token)
+        assert status == 401, (declared.name, token, text)
+        assert MARKER not in text
+
+
+@pytest.mark.parametrize("declared", OPS, ids=lambda d: d.name)
+def test_other_org_and_other_namespace_are_403(world, declared):
+    client, tokens = world
+    for token in (tokens["other_org"], tokens["other_namespace"]):
+        status, text = send(client, declared, _victim_body(declared), token)
+        assert status == 403, (declared.name, text)
+        assert MARKER not in text
+
+
+@pytest.mark.parametrize("declared", OPS, ids=lambda d: d.name)
+def test_role_too_low_is_403(world, declared):
+    client, tokens = world
+    for role in ("viewer", "writer"):
+        if ROLE_RANK[role] >= ROLE_RANK[declared.role]:
+            continue
+        status, text = send(client, declared, _victim_body(declared), tokens[role])
+        assert status == 403 and "AUTH_INSUFFICIENT" in text, (declared.name, role, text)
+
+
+@pytest.mark.parametrize("declared", OPS, ids=lambda d: d.name)
+def test_pinned_to_another_user_is_403(world, declared):
+    if "user_id" not in _schema_fields(declared):
+        pytest.skip("the op names no user")
+    client, tokens = world
+    status, text = send(client, declared, _victim_body(declared), tokens["pinned"])
+    assert status == 403, (declared.name, text)
+    assert MARKER not in text
+
+
+@pytest.mark.parametrize("declared", OPS, ids=lambda d: d.name)
+def test_session_bound_to_another_session_is_403(world, declared):
+    if "session_id" not in _schema_fields(declared):
+        pytest.skip("the op names no session")
+    client, tokens = world
+    status, text = send(client, declared, _victim_body(declared), tokens["session_bound"])
+    assert status == 403, (declared.name, text)
+    assert MARKER not in text
+
+
+@pytest.mark.parametrize("declared", OPS, ids=lambda d: d.name)
+def test_callers_acting_in_their_own_reach_never_see_a_marker(world, declared):
+    client, tokens = world
+    for name in ("other_org", "other_namespace", "pinned", "session_bound"):
+        body = {k: v for k, v in declared.example.items() if k not in VICTIM}
+        if name == "other_namespace" or name == "other_org":
+            body["namespace"] = "other-ns"
+        status, text = send(client, declared, body, tokens[name])
+        assert status < 500, (declared.name, name, text)
+        assert MARKER not in text, (declared.name, name)

@@ -65,3 +65,126 @@ def org_tokens(org: str) -> str:
 def rate_window(caller: str, window: int) -> str:
     """Requests a caller (token id, or the single user) made in one fixed window."""
     return f"{PREFIX}:rate:{{{escape(caller)}}}:{window}"
+
+
+# --- worker lease, cost ledger, org switches ---------------------------------------------------
+
+
+def worker_lease(name: str) -> str:
+    """Who holds a worker's lease, and its fencing token."""
+    return f"{PREFIX}:lease:{{{escape(name)}}}"
+
+
+def worker_lease_generation(name: str) -> str:
+    """The fencing counter: each acquisition takes the next number."""
+    return f"{PREFIX}:lease-gen:{{{escape(name)}}}"
+
+
+def worker_state(name: str) -> str:
+    """What a worker keeps between passes (waits, scan lists), tagged with the lease generation."""
+    return f"{PREFIX}:worker-state:{{{escape(name)}}}"
+
+
+def usage(org: str, namespace: str) -> str:
+    """The namespace's cost ledger: model calls, tokens, builds, skips, refusals, failures."""
+    return f"{PREFIX}:usage:{namespace_tag(org, namespace)}"
+
+
+def org_settings(org: str) -> str:
+    return f"{PREFIX}:org:{org_tag(org)}"
+
+
+# --- memory rows, profile sections and the structured-profile inputs -------------------------
+# A row lives under its user's tag and is named by (agent, session_id, key), so every key a
+# write touches is known before the write and one Lua script covers them all. The memory_id
+# pointer and the namespace indexes live under the namespace tag, in another slot.
+
+
+def memory_row(
+    org: str, namespace: str, user_id: str, agent: str, session_id: str, key: str
+) -> str:
+    """Hash of a row's current fields."""
+    return (
+        f"{PREFIX}:mem:{user_tag(org, namespace, user_id)}:"
+        f"{escape(agent)}:{escape(session_id)}:{escape(key)}"
+    )
+
+
+def memory_versions(
+    org: str, namespace: str, user_id: str, agent: str, session_id: str, key: str
+) -> str:
+    """Hash of a row's versions: zero-padded version -> the JSON snapshot of that version."""
+    return (
+        f"{PREFIX}:mem-v:{user_tag(org, namespace, user_id)}:"
+        f"{escape(agent)}:{escape(session_id)}:{escape(key)}"
+    )
+
+
+def memory_version_order(
+    org: str, namespace: str, user_id: str, agent: str, session_id: str, key: str
+) -> str:
+    """Sorted set (all scores 0) of a row's zero-padded versions, so lex order is age order."""
+    return (
+        f"{PREFIX}:mem-vo:{user_tag(org, namespace, user_id)}:"
+        f"{escape(agent)}:{escape(session_id)}:{escape(key)}"
+    )
+
+
+def memory_keys(org: str, namespace: str, user_id: str) -> str:
+    """Sorted set (all scores 0) of a user's rows as ``key NUL agent NUL session_id``."""
+    return f"{PREFIX}:mem-keys:{user_tag(org, namespace, user_id)}"
+
+
+def memory_ids(org: str, namespace: str, user_id: str) -> str:
+    """Hash memory_id -> row key of a user's rows, for scripts that start from an id."""
+    return f"{PREFIX}:mem-ids:{user_tag(org, namespace, user_id)}"
+
+
+def memory_pointer(org: str, namespace: str, memory_id: str) -> str:
+    """Where a memory_id lives (its user, agent, session and key); namespace slot."""
+    return f"{PREFIX}:mem-at:{namespace_tag(org, namespace)}:{escape(memory_id)}"
+
+
+def user_erasing(org: str, namespace: str, user_id: str) -> str:
+    """Present while the user's erasure runs: memory writes for the user are refused."""
+    return f"{PREFIX}:erasing:{user_tag(org, namespace, user_id)}"
+
+
+def profile_rows(org: str, namespace: str, user_id: str) -> str:
+    """Set of the row keys of a user's live profile sections, so a render needs no SCAN."""
+    return f"{PREFIX}:profile-rows:{user_tag(org, namespace, user_id)}"
+
+
+def profile_users(org: str, namespace: str) -> str:
+    """Set of the users of a namespace that have (or had) profile sections."""
+    return f"{PREFIX}:profile-users:{namespace_tag(org, namespace)}"
+
+
+def profile_sources(org: str, namespace: str, user_id: str) -> str:
+    """Hash memory_id -> ``content_sha256:confidence:date_ns`` of the user's source facts."""
+    return f"{PREFIX}:profile-src:{user_tag(org, namespace, user_id)}"
+
+
+def profile_source_digest(org: str, namespace: str, user_id: str) -> str:
+    """Hash: digest, count, changed_at, removed_at, next_expiry of the user's sources."""
+    return f"{PREFIX}:profile-digest:{user_tag(org, namespace, user_id)}"
+
+
+def profile_source_expiry(org: str, namespace: str, user_id: str) -> str:
+    """Sorted set memory_id -> valid_to (ns) of the sources that carry a valid_to."""
+    return f"{PREFIX}:profile-src-exp:{user_tag(org, namespace, user_id)}"
+
+
+def profile_changed_users(org: str, namespace: str) -> str:
+    """Sorted set user_id -> changed_at (ns) of users whose sources moved since their build."""
+    return f"{PREFIX}:profile-changed:{namespace_tag(org, namespace)}"
+
+
+def profile_reads(org: str, namespace: str, user_id: str) -> str:
+    """Sorted set of ``[agent, client]`` readers of the user's profile, scored by last read."""
+    return f"{PREFIX}:profile-reads:{user_tag(org, namespace, user_id)}"
+
+
+def profile_reads_meta(org: str, namespace: str, user_id: str) -> str:
+    """Hash ``[agent, client]`` -> the op of that reader's last read."""
+    return f"{PREFIX}:profile-reads-meta:{user_tag(org, namespace, user_id)}"

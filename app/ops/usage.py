@@ -1,0 +1,62 @@
+"""usage.get and org.set_model_calls: what model work cost, and an org's switch to stop it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marshmallow import fields
+
+from app.registry import Call, op
+from app.schemas.common import Answer, IdentityArgs
+from app.store.usage import UsageStore
+
+
+class UsageArgs(IdentityArgs):
+    pass
+
+
+class Usage(Answer):
+    namespace = fields.String()
+    model_calls_enabled = fields.Boolean()
+    # One integer per counter of app.store.usage.COUNTERS (a test holds them equal).
+    model_calls = fields.Integer()
+    prompt_tokens = fields.Integer()
+    completion_tokens = fields.Integer()
+    builds = fields.Integer()
+    skipped_unchanged = fields.Integer()
+    refusals = fields.Integer()
+    failures = fields.Integer()
+
+
+class ModelCallsArgs(IdentityArgs):
+    enabled = fields.Boolean(
+        required=True, metadata={"description": "False stops every model call for the org."}
+    )
+
+
+class ModelCalls(Answer):
+    org = fields.String()
+    model_calls_enabled = fields.Boolean()
+
+
+@op("usage.get", role="admin", kind="read", listed=False, args=UsageArgs, answer=Usage,
+    needs_agent=False, example={"namespace": "support"})
+def usage_get(call: Call) -> dict[str, Any]:
+    """The namespace's cost ledger: model calls, tokens, builds, skips, refusals, failures."""
+    store = call.services.store(UsageStore)
+    ident = call.identity
+    return {
+        "namespace": ident.namespace,
+        **store.get(ident.org, ident.namespace),
+        "model_calls_enabled": store.model_calls_enabled(ident.org),
+    }
+
+
+@op("org.set_model_calls", role="admin", kind="idempotent", listed=False,
+    args=ModelCallsArgs, answer=ModelCalls, needs_agent=False, needs_namespace=False,
+    example={"enabled": False})
+def org_set_model_calls(call: Call) -> dict[str, Any]:
+    """Switch the org's model calls on or off; off, the workers never call a model for it."""
+    store = call.services.store(UsageStore)
+    store.set_model_calls(call.identity.org, call.args["enabled"])
+    return {"org": call.identity.org, "model_calls_enabled": call.args["enabled"]}

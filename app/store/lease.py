@@ -1,0 +1,109 @@
+"""The worker lease: one holder at a time, with a fencing token checked at every write.
+
+Acquiring takes the next number of a per-lease counter (the fencing token, also the
+generation the holder's kept state lives under). A holder renews before the TTL runs out; a
+write made under the lease first checks, in the same script, that the lease still holds that
+token, so a pass that lost its lease (paused, partitioned, slow) cannot write over the next
+holder's work.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from app.store import keys
+
+if TYPE_CHECKING:
+    from app.services import Services
+
+# KEYS: lease, generation counter. ARGV: holder, ttl ms.
+_ACQUIRE = r"""
+if redis.call('EXISTS', KEYS[1]) == 1 then return false end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], ARGV[1] .. '|' .. token, 'PX', ARGV[2])
+return token
+"""
+
+# KEYS: lease. ARGV: holder|token, ttl ms. Extends only the holder's own lease.
+_RENEW = r"""
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+_RELEASE = r"""
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+return redis.call('DEL', KEYS[1])
+"""
+
+
+class LeaseLost(Exception):
+    """The lease is no longer ours: stop without writing."""
+
+
+class Lease:
+    def __init__(self, store: LeaseStore, name: str, holder: str, token: int, ttl_ms: int):
+        self.store = store
+        self.name = name
+        self.holder = holder
+        self.token = token
+        self.ttl_ms = ttl_ms
+
+    @property
+    def value(self) -> str:
+        return f"{self.holder}|{self.token}"
+
+    def renew(self) -> None:
+        if not self.store.renew(self):
+            raise LeaseLost(f"lease {self.name} token {self.token} was taken over")
+
+    def holds(self) -> bool:
+        return self.store.redis.get(keys.worker_lease(self.name)) == self.value
+
+    def release(self) -> None:
+        self.store.release(self)
+
+
+class LeaseStore:
+    def __init__(self, services: Services) -> None:
+        self.redis = services.redis
+        self._acquire = self.redis.register_script(_ACQUIRE)
+        self._renew = self.redis.register_script(_RENEW)
+        self._release = self.redis.register_script(_RELEASE)
+
+    def acquire(self, name: str, holder: str, ttl_seconds: float) -> Lease | None:
+        ttl_ms = max(1, int(ttl_seconds * 1000))
+        token = self._acquire(
+            keys=[keys.worker_lease(name), keys.worker_lease_generation(name)],
+            args=[holder, ttl_ms],
+        )
+        if token is None:
+            return None
+        return Lease(self, name, holder, int(token), ttl_ms)
+
+    def renew(self, lease: Lease) -> bool:
+        return bool(self._renew(keys=[keys.worker_lease(lease.name)], args=[lease.value,
+                                                                             lease.ttl_ms]))
+
+    def release(self, lease: Lease) -> None:
+        self._release(keys=[keys.worker_lease(lease.name)], args=[lease.value])
+
+    def load_state(self, name: str) -> tuple[int | None, str | None]:
+        """The kept state and the lease generation it was written under."""
+        row = self.redis.hmget(keys.worker_state(name), ["generation", "state"])
+        generation = int(row[0]) if row[0] else None
+        return generation, row[1]
+
+    def save_state(self, lease: Lease, state: str) -> None:
+        """Keep state under the lease's generation, only while the lease is still ours."""
+        pipe = self.redis.pipeline(transaction=True)
+        try:
+            pipe.watch(keys.worker_lease(lease.name))
+            if pipe.get(keys.worker_lease(lease.name)) != lease.value:
+                raise LeaseLost(f"lease {lease.name} token {lease.token} was taken over")
+            pipe.multi()
+            pipe.hset(keys.worker_state(lease.name),
+                      mapping={"generation": lease.token, "state": state})
+            pipe.execute()
+        finally:
+            pipe.reset()

@@ -39,6 +39,13 @@ class Principal:
     def reaches_role(self, role: str) -> bool:
         return ROLE_RANK[self.role] >= ROLE_RANK[role]
 
+    @property
+    def actor(self) -> str:
+        """Who acted, for audit rows and row actors: a token id, never a secret."""
+        if self.single_user:
+            return "single-user"
+        return self.token_id or "install-admin"
+
     def has_scope(self, scope: str) -> bool:
         return self.single_user or self.role == "admin" or scope in self.scopes
 

@@ -42,7 +42,7 @@ def test_lease_is_held_by_one_and_fenced(app, redis_client):
     assert first is not None and first.holds()
     assert store.acquire("structured_profile", "worker-b", ttl_seconds=30) is None
     store.save_state(first, '{"cursor": "ns-1"}')
-    assert store.load_state("structured_profile") == (first.token, '{"cursor": "ns-1"}')
+    assert store.load_state("structured_profile") == ("worker-a", '{"cursor": "ns-1"}')
     # The lease runs out (a paused holder); another takes it with a higher token.
     redis_client.delete("loom:lease:{structured_profile}")
     second = store.acquire("structured_profile", "worker-b", ttl_seconds=30)

@@ -80,13 +80,6 @@ class TokenList(Answer):
     tokens = fields.List(fields.Nested(TokenClaims))
 
 
-def actor_of(principal: Principal) -> str:
-    """Who did something, for audit rows: a token id, never a secret."""
-    if principal.single_user:
-        return "single-user"
-    return principal.token_id or "install-admin"
-
-
 def _narrower(claim: str, wanted: Any, ceiling: Any) -> Any:
     """A claim the creator fixes is inherited; naming another value is a 403."""
     if ceiling is None:
@@ -142,7 +135,7 @@ def _in_reach(principal: Principal, claims: dict[str, Any]) -> bool:
 def token_create(call: Call) -> dict[str, Any]:
     """Mint a token; its secret is answered once and only its keyed hash is kept."""
     claims = claims_for(call)
-    secret, row = call.services.store(TokenStore).create(claims, actor_of(call.principal))
+    secret, row = call.services.store(TokenStore).create(claims, call.principal.actor)
     return {"token": secret, **row.as_answer()}
 
 

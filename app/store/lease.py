@@ -88,14 +88,18 @@ class LeaseStore:
     def release(self, lease: Lease) -> None:
         self._release(keys=[keys.worker_lease(lease.name)], args=[lease.value])
 
-    def load_state(self, name: str) -> tuple[int | None, str | None]:
-        """The kept state and the lease generation it was written under."""
+    def load_state(self, name: str) -> tuple[str | None, str | None]:
+        """The kept state and the generation (the holding process) it was written under."""
         row = self.redis.hmget(keys.worker_state(name), ["generation", "state"])
-        generation = int(row[0]) if row[0] else None
-        return generation, row[1]
+        return row[0], row[1]
 
     def save_state(self, lease: Lease, state: str) -> None:
-        """Keep state under the lease's generation, only while the lease is still ours."""
+        """Keep state under the holder's generation, only while the lease is still ours.
+
+        The generation is the holder (one worker process), not the fencing token: RQ forks a
+        child per job, so every pass takes a new token, but state kept "in the worker's
+        process" must survive from one pass to the next while the same process holds on.
+        """
         pipe = self.redis.pipeline(transaction=True)
         try:
             pipe.watch(keys.worker_lease(lease.name))
@@ -103,7 +107,7 @@ class LeaseStore:
                 raise LeaseLost(f"lease {lease.name} token {lease.token} was taken over")
             pipe.multi()
             pipe.hset(keys.worker_state(lease.name),
-                      mapping={"generation": lease.token, "state": state})
+                      mapping={"generation": lease.holder, "state": state})
             pipe.execute()
         finally:
             pipe.reset()

@@ -35,6 +35,17 @@ def find_redis_server() -> str:
     return str(bundled)
 
 
+def die_with_parent() -> None:
+    """Run in a child before exec: Linux stops it when the process that started it dies, so a
+    killed test run or launcher leaves no server behind."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -69,7 +80,9 @@ class RedisServerProcess:
             "--appendfsync", "everysec",
             "--logfile", str(self.data_dir / "redis.log"),
         ]
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, preexec_fn=die_with_parent
+        )
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         deadline = time.monotonic() + timeout
         while True:

@@ -11,11 +11,13 @@ from jobs.queues import ALL_QUEUES, queue, queue_connection
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = list(argv or [])
+    burst = "--burst" in args
+    names = [name for name in args if not name.startswith("--")] or list(ALL_QUEUES)
     settings = load_settings()
     connection = queue_connection(settings)
-    names = (argv if argv else None) or list(ALL_QUEUES)
     worker = Worker([queue(name, connection) for name in names], connection=connection)
-    worker.work(with_scheduler=False)
+    worker.work(burst=burst, with_scheduler=False)
     return 0
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import requests
 
-from app.local import free_port
+from app.local import die_with_parent, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,6 +38,7 @@ class LiveServer:
             env=self.env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            preexec_fn=die_with_parent,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

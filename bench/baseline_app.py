@@ -1,0 +1,163 @@
+"""The bare baseline for bench/working_memory.py: Flask + redis-py and nothing else.
+
+Each route does the same Redis work as the Loom op it stands beside, on the same keys:
+``/wm/get`` is one HGET, ``/wm/set`` and ``/wm/append`` run Loom's own Lua scripts (imported,
+so the text is identical) with the same KEYS and ARGV, through EVALSHA. What it leaves out is
+everything else Loom does per request: no schema, no auth, no identity checks, no registry, no
+error shape. ``request.get_json()`` -> Redis -> ``jsonify``.
+
+``/wm/append_watch`` is the classic alternative to a Lua append: WATCH the scope, HGET the
+block, then MULTI/HSET/SADD/EXEC, starting over when another writer got in between. Each retry
+is one more WATCH, so ``INFO commandstats`` counts the retries (watch calls minus appends).
+
+Serve it with ``gunicorn bench.baseline_app:app`` (REDIS_URL set, repository root on the path).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import redis
+from flask import Flask, jsonify, request
+
+from app.store.keys import working_memory_scope, working_memory_scopes
+from app.store.working_memory import _APPEND, _SET, DEFAULT_BLOCK_KEY, DEFAULT_CHAR_LIMIT
+
+ORG = os.environ.get("LOOM_DEFAULT_ORG", "default")
+
+app = Flask(__name__)
+app.json.sort_keys = False  # type: ignore[attr-defined]
+app.json.compact = True  # type: ignore[attr-defined]
+
+r = redis.Redis.from_url(os.environ["REDIS_URL"], decode_responses=True)
+set_script = r.register_script(_SET)
+append_script = r.register_script(_APPEND)
+
+
+def _keys(body: dict) -> tuple[str, str]:
+    user_id = body.get("user_id", "-")
+    scope = working_memory_scope(
+        ORG,
+        body["namespace"],
+        user_id,
+        body["agent"],
+        body.get("session_id", "-"),
+        body.get("run_id", "-"),
+    )
+    return scope, working_memory_scopes(ORG, body["namespace"], user_id)
+
+
+def _written(block_key: str, reply: list) -> tuple:
+    if reply[0] != "OK":
+        return jsonify({"error": reply[0], "value_length": reply[1], "char_limit": reply[2]}), 422
+    return jsonify(
+        {
+            "block_key": block_key,
+            "version": int(reply[1]),
+            "char_limit": int(reply[2]),
+            "value_length": int(reply[3]),
+        }
+    ), 200
+
+
+@app.post("/wm/get")
+def wm_get():
+    body = request.get_json()
+    block_key = body.get("block_key", DEFAULT_BLOCK_KEY)
+    raw = r.hget(_keys(body)[0], block_key)
+    if raw is None:
+        return jsonify({"found": False, "block_key": block_key, "content": ""})
+    version, char_limit, _length, content = raw.split(":", 3)
+    return jsonify(
+        {
+            "found": True,
+            "block_key": block_key,
+            "content": content,
+            "char_limit": int(char_limit),
+            "version": int(version),
+        }
+    )
+
+
+@app.post("/wm/set")
+def wm_set():
+    body = request.get_json()
+    block_key = body.get("block_key", DEFAULT_BLOCK_KEY)
+    content = body.get("content", "")
+    char_limit = body.get("char_limit")
+    reply = set_script(
+        keys=list(_keys(body)),
+        args=[
+            block_key,
+            time.time_ns(),
+            "" if char_limit is None else char_limit,
+            content,
+            len(content),
+            DEFAULT_CHAR_LIMIT,
+        ],
+    )
+    return _written(block_key, reply)
+
+
+@app.post("/wm/append")
+def wm_append():
+    body = request.get_json()
+    block_key = body.get("block_key", DEFAULT_BLOCK_KEY)
+    addition = body["addition"]
+    separator = body.get("separator", "\n")
+    reply = append_script(
+        keys=list(_keys(body)),
+        args=[
+            block_key,
+            time.time_ns(),
+            addition,
+            len(addition),
+            separator,
+            len(separator),
+            DEFAULT_CHAR_LIMIT,
+        ],
+    )
+    return _written(block_key, reply)
+
+
+@app.post("/wm/append_watch")
+def wm_append_watch():
+    """The same append as optimistic WATCH/MULTI/EXEC: read, compute here, write if unchanged."""
+    body = request.get_json()
+    block_key = body.get("block_key", DEFAULT_BLOCK_KEY)
+    addition = body["addition"]
+    separator = body.get("separator", "\n")
+    scope, index = _keys(body)
+    retries = 0
+    with r.pipeline() as pipe:
+        while True:
+            try:
+                pipe.watch(scope)
+                raw = pipe.hget(scope, block_key)
+                if raw is None:
+                    last, limit, content = 0, DEFAULT_CHAR_LIMIT, addition
+                else:
+                    version, char_limit, _length, old = raw.split(":", 3)
+                    last, limit = int(version), int(char_limit)
+                    content = old + separator + addition
+                if len(content) > limit:
+                    pipe.unwatch()
+                    return jsonify({"error": "LIMIT", "value_length": len(content)}), 422
+                version = max(time.time_ns(), last + 1)
+                pipe.multi()
+                pipe.hset(scope, block_key, f"{version}:{limit}:{len(content)}:{content}")
+                pipe.sadd(index, scope)
+                pipe.execute()
+                break
+            except redis.WatchError:
+                retries += 1
+    return jsonify(
+        {
+            "block_key": block_key,
+            "version": version,
+            "char_limit": limit,
+            "value_length": len(content),
+            "retries": retries,
+        }
+    )

@@ -16,9 +16,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from flask import Flask, Response, current_app, request
+from flask import Flask, Request, Response, current_app, request
 from flask_smorest import Api, Blueprint
-from marshmallow import EXCLUDE, Schema, ValidationError
+from marshmallow import Schema, ValidationError
 from werkzeug.exceptions import HTTPException
 
 from app.auth import Principal, resolve_identity
@@ -35,6 +35,7 @@ from app.errors import (
 )
 from app.registry import Call, Op, OpRegistry
 from app.schemas.common import ErrorAnswer
+from app.schemas.fastload import compile_loader
 from app.services import Services
 
 log = logging.getLogger("loom.api")
@@ -52,20 +53,17 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def read_json_body() -> dict[str, Any]:
+def read_json_body(req: Request, max_bytes: int) -> dict[str, Any]:
     """The request body as a JSON object; an empty body is ``{}``."""
-    max_bytes = current_app.config["MAX_CONTENT_LENGTH"]
-    if request.content_length is not None and request.content_length > max_bytes:
-        raise BodyTooLarge(
-            f"body of {request.content_length} bytes is over {max_bytes}", max_bytes=max_bytes
-        )
-    raw = request.get_data(cache=False)
+    length = req.content_length
+    if length is not None and length > max_bytes:
+        raise BodyTooLarge(f"body of {length} bytes is over {max_bytes}", max_bytes=max_bytes)
+    raw = req.get_data(cache=False)
     if not raw.strip():
         return {}
-    if not request.is_json:
+    if not req.is_json:
         raise UnsupportedContentType(
-            "the body must be sent as application/json",
-            content_type=request.mimetype or "",
+            "the body must be sent as application/json", content_type=req.mimetype or ""
         )
     try:
         # Strict UTF-8 first: json.loads on bytes would let surrogates through to Redis.
@@ -81,16 +79,16 @@ def read_json_body() -> dict[str, Any]:
     return body
 
 
-def load_args(schema: Schema, body: dict[str, Any]) -> dict[str, Any]:
+def load_args(schema_class: type[Schema], body: dict[str, Any]) -> dict[str, Any]:
     try:
-        return schema.load(body, unknown=EXCLUDE)
+        return _loader(schema_class)(body)
     except ValidationError as exc:
         messages = exc.messages if isinstance(exc.messages, dict) else {"_body": exc.messages}
         raise ValidationFailed(messages) from None
 
 
-def _client_name() -> str:
-    return request.headers.get("X-Loom-Client") or request.headers.get("User-Agent", "")
+def _client_name(req: Request) -> str:
+    return req.headers.get("X-Loom-Client") or req.headers.get("User-Agent", "")
 
 
 def run_op(
@@ -98,8 +96,7 @@ def run_op(
     body: dict[str, Any],
     principal: Principal,
     services: Services,
-    client: str = "",
-    schema: Schema | None = None,
+    client: str | Callable[[], str] = "",
 ) -> dict[str, Any]:
     """Run one op for a principal: role, input schema, identity, handler, ``ignored_args``.
 
@@ -111,13 +108,17 @@ def run_op(
             f"{op.name} needs the {op.role} role; this token has {principal.role}",
             required_role=op.role,
         )
-    schema = schema or op.args()
-    args = load_args(schema, body)
+    args = load_args(op.args, body)
     identity = resolve_identity(op, principal, args)
     result = op.handler(Call(op, args, identity, principal, services, client))
-    known = _known_fields(type(schema))
+    known = _known_fields(op.args)
     result["ignored_args"] = [name for name in body if name not in known]
     return result
+
+
+@functools.cache
+def _loader(schema_class: type[Schema]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    return compile_loader(schema_class())
 
 
 @functools.cache
@@ -127,19 +128,21 @@ def _known_fields(schema_class: type[Schema]) -> frozenset[str]:
 
 
 def make_view(op: Op, services: Services) -> Callable[..., Any]:
-    schema = op.args()
     authenticate = services.authenticate
     check_budget = services.check_budget
+    max_bytes = services.settings.max_body_bytes
+    is_get = op.http_method == "GET"
 
     def view(**path_args: Any) -> Any:
-        body = read_json_body()
-        principal: Principal = authenticate(request.headers)
+        req = request._get_current_object()  # type: ignore[attr-defined]
+        body = read_json_body(req, max_bytes)
+        principal: Principal = authenticate(req.headers)
         check_budget(principal)
         if path_args:
             body = {**body, **path_args}
-        if request.args and op.http_method == "GET":
-            body = {**request.args.to_dict(), **body}
-        return run_op(op, body, principal, services, _client_name(), schema)
+        if is_get and req.args:
+            body = {**req.args.to_dict(), **body}
+        return run_op(op, body, principal, services, lambda: _client_name(req))
 
     view.__name__ = op.name.replace(".", "_")
     view.__doc__ = op.summary

@@ -33,7 +33,15 @@ class Call:
     identity: Identity
     principal: Principal
     services: Services
-    client: str = ""
+    # The reading client's name (X-Loom-Client, else User-Agent); a callable is read only when
+    # a handler asks, since most ops never do.
+    client_source: str | Callable[[], str] = ""
+
+    @property
+    def client(self) -> str:
+        if callable(self.client_source):
+            self.client_source = self.client_source()
+        return self.client_source
 
 
 Handler = Callable[[Call], dict[str, Any]]

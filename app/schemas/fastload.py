@@ -1,0 +1,99 @@
+"""A fast path for loading op arguments, with marshmallow as the authority.
+
+marshmallow's ``Schema.load`` costs ~25 µs per request for the small flat schemas ops use,
+a quarter of Loom's own time on the working-memory hot path. ``compile_loader`` turns a
+schema made only of plain fields (strings, strict integers, lists of strings) into a loop that
+checks types, runs the fields' own validators and fills defaults. Anything it is not sure of
+(a wrong type, a failed validator, a missing required field, a field kind or schema hook it
+does not know) goes to ``Schema.load`` instead, so every answer and every 422 message is
+marshmallow's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from marshmallow import EXCLUDE, Schema, ValidationError, fields, missing
+
+from app.schemas.common import StrictInt
+
+Loader = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class _Slow(Exception):
+    """This body needs marshmallow (it will answer or explain the 422)."""
+
+
+def _kind(field: fields.Field) -> str | None:
+    if isinstance(field, StrictInt):
+        return "int"
+    # A String subclass that keeps String's conversion differs only by its validators.
+    if isinstance(field, fields.String) and (
+        type(field)._deserialize is fields.String._deserialize
+    ):
+        return "str"
+    if type(field) is fields.List and _kind(field.inner) == "str":
+        return "list"
+    return None
+
+
+def compile_loader(schema: Schema) -> Loader:
+    def slow(body: dict[str, Any]) -> dict[str, Any]:
+        return schema.load(body, unknown=EXCLUDE)
+
+    if any(schema._hooks.values()):  # pre_load, post_load, validates_schema...
+        return slow
+    plan = []
+    for name, field in schema.load_fields.items():
+        kind = _kind(field)
+        if kind is None:
+            return slow
+        inner = field.inner.validators if kind == "list" else ()
+        plan.append(
+            (field.data_key or name, name, kind, field.required, field.load_default,
+             field.allow_none, tuple(field.validators), tuple(inner))
+        )
+
+    def fast(body: dict[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, name, kind, required, default, allow_none, validators, inner in plan:
+            if key not in body:
+                if required:
+                    raise _Slow
+                if default is not missing:
+                    out[name] = default() if callable(default) else default
+                continue
+            value = body[key]
+            if value is None:
+                if not allow_none:
+                    raise _Slow
+                out[name] = None
+                continue
+            if kind == "str":
+                if type(value) is not str:
+                    raise _Slow
+            elif kind == "int":
+                if type(value) is not int:
+                    raise _Slow
+            else:
+                if type(value) is not list or any(type(item) is not str for item in value):
+                    raise _Slow
+                for item in value:
+                    for check in inner:
+                        if check(item) is False:
+                            raise _Slow
+                value = list(value)
+            for check in validators:
+                if check(value) is False:
+                    raise _Slow
+            out[name] = value
+        return out
+
+    def load(body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return fast(body)
+        except (_Slow, ValidationError):
+            return slow(body)
+
+    return load

@@ -189,3 +189,36 @@ class AgentStateConflict(LoomError):
 class FeatureDisabled(LoomError):
     code = "FEATURE_DISABLED"
     status = 403
+
+
+# --- memory rows: more refusals ---------------------------------------------------------------
+
+
+class MemoryPinned(LoomError):
+    """A worker's write to a pinned (or ``high``) row: the row is left as it is."""
+
+    code = "MEMORY_PINNED"
+    status = 409
+
+
+class MemoryTypeMismatch(LoomError):
+    """A write through one plane (profile.*) to a key that holds a row of another type."""
+
+    code = "MEMORY_TYPE_MISMATCH"
+    status = 409
+
+    @classmethod
+    def of(cls, key: str, found: str, wanted: str) -> MemoryTypeMismatch:
+        wanted_text = f", not {wanted!r}" if wanted else ""
+        return cls(
+            f"key {key!r} holds a {found!r} row{wanted_text}",
+            key=key,
+            memory_type=found,
+        )
+
+
+class WriteContended(LoomError):
+    """A compare-and-swap write kept losing to other writers until its deadline."""
+
+    code = "WRITE_CONFLICT"
+    status = 409

@@ -143,7 +143,8 @@ def test_session_bound_token(client):
 
 
 def test_install_admin_reaches_every_org(client):
-    assert post(client, "working_memory.set", ADMIN_TOKEN, org="globex", content="g", **WM)[0] == 200
+    status, _ = post(client, "working_memory.set", ADMIN_TOKEN, org="globex", content="g", **WM)
+    assert status == 200
     token = mint(client, org="globex", namespace="support", role="viewer")
     assert post(client, "working_memory.get", token, **WM)[1]["content"] == "g"
 

@@ -188,3 +188,66 @@ def profile_reads(org: str, namespace: str, user_id: str) -> str:
 def profile_reads_meta(org: str, namespace: str, user_id: str) -> str:
     """Hash ``[agent, client]`` -> the op of that reader's last read."""
     return f"{PREFIX}:profile-reads-meta:{user_tag(org, namespace, user_id)}"
+
+
+# --- structured profiles ------------------------------------------------------------------------
+
+
+def profile_schema(org: str, namespace: str) -> str:
+    """The namespace's profile schema: the document, its sha256, who set it and when."""
+    return f"{PREFIX}:profile-schema:{namespace_tag(org, namespace)}"
+
+
+def structured_namespaces() -> str:
+    """Every (org, namespace) with a profile schema: what the passes rotate over."""
+    return f"{PREFIX}:structured-namespaces"
+
+
+# --- typed agent state (seed 002) and namespace config -----------------------------------------
+# No raw scope id ever reaches a key: scopes and subjects appear only as their keyed digests
+# (hex, so they need no escaping).
+
+
+def agent_state_tag(org: str, namespace: str, scope_digest: str) -> str:
+    """One scope's hash tag: its states (one per agent) and its agents hash share a slot."""
+    return "{" + escape(org) + "/" + escape(namespace) + "/" + scope_digest + "}"
+
+
+def agent_state(org: str, namespace: str, scope_digest: str, agent: str) -> str:
+    """The state of one (scope, agent): a hash (body, per-field write times, version, ...)."""
+    return f"{PREFIX}:as:{agent_state_tag(org, namespace, scope_digest)}:{escape(agent)}"
+
+
+def agent_state_agents(org: str, namespace: str, scope_digest: str) -> str:
+    """Hash agent -> expiry (ms) of the scope's states, so erasing a scope needs no SCAN."""
+    return f"{PREFIX}:as-agents:{agent_state_tag(org, namespace, scope_digest)}"
+
+
+def agent_state_subject(org: str, namespace: str, subject_digest: str) -> str:
+    """Set of the state keys naming one subject (console view, erasure, data package)."""
+    return f"{PREFIX}:as-subject:{namespace_tag(org, namespace)}:{subject_digest}"
+
+
+def agent_state_subjects(org: str, namespace: str) -> str:
+    """Set of the subject digests that have an index, for the sweep."""
+    return f"{PREFIX}:as-subjects:{namespace_tag(org, namespace)}"
+
+
+def agent_state_expiry(org: str, namespace: str) -> str:
+    """Sorted set state key -> expiry (ms): what the sweep looks at."""
+    return f"{PREFIX}:as-expiry:{namespace_tag(org, namespace)}"
+
+
+def agent_state_namespaces() -> str:
+    """Set of the namespaces that ever held agent state (JSON ``[org, namespace]``)."""
+    return f"{PREFIX}:as-namespaces"
+
+
+def namespace_config(org: str, namespace: str) -> str:
+    """Hash of a namespace's documents: the features document and the object-types registry."""
+    return f"{PREFIX}:ns-config:{namespace_tag(org, namespace)}"
+
+
+def namespace_audit(org: str, namespace: str) -> str:
+    """Capped list of a namespace's audit entries (JSON), newest first."""
+    return f"{PREFIX}:ns-audit:{namespace_tag(org, namespace)}"

@@ -46,9 +46,9 @@ class LiveServer:
                 stderr = self.process.stderr.read().decode() if self.process.stderr else ""
                 raise RuntimeError(f"gunicorn exited: {stderr}")
             try:
-                requests.get(self.url + "/openapi.json", timeout=0.5)
+                requests.get(self.url + "/openapi.json", timeout=2)
                 return self
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):
                 time.sleep(0.1)
         self.stop()
         raise RuntimeError("gunicorn did not start")

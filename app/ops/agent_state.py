@@ -1,0 +1,199 @@
+"""The agent-state ops (seed 002): write, read, the console's view of a profile, erase a scope.
+
+Agent state is written by code, never by a model: none of these ops is an MCP tool, and no
+render or pack reads the plane. The scope travels in the body (a conversation id can look like
+a phone number), never in a URL; only the console view takes a profile id in its path, as the
+seed defines it. With auth on, the key needs the ``agent_state`` scope. Writes and reads need
+the namespace's ``agent_state`` feature on (403 ``FEATURE_DISABLED`` otherwise); the console
+view and erasure work with the feature off, so governance can always see and remove what is
+stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marshmallow import Schema, fields, validate
+
+from app.clock import iso_from_ns
+from app.errors import AuthInsufficient
+from app.ops.namespace_config import NamespaceArgs
+from app.registry import Call, op
+from app.schemas.common import Answer, IdentityArgs, StrictInt
+from app.scope_ids import canonical_scope
+from app.store.agent_state import AgentStateStore
+from app.store.namespace_config import AuditLog
+
+SCOPE = "agent_state"
+_WHO = {
+    "namespace": "shop",
+    "agent": "shop_guide",
+    "scope": {"kind": "conversation", "id": "conv-8c1e"},
+}
+
+
+def _scope_field(description: str) -> fields.Dict:
+    return fields.Dict(required=True, metadata={"description": description})
+
+
+class AgentStateArgs(IdentityArgs):
+    """org, namespace, agent and the scope: a state has no user, session or run."""
+
+    class Meta:
+        exclude = ("user_id", "session_id", "run_id")
+
+    scope = _scope_field(
+        '{"kind": "conversation"|"task"|"object"|"subject", "id": "..."}: what the state '
+        "belongs to. An object id is <type>:<id>; a subject id is one of the customer's handles."
+    )
+
+
+class AgentStatePutArgs(AgentStateArgs):
+    mode = fields.String(
+        load_default="merge_by_key",
+        validate=validate.OneOf(["merge_by_key", "cas"]),
+        metadata={"description": "merge_by_key (default): named fields replaced whole; "
+                  "cas: body is the whole new state."},
+    )
+    if_version = StrictInt(
+        load_default=None,
+        allow_none=True,
+        validate=validate.Range(min=0),
+        metadata={"description": "Apply only at this version (0: the state must not exist). "
+                  "Required with cas."},
+    )
+    body = fields.Dict(
+        required=True,
+        metadata={"description": 'The fields to write; {"$delete": true} removes one '
+                  "(merge_by_key)."},
+    )
+    subject = fields.String(
+        load_default=None,
+        allow_none=True,
+        metadata={"description": "A handle of the customer the state is about, when the scope "
+                  "does not name them (kept only as a keyed hash)."},
+    )
+
+
+class AgentStateProfileArgs(NamespaceArgs):
+    profile_id = fields.String(
+        required=True,
+        metadata={"description": "The subject: a user id or one of the customer's handles."},
+    )
+
+
+class AgentStateEraseArgs(NamespaceArgs):
+    scope = _scope_field('{"kind", "id"}: the scope whose states are erased, for every agent.')
+
+
+class AgentStateWritten(Answer):
+    stored = fields.Boolean()
+    version = fields.Integer()
+    reason = fields.String(
+        allow_none=True, metadata={"description": "not_declared_field or over_cap when not "
+                                   "stored; null when stored."}
+    )
+
+
+class AgentStateRead(Answer):
+    body = fields.Dict()
+    version = fields.Integer()
+    updated_at = fields.String(allow_none=True)
+
+
+class AgentStateSummary(Schema):
+    scope_kind = fields.String()
+    agent = fields.String()
+    type = fields.String()
+    size_bytes = fields.Integer()
+    version = fields.Integer()
+    created_at = fields.String()
+    updated_at = fields.String()
+
+
+class AgentStateOfProfile(Answer):
+    states = fields.List(fields.Nested(AgentStateSummary))
+    count = fields.Integer()
+
+
+class AgentStateErased(Answer):
+    erased = fields.Integer()
+
+
+def _store(call: Call) -> AgentStateStore:
+    return call.services.store(AgentStateStore)
+
+
+def _require_scope(call: Call) -> None:
+    if not call.principal.has_scope(SCOPE):
+        raise AuthInsufficient(
+            "agent state needs a key with the agent_state scope", required_scope=SCOPE
+        )
+
+
+@op("agent_state.put", role="writer", kind="write", args=AgentStatePutArgs,
+    answer=AgentStateWritten, http_method="PUT", path="/v1/agent-state", mcp=False,
+    example={**_WHO, "mode": "merge_by_key", "body": {"step": "sizes", "offer": "familia-plus"}})
+def agent_state_put(call: Call) -> dict[str, Any]:
+    """Write an agent's typed state by compare-and-swap or merge by key."""
+    _require_scope(call)
+    a, identity = call.args, call.identity
+    kind, canonical_id = canonical_scope(a["scope"], identity.namespace)
+    result = _store(call).put(
+        identity.org,
+        identity.namespace,
+        identity.agent,
+        kind,
+        canonical_id,
+        mode=a["mode"],
+        if_version=a["if_version"],
+        body=a["body"],
+        subject=a["subject"],
+    )
+    return result.as_answer()
+
+
+@op("agent_state.read", role="writer", kind="read", args=AgentStateArgs,
+    answer=AgentStateRead, path="/v1/agent-state/read", mcp=False, example=_WHO)
+def agent_state_read(call: Call) -> dict[str, Any]:
+    """Read an agent's state: body, version and updated_at (empty at version 0 when none)."""
+    _require_scope(call)
+    identity = call.identity
+    kind, canonical_id = canonical_scope(call.args["scope"], identity.namespace)
+    state = _store(call).read(
+        identity.org, identity.namespace, identity.agent, kind, canonical_id
+    )
+    return {
+        "body": state.body,
+        "version": state.version,
+        "updated_at": None if state.updated_at is None else iso_from_ns(state.updated_at),
+    }
+
+
+@op("agent_state.of_profile", role="viewer", kind="read", args=AgentStateProfileArgs,
+    answer=AgentStateOfProfile, http_method="GET",
+    path="/v1/profiles/<profile_id>/agent-state", mcp=False, needs_agent=False,
+    example={"namespace": "shop", "profile_id": "cust-42"})
+def agent_state_of_profile(call: Call) -> dict[str, Any]:
+    """List the states naming a profile: kind, agent, type, size, version, dates; no content."""
+    _require_scope(call)
+    identity = call.identity
+    states = _store(call).states_of_subject(
+        identity.org, identity.namespace, call.args["profile_id"]
+    )
+    return {"states": states, "count": len(states)}
+
+
+@op("agent_state.erase", role="admin", kind="idempotent", args=AgentStateEraseArgs,
+    answer=AgentStateErased, mcp=False, needs_agent=False,
+    example={"namespace": "shop", "scope": {"kind": "conversation", "id": "conv-8c1e"}})
+def agent_state_erase(call: Call) -> dict[str, Any]:
+    """Erase one scope's states, for every agent; audited (kind and count, never the id)."""
+    identity = call.identity
+    kind, canonical_id = canonical_scope(call.args["scope"], identity.namespace)
+    erased = _store(call).erase_scope(identity.org, identity.namespace, kind, canonical_id)
+    call.services.store(AuditLog).record(
+        identity.org, identity.namespace, AuditLog.actor_of(call.principal),
+        "agent_state.erase", scope_kind=kind, erased=erased,
+    )
+    return {"erased": erased}

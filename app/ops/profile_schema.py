@@ -1,0 +1,99 @@
+"""profile_schema.set / get / clear: the shape a namespace's structured profiles take."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marshmallow import fields
+
+from app.profile_schema import validate_profile_schema
+from app.registry import Call, op
+from app.schemas.common import Answer, IdentityArgs
+from app.store.profile_schema import ProfileSchemaStore
+
+SEED_EXAMPLE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "preferred_name": {"type": "string", "description": "What the user asks to be called"},
+        "timezone": {"type": "string", "description": "IANA time zone, e.g. Europe/Berlin"},
+        "languages": {
+            "type": "array",
+            "items": {"type": "string"},
+            "description": "Languages they speak",
+        },
+    },
+}
+
+
+class ProfileSchemaSetArgs(IdentityArgs):
+    json_schema = fields.Dict(
+        required=True, metadata={"description": "A JSON Schema object with 1 to 64 properties."}
+    )
+
+
+class ProfileSchemaArgs(IdentityArgs):
+    pass
+
+
+class ProfileSchemaAnswer(Answer):
+    namespace = fields.String()
+    json_schema = fields.Dict(allow_none=True)
+    schema_sha256 = fields.String()
+    set_by = fields.String()
+    set_at = fields.String(allow_none=True)
+
+
+class ProfileSchemaCleared(Answer):
+    namespace = fields.String()
+    cleared = fields.Boolean()
+    schema_sha256 = fields.String(metadata={"description": "The hash of the schema removed."})
+
+
+def _audit(call: Call, action: str, old_sha: str, new_sha: str) -> None:
+    from app.store.namespace_config import AuditLog
+
+    call.services.store(AuditLog).record(
+        call.identity.org, call.identity.namespace, call.principal.actor, action,
+        old_schema_sha256=old_sha, new_schema_sha256=new_sha,
+    )
+
+
+@op("profile_schema.set", role="admin", kind="idempotent", listed=False,
+    args=ProfileSchemaSetArgs, answer=ProfileSchemaAnswer, needs_agent=False,
+    example={"namespace": "support", "json_schema": SEED_EXAMPLE_SCHEMA})
+def profile_schema_set(call: Call) -> dict[str, Any]:
+    """Set the namespace's structured-profile schema (audited); it replaces the old one."""
+    doc = call.args["json_schema"]
+    validate_profile_schema(doc)
+    ident = call.identity
+    old, new = call.services.store(ProfileSchemaStore).set(
+        ident.org, ident.namespace, doc, call.principal.actor
+    )
+    _audit(call, "profile_schema.set", old.sha if old else "", new.sha)
+    return {"namespace": ident.namespace, **new.as_answer()}
+
+
+@op("profile_schema.get", role="viewer", kind="read", listed=False,
+    args=ProfileSchemaArgs, answer=ProfileSchemaAnswer, needs_agent=False,
+    example={"namespace": "support"})
+def profile_schema_get(call: Call) -> dict[str, Any]:
+    """The namespace's schema, its schema_sha256, who set it and when."""
+    ident = call.identity
+    stored = call.services.store(ProfileSchemaStore).get(ident.org, ident.namespace)
+    if stored is None:
+        return {"namespace": ident.namespace, "json_schema": None, "schema_sha256": "",
+                "set_by": "", "set_at": None}
+    return {"namespace": ident.namespace, **stored.as_answer()}
+
+
+@op("profile_schema.clear", role="admin", kind="idempotent", listed=False,
+    args=ProfileSchemaArgs, answer=ProfileSchemaCleared, needs_agent=False,
+    example={"namespace": "support"})
+def profile_schema_clear(call: Call) -> dict[str, Any]:
+    """Remove the schema (audited); built profiles stay as memory rows."""
+    ident = call.identity
+    old = call.services.store(ProfileSchemaStore).clear(ident.org, ident.namespace)
+    if old is not None:
+        _audit(call, "profile_schema.clear", old.sha, "")
+    return {"namespace": ident.namespace, "cleared": old is not None,
+            "schema_sha256": old.sha if old else ""}

@@ -1,0 +1,747 @@
+"""Typed agent state (seed 002) in Redis: one hash per (scope, agent), its indexes and its sweep.
+
+A state is named by its scope (kind and canonical id) and its agent. The scope id is never
+stored: keys and index entries carry only its HMAC under the install's secret
+(``app.scope_ids``), and so does the ``subject`` a state names. The state's hash holds:
+
+``etag``        a random token changed by every write: the compare-and-set token of the script
+``version``     1 at the first stored write, +1 per stored write
+``body``        the state as canonical JSON (compact, key-sorted, non-ASCII kept); the cap is on
+                the UTF-8 bytes of this text
+``written``     JSON ``{field: ns}``: each field's own last write, for field retention
+``created_at`` / ``updated_at`` (ns), ``expires_at`` (ms), ``type``, ``kind``, ``agent``,
+``scope`` (the scope digest), ``subject`` (the subject digest or ``""``), ``size`` (bytes)
+
+Writes: one pipelined read of the namespace config and the state, the merge, masking and cap
+computed in Python, then one pipelined write whose Lua script applies the new hash only if the
+``etag`` is the one read. On a mismatch the script answers the current hash, so a merge_by_key
+retries with no extra read (two round trips per attempt; sub-agents merging different fields
+never lose one); a cas or an ``if_version`` write re-checks the version and answers 412 when it
+moved. The key carries ``PEXPIREAT`` at the last write + the type's ``retention.state``, so an
+expired state vanishes even without the sweep; field retention is checked on every read and
+write from ``written``.
+
+Indexes (all entries are keys or digests, never raw ids):
+
+- per scope, a hash agent -> expiry (same slot as the states, written by the script): erasing
+  a scope finds every agent's state without a SCAN;
+- per subject digest, a sorted set state key -> expiry (console view, erasure, data package);
+- per namespace, a sorted set state key -> expiry, and a sorted set of subject digests: the
+  sweep's work lists.
+
+Index entries are written before the state (so a live state is always indexed) with
+``ZADD GT``, and the sweep removes only entries whose score has passed, so a sweep racing a
+write can never drop a live state's entry. An index entry is a candidate: every reader checks
+the state it points to (existing, naming that subject, not expired).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import NoScriptError
+
+from app.clock import iso_from_ns
+from app.errors import AgentStateConflict, FeatureDisabled, ValidationFailed, WriteContended
+from app.object_types import (
+    DEFAULT_RETENTION_DAYS,
+    ObjectType,
+    check_declared,
+    check_values,
+    is_delete_marker,
+    state_type_for,
+)
+from app.pii import mask_value
+from app.scope_ids import canonical_scope_id, scope_digest, subject_digest
+from app.store import keys
+from app.store.namespace_config import NamespaceConfig, NamespaceConfigStore
+
+if TYPE_CHECKING:
+    from app.services import Services
+
+DAY_NS = 86_400 * 10**9
+DAY_MS = 86_400 * 1000
+# A merge retries while other writers keep winning; past this many attempts the store gives up
+# (409 WRITE_CONFLICT) rather than hold a web worker.
+MAX_ATTEMPTS = 64
+SWEEP_BATCH = 500
+
+NOT_DECLARED_FIELD = "not_declared_field"
+OVER_CAP = "over_cap"
+
+# KEYS: state, scope's agents hash. ARGV: expected etag ('' = nothing stored), expiry ms (a
+# decimal string), agent, then the hash's field/value pairs.
+_WRITE = r"""
+local current = redis.call('HGET', KEYS[1], 'etag') or ''
+if current ~= ARGV[1] then
+  return {'CONFLICT', redis.call('HGETALL', KEYS[1])}
+end
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('PEXPIREAT', KEYS[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[3], ARGV[2])
+-- The agents hash lives as long as the scope's latest state. Expiries stay decimal strings:
+-- a Lua number of that size would be formatted as 1.8e+12.
+local latest, latest_n = ARGV[2], tonumber(ARGV[2])
+for _, at in ipairs(redis.call('HVALS', KEYS[2])) do
+  local n = tonumber(at)
+  if n and n > latest_n then latest, latest_n = at, n end
+end
+redis.call('PEXPIREAT', KEYS[2], latest)
+return {'OK'}
+"""
+
+# KEYS: state, scope's agents hash. ARGV: expected etag, agent. The sweep's delete: only the
+# state it judged expired, never one rewritten since.
+_DELETE_IF = r"""
+local current = redis.call('HGET', KEYS[1], 'etag') or ''
+if current ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('HDEL', KEYS[2], ARGV[2])
+return 1
+"""
+
+
+# KEYS: the scope's agents hash, then state keys of that scope. ARGV: the agent of each state.
+# Erasure: every named state goes, whatever was written since it was listed.
+_ERASE = r"""
+local erased = 0
+for i = 2, #KEYS do
+  erased = erased + redis.call('DEL', KEYS[i])
+  redis.call('HDEL', KEYS[1], ARGV[i - 1])
+end
+return erased
+"""
+
+# KEYS: the namespace's expiry set, its subjects set, then one subject index per entry (the
+# expiry set again when the entry names none). ARGV per entry: state key, the expiry (ms) its
+# erased state carried, the subject digest ('' none), '1' to drop it from the expiry set.
+# An entry is dropped only while its score is not above that expiry: a write made since has
+# raised the score (ZADD GT) and keeps its entry.
+_UNINDEX = r"""
+local function drop(key, member, expires)
+  local score = redis.call('ZSCORE', key, member)
+  if score and tonumber(score) <= tonumber(expires) then redis.call('ZREM', key, member) end
+end
+for i = 1, #ARGV / 4 do
+  local member, expires, subject = ARGV[4 * i - 3], ARGV[4 * i - 2], ARGV[4 * i - 1]
+  if ARGV[4 * i] == '1' then drop(KEYS[1], member, expires) end
+  if subject ~= '' then
+    drop(KEYS[2 + i], member, expires)
+    -- A writer adds to the subject index before the subjects set, so an empty index here
+    -- means no write naming this subject is half done.
+    if redis.call('ZCARD', KEYS[2 + i]) == 0 then redis.call('ZREM', KEYS[2], subject) end
+  end
+end
+return 0
+"""
+
+
+def canonical_body(body: Mapping[str, Any]) -> str:
+    """The stored text of a state body: compact, key-sorted, non-ASCII kept, finite numbers."""
+    try:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":"), sort_keys=True,
+                          allow_nan=False)
+    except ValueError:
+        raise ValidationFailed({"body": ["numbers must be finite"]}) from None
+
+
+@dataclass(frozen=True)
+class LiveState:
+    """What a state is now: its stored hash read through retention.
+
+    ``etag`` is the raw compare-and-set token even when the state reads as expired (``version``
+    0): the next write must replace exactly what is stored.
+    """
+
+    etag: str = ""
+    version: int = 0
+    body: dict[str, Any] = field(default_factory=dict)
+    written: dict[str, int] = field(default_factory=dict)
+    created_at: int | None = None
+    updated_at: int | None = None
+    type_name: str = ""
+    kind: str = ""
+    agent: str = ""
+    subject: str = ""
+    size: int = 0
+    # Fields present in Redis but past their retention (dropped from ``body``).
+    expired_fields: tuple[str, ...] = ()
+
+    @property
+    def exists(self) -> bool:
+        return self.version > 0
+
+
+@dataclass(frozen=True)
+class PutResult:
+    stored: bool
+    version: int
+    reason: str | None = None
+
+    def as_answer(self) -> dict[str, Any]:
+        return {"stored": self.stored, "version": self.version, "reason": self.reason}
+
+
+def _retention_type(
+    config: NamespaceConfig, type_name: str | None, agent: str
+) -> ObjectType | None:
+    """The type whose retention applies to a stored state: the one it was written under, else
+    the agent's current one (a type renamed or removed since falls back to the defaults)."""
+    return config.type_named(type_name) or state_type_for(config.types, agent)
+
+
+def live_state(raw: Mapping[str, str], now: int, object_type: ObjectType | None) -> LiveState:
+    """Read a stored hash through retention: an expired state is empty at version 0 and an
+    expired field is never served."""
+    if not raw:
+        return LiveState()
+    etag = raw.get("etag", "")
+    updated_at = int(raw["updated_at"])
+    state_days = object_type.retention_days if object_type else DEFAULT_RETENTION_DAYS
+    # Past the current type's retention, or past the expiry Redis was given at the last write
+    # (a retention made longer since cannot revive a state Redis is about to drop).
+    if now >= updated_at + state_days * DAY_NS or now // 1_000_000 >= int(raw["expires_at"]):
+        return LiveState(etag=etag)
+    body: dict[str, Any] = json.loads(raw["body"])
+    written: dict[str, int] = {k: int(v) for k, v in json.loads(raw["written"]).items()}
+    expired = []
+    for name in list(body):
+        days = object_type.retention_for(name) if object_type else state_days
+        if now >= written.get(name, updated_at) + days * DAY_NS:
+            expired.append(name)
+            del body[name]
+            written.pop(name, None)
+    return LiveState(
+        etag=etag,
+        version=int(raw["version"]),
+        body=body,
+        written=written,
+        created_at=int(raw["created_at"]),
+        updated_at=updated_at,
+        type_name=raw.get("type", ""),
+        kind=raw.get("kind", ""),
+        agent=raw.get("agent", ""),
+        subject=raw.get("subject", ""),
+        size=int(raw.get("size", 0)),
+        expired_fields=tuple(expired),
+    )
+
+
+class AgentStateStore:
+    def __init__(self, services: Services) -> None:
+        self.redis = services.redis
+        self.clock = services.clock
+        self.secret = services.settings.secret_key.encode("utf-8")
+        # Built directly: services.store() holds its lock while building this store.
+        self.config = NamespaceConfigStore(services)
+        self._write = self.redis.register_script(_WRITE)
+        self._delete_if = self.redis.register_script(_DELETE_IF)
+        self._erase = self.redis.register_script(_ERASE)
+        self._unindex = self.redis.register_script(_UNINDEX)
+
+    # --- naming ---------------------------------------------------------------------------------
+
+    def scope_digest(self, org: str, namespace: str, kind: str, canonical_id: str) -> str:
+        return scope_digest(self.secret, org, namespace, kind, canonical_id)
+
+    def subject_digest(self, org: str, namespace: str, handle: Any, path: str = "subject") -> str:
+        return subject_digest(self.secret, org, namespace, handle, path)
+
+    # --- reads ----------------------------------------------------------------------------------
+
+    def _read(
+        self, org: str, namespace: str, state_key: str
+    ) -> tuple[NamespaceConfig, dict[str, str]]:
+        """The namespace config and one state's raw hash, in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        self.config.queue_read(pipe, org, namespace)
+        pipe.hgetall(state_key)
+        config_reply, raw = pipe.execute()
+        return self.config.decode(config_reply), raw
+
+    @staticmethod
+    def _require_feature(config: NamespaceConfig) -> None:
+        if not config.features.agent_state:
+            raise FeatureDisabled(
+                "agent state is off in this namespace; an admin turns it on with features.set",
+                feature="agent_state",
+            )
+
+    def read(
+        self, org: str, namespace: str, agent: str, kind: str, canonical_id: str
+    ) -> LiveState:
+        digest = self.scope_digest(org, namespace, kind, canonical_id)
+        config, raw = self._read(org, namespace, keys.agent_state(org, namespace, digest, agent))
+        self._require_feature(config)
+        return live_state(
+            raw, self.clock.now_ns(), _retention_type(config, raw.get("type"), agent)
+        )
+
+    # --- the write ------------------------------------------------------------------------------
+
+    def put(
+        self,
+        org: str,
+        namespace: str,
+        agent: str,
+        kind: str,
+        canonical_id: str,
+        *,
+        mode: str,
+        if_version: int | None,
+        body: Mapping[str, Any],
+        subject: str | None = None,
+    ) -> PutResult:
+        """One write. Check order (seed 002): version (412), declared fields (stored: false,
+        not_declared_field), cap (stored: false, over_cap). Malformed input is a 422 first."""
+        digest = self.scope_digest(org, namespace, kind, canonical_id)
+        named_subject = self._named_subject(org, namespace, kind, digest, subject)
+        state_key = keys.agent_state(org, namespace, digest, agent)
+        config, raw = self._read(org, namespace, state_key)
+        self._require_feature(config)
+        object_type = state_type_for(config.types, agent)
+        incoming = self._checked_body(object_type, kind, mode, if_version, body, config)
+
+        for _attempt in range(MAX_ATTEMPTS):
+            now = self.clock.now_ns()
+            retention = _retention_type(config, raw.get("type"), agent)
+            current = live_state(raw, now, retention)
+            if if_version is not None and current.version != if_version:
+                raise AgentStateConflict(
+                    f"the state is at version {current.version}, not {if_version}",
+                    version=current.version,
+                    if_version=if_version,
+                )
+            if object_type is None or check_declared(object_type, incoming):
+                return PutResult(False, current.version, NOT_DECLARED_FIELD)
+            new_body, new_written = _apply(mode, current, incoming, now)
+            text = canonical_body(new_body)
+            size = len(text.encode("utf-8"))
+            assert object_type.agent_state is not None  # agent-owned types always carry it
+            if size > object_type.agent_state.max_bytes:
+                return PutResult(False, current.version, OVER_CAP)
+            version = current.version + 1
+            expires_ms = now // 1_000_000 + object_type.retention_days * DAY_MS
+            state = {
+                "etag": secrets.token_hex(8),
+                "version": version,
+                "body": text,
+                "written": json.dumps(new_written, sort_keys=True),
+                "created_at": current.created_at if current.created_at is not None else now,
+                "updated_at": now,
+                "expires_at": expires_ms,
+                "type": object_type.name,
+                "kind": kind,
+                "agent": agent,
+                "scope": digest,
+                "subject": named_subject if named_subject is not None else current.subject,
+                "size": size,
+            }
+            reply = self._store(org, namespace, digest, agent, current.etag, state)
+            if reply[0] == "OK":
+                return PutResult(True, version)
+            # Another write (or the sweep) got in between: start again from what it stored.
+            raw = _pairs(reply[1])
+        raise WriteContended(
+            f"the state kept changing under {MAX_ATTEMPTS} attempts; try again",
+            retry_after=1,
+        )
+
+    def _named_subject(
+        self, org: str, namespace: str, kind: str, digest: str, subject: str | None
+    ) -> str | None:
+        """The subject digest this write names, or None to keep the stored one."""
+        if kind == "subject":
+            if subject is not None and (
+                self.subject_digest(org, namespace, subject) != digest
+            ):
+                raise ValidationFailed(
+                    {"subject": ["a subject-scoped state names its own customer; leave it out"]}
+                )
+            return digest
+        if subject is None:
+            return None
+        return self.subject_digest(org, namespace, subject)
+
+    @staticmethod
+    def _checked_body(
+        object_type: ObjectType | None,
+        kind: str,
+        mode: str,
+        if_version: int | None,
+        body: Mapping[str, Any],
+        config: NamespaceConfig,
+    ) -> dict[str, Any]:
+        """Validate the request against the type (422s) and mask its pii fields."""
+        if mode == "cas" and if_version is None:
+            raise ValidationFailed({"if_version": ["cas needs if_version (0: must not exist)"]})
+        canonical_body(body)  # finite numbers only
+        if object_type is None:
+            return dict(body)
+        spec = object_type.agent_state
+        assert spec is not None
+        if mode not in spec.modes:
+            raise ValidationFailed(
+                {"mode": [f"type {object_type.name} allows only {spec.write}"]}
+            )
+        if kind != spec.scope:
+            raise ValidationFailed(
+                {"scope.kind": [f"type {object_type.name} keeps {spec.scope} states"]}
+            )
+        if mode == "cas":
+            deletes = [name for name, value in body.items() if is_delete_marker(value)]
+            if deletes:
+                raise ValidationFailed(
+                    {f"body.{name}": ["$delete is for merge_by_key; cas leaves the field out"]
+                     for name in deletes}
+                )
+        check_values(object_type, body, allow_delete=mode == "merge_by_key")
+        pii = object_type.pii_fields
+        rules = config.features.pii_rules
+        return {
+            name: mask_value(value, rules)
+            if name in pii and not is_delete_marker(value)
+            else value
+            for name, value in body.items()
+        }
+
+    def _store(
+        self,
+        org: str,
+        namespace: str,
+        digest: str,
+        agent: str,
+        expected_etag: str,
+        state: Mapping[str, Any],
+    ) -> list[Any]:
+        """The write round trip: index entries first (a live state is always indexed), then
+        the compare-and-set script."""
+        state_key = keys.agent_state(org, namespace, digest, agent)
+        expires = state["expires_at"]
+        script_keys = [state_key, keys.agent_state_agents(org, namespace, digest)]
+        script_args: list[Any] = [expected_etag, expires, agent]
+        for name, value in state.items():
+            script_args += [name, value]
+        for _ in range(2):
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.sadd(keys.agent_state_namespaces(), json.dumps([org, namespace]))
+            pipe.zadd(keys.agent_state_expiry(org, namespace), {state_key: expires}, gt=True)
+            if state["subject"]:
+                pipe.zadd(
+                    keys.agent_state_subject(org, namespace, state["subject"]),
+                    {state_key: expires},
+                    gt=True,
+                )
+                pipe.zadd(
+                    keys.agent_state_subjects(org, namespace), {state["subject"]: expires}, gt=True
+                )
+            pipe.evalsha(self._write.sha, len(script_keys), *script_keys, *script_args)
+            reply = pipe.execute(raise_on_error=False)[-1]
+            if isinstance(reply, NoScriptError):
+                # A restarted or flushed Redis forgot the script: load it and send again (the
+                # index writes are idempotent).
+                self._write.sha = self.redis.script_load(_WRITE)
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            return reply
+        raise RuntimeError("the agent-state write script could not be loaded")
+
+    # --- the subject's states: console view, data package, erasure ------------------------------
+
+    def _subject_states(
+        self, org: str, namespace: str, digest: str
+    ) -> tuple[NamespaceConfig, list[tuple[str, dict[str, str]]]]:
+        """Every stored state naming the subject (as its scope or in ``subject``), raw."""
+        pipe = self.redis.pipeline(transaction=False)
+        self.config.queue_read(pipe, org, namespace)
+        pipe.zrange(keys.agent_state_subject(org, namespace, digest), 0, -1)
+        pipe.hkeys(keys.agent_state_agents(org, namespace, digest))
+        config_reply, indexed, scope_agents = pipe.execute()
+        # The subject-scope states are indexed too; reading the scope's agents as well means a
+        # lost index entry can never hide one of them from an erasure.
+        candidates = list(
+            dict.fromkeys(
+                [*indexed, *(keys.agent_state(org, namespace, digest, a) for a in scope_agents)]
+            )
+        )
+        pipe = self.redis.pipeline(transaction=False)
+        for key in candidates:
+            pipe.hgetall(key)
+        found = []
+        for key, raw in zip(candidates, pipe.execute() if candidates else [], strict=True):
+            if raw and raw.get("subject") == digest:
+                found.append((key, raw))
+        return self.config.decode(config_reply), found
+
+    def states_of_subject(self, org: str, namespace: str, handle: Any) -> list[dict[str, Any]]:
+        """The console's view of a subject's states: sizes, versions and dates, never content
+        and never a scope id. Newest first."""
+        digest = self.subject_digest(org, namespace, handle, path="profile_id")
+        config, found = self._subject_states(org, namespace, digest)
+        now = self.clock.now_ns()
+        out = []
+        for _key, raw in found:
+            state = live_state(raw, now, _retention_type(config, raw.get("type"), raw["agent"]))
+            if not state.exists:
+                continue
+            out.append(
+                {
+                    "scope_kind": state.kind,
+                    "agent": state.agent,
+                    "type": state.type_name,
+                    "size_bytes": state.size,
+                    "version": state.version,
+                    "created_at": iso_from_ns(state.created_at or 0),
+                    "updated_at": iso_from_ns(state.updated_at or 0),
+                    "_order": state.updated_at,
+                }
+            )
+        out.sort(key=lambda entry: entry.pop("_order"), reverse=True)
+        return out
+
+    def export_subject(self, org: str, namespace: str, handle: Any) -> list[dict[str, Any]]:
+        """The subject's states for their data package, field by declared field.
+
+        Each state: scope kind, agent, type, version, times, and ``fields``: for every live
+        field its value and what the type declares of it (``declared: false`` for a field the
+        current type no longer declares: it is still the subject's data).
+        """
+        digest = self.subject_digest(org, namespace, handle)
+        config, found = self._subject_states(org, namespace, digest)
+        now = self.clock.now_ns()
+        out = []
+        for _key, raw in found:
+            object_type = _retention_type(config, raw.get("type"), raw["agent"])
+            state = live_state(raw, now, object_type)
+            if not state.exists:
+                continue
+            declared = object_type.fields if object_type else {}
+            fields: dict[str, Any] = {}
+            for name, value in state.body.items():
+                spec = declared.get(name)
+                fields[name] = {
+                    "value": value,
+                    "declared": spec is not None,
+                    "type": spec.type if spec else None,
+                    "pii": spec.pii if spec else False,
+                    "sensitivity": spec.sensitivity if spec else None,
+                    "written_at": iso_from_ns(state.written.get(name, state.updated_at or 0)),
+                }
+            out.append(
+                {
+                    "scope_kind": state.kind,
+                    "agent": state.agent,
+                    "type": state.type_name,
+                    "version": state.version,
+                    "created_at": iso_from_ns(state.created_at or 0),
+                    "updated_at": iso_from_ns(state.updated_at or 0),
+                    "fields": fields,
+                }
+            )
+        return out
+
+    def erase_subject(self, org: str, namespace: str, handle_or_user_id: Any) -> int:
+        """Delete the subject's scope states and every state naming them; the count deleted."""
+        digest = self.subject_digest(org, namespace, handle_or_user_id)
+        _config, found = self._subject_states(org, namespace, digest)
+        erased = self._erase_states(org, namespace, found)
+        # Entries of states that name another subject since: this subject's index forgets them.
+        indexed = self.redis.zrange(keys.agent_state_subject(org, namespace, digest), 0, -1)
+        erased_keys = {key for key, _raw in found}
+        stale = [key for key in indexed if key not in erased_keys]
+        if stale:
+            current = self._hashes(stale)
+            self._unindex_entries(
+                org,
+                namespace,
+                [(key, raw.get("expires_at", "0"), digest, False) for key, raw in current],
+            )
+        return erased
+
+    def erase_scope(self, org: str, namespace: str, kind: str, scope_id: Any) -> int:
+        """Delete every agent's state of one scope; the count deleted."""
+        canonical = canonical_scope_id(kind, scope_id, namespace)
+        digest = self.scope_digest(org, namespace, kind, canonical)
+        agents = self.redis.hkeys(keys.agent_state_agents(org, namespace, digest))
+        state_keys = [keys.agent_state(org, namespace, digest, agent) for agent in agents]
+        return self._erase_states(org, namespace, self._hashes(state_keys))
+
+    def _erase_states(
+        self, org: str, namespace: str, found: Iterable[tuple[str, Mapping[str, str]]]
+    ) -> int:
+        """Delete states (one script per scope, atomic with its agents hash), then their index
+        entries."""
+        by_scope: dict[str, list[tuple[str, Mapping[str, str]]]] = {}
+        for key, raw in found:
+            if raw:
+                by_scope.setdefault(raw["scope"], []).append((key, raw))
+        if not by_scope:
+            return 0
+        pipe = self.redis.pipeline(transaction=False)
+        for digest, states in by_scope.items():
+            self._erase(
+                keys=[
+                    keys.agent_state_agents(org, namespace, digest),
+                    *(key for key, _raw in states),
+                ],
+                args=[raw["agent"] for _key, raw in states],
+                client=pipe,
+            )
+        erased = sum(int(n) for n in pipe.execute())
+        self._unindex_entries(
+            org,
+            namespace,
+            [
+                (key, raw["expires_at"], raw.get("subject", ""), True)
+                for states in by_scope.values()
+                for key, raw in states
+            ],
+        )
+        return erased
+
+    def _unindex_entries(
+        self, org: str, namespace: str, entries: list[tuple[str, str, str, bool]]
+    ) -> None:
+        if not entries:
+            return
+        expiry_key = keys.agent_state_expiry(org, namespace)
+        script_keys = [expiry_key, keys.agent_state_subjects(org, namespace)]
+        args: list[str] = []
+        for key, expires, subject, from_expiry in entries:
+            script_keys.append(
+                keys.agent_state_subject(org, namespace, subject) if subject else expiry_key
+            )
+            args += [key, str(expires), subject, "1" if from_expiry else "0"]
+        self._unindex(keys=script_keys, args=args)
+
+    # --- retention sweep ------------------------------------------------------------------------
+
+    def namespaces(self) -> list[tuple[str, str]]:
+        """Every (org, namespace) that ever held agent state."""
+        return sorted(tuple(json.loads(m)) for m in self.redis.smembers(
+            keys.agent_state_namespaces()
+        ))
+
+    def sweep(self, org: str, namespace: str) -> dict[str, int]:
+        """Remove expired states and fields of one namespace from Redis, and prune its indexes.
+
+        Safe against concurrent writes: a state or field is removed only through the etag it was
+        judged on, and an index entry only once its score (the expiry of the latest write that
+        touched it) has passed.
+        """
+        now = self.clock.now_ns()
+        now_ms = now // 1_000_000
+        config = self.config.get(org, namespace)
+        expiry_key = keys.agent_state_expiry(org, namespace)
+        counts = {"states_removed": 0, "fields_removed": 0, "index_entries_removed": 0}
+
+        # 1. States whose last write is past retention. Redis's own expiry has usually removed
+        # them already; one still there (a clock ahead of Redis's) goes through its etag.
+        due = self.redis.zrangebyscore(expiry_key, "-inf", now_ms)
+        for key, raw in self._hashes(due):
+            if not raw:
+                continue
+            state = live_state(raw, now, _retention_type(config, raw.get("type"), raw["agent"]))
+            if not state.exists and self._delete_if(
+                keys=[key, keys.agent_state_agents(org, namespace, raw["scope"])],
+                args=[raw["etag"], raw["agent"]],
+            ):
+                counts["states_removed"] += 1
+        counts["index_entries_removed"] += self.redis.zremrangebyscore(expiry_key, "-inf", now_ms)
+
+        # 2. Fields past their own retention, in states that live on: rewritten without them,
+        # version and dates unchanged (what a reader is served does not change).
+        for batch in _batches(key for key, _score in self.redis.zscan_iter(expiry_key)):
+            for key, raw in self._hashes(batch):
+                if raw:
+                    counts["fields_removed"] += self._strip_expired_fields(
+                        org, namespace, key, raw, config, now
+                    )
+
+        # 3. Subject index entries past their expiry.
+        subjects_key = keys.agent_state_subjects(org, namespace)
+        subjects = [member for member, _score in self.redis.zscan_iter(subjects_key)]
+        for batch in _batches(subjects):
+            pipe = self.redis.pipeline(transaction=False)
+            for digest in batch:
+                pipe.zremrangebyscore(
+                    keys.agent_state_subject(org, namespace, digest), "-inf", now_ms
+                )
+            counts["index_entries_removed"] += sum(pipe.execute())
+        counts["index_entries_removed"] += self.redis.zremrangebyscore(
+            subjects_key, "-inf", now_ms
+        )
+        return counts
+
+    def _hashes(self, state_keys: list[str]) -> list[tuple[str, dict[str, str]]]:
+        if not state_keys:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for key in state_keys:
+            pipe.hgetall(key)
+        return list(zip(state_keys, pipe.execute(), strict=True))
+
+    def _strip_expired_fields(
+        self,
+        org: str,
+        namespace: str,
+        key: str,
+        raw: dict[str, str],
+        config: NamespaceConfig,
+        now: int,
+    ) -> int:
+        state = live_state(raw, now, _retention_type(config, raw.get("type"), raw["agent"]))
+        if not state.exists or not state.expired_fields:
+            return 0
+        text = canonical_body(state.body)
+        rewritten = {
+            **raw,
+            "etag": secrets.token_hex(8),
+            "body": text,
+            "written": json.dumps(state.written, sort_keys=True),
+            "size": len(text.encode("utf-8")),
+        }
+        reply = self._store(org, namespace, raw["scope"], raw["agent"], raw["etag"], rewritten)
+        # A write got in first: it drops the expired fields itself.
+        return len(state.expired_fields) if reply[0] == "OK" else 0
+
+
+def _apply(
+    mode: str, current: LiveState, incoming: Mapping[str, Any], now: int
+) -> tuple[dict[str, Any], dict[str, int]]:
+    """The new body and per-field write times. cas: the body is the whole state. merge_by_key:
+    each named field replaced whole, ``{"$delete": true}`` removes one, the others stay."""
+    if mode == "cas":
+        return dict(incoming), {name: now for name in incoming}
+    body = dict(current.body)
+    written = dict(current.written)
+    for name, value in incoming.items():
+        if is_delete_marker(value):
+            body.pop(name, None)
+            written.pop(name, None)
+        else:
+            body[name] = value
+            written[name] = now
+    return body, written
+
+
+def _pairs(flat: list[str]) -> dict[str, str]:
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+def _batches(items: Iterable[str], size: int = SWEEP_BATCH) -> Iterable[list[str]]:
+    batch: list[str] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+

@@ -1,0 +1,59 @@
+"""The agent-state retention sweep (seed 002): removes expired states and fields from Redis.
+
+Redis's own key expiry already drops a state ``retention.state`` days after its last write, and
+reads never serve an expired field; the sweep removes expired fields from what is stored,
+deletes a state whose expiry Redis has not applied yet, and prunes the indexes. It is
+idempotent and safe beside live writes (see ``AgentStateStore.sweep``), so a duplicate run or
+an RQ retry does no harm. It logs counts only: never a scope, a subject or content.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from app.services import Services
+from app.settings import load_settings
+from app.store.agent_state import AgentStateStore
+
+if TYPE_CHECKING:
+    from app.settings import Settings
+    from jobs.scheduler import Periodic
+
+log = logging.getLogger("loom.jobs.agent_state_sweep")
+
+FUNC = "jobs.agent_state_sweep.sweep"
+
+
+def sweep(org: str | None = None, namespace: str | None = None) -> dict[str, Any]:
+    """Sweep one namespace, or every namespace that ever held agent state."""
+    services = Services(load_settings())
+    store = services.store(AgentStateStore)
+    targets = [(org, namespace)] if org and namespace else store.namespaces()
+    totals = {"namespaces": 0, "states_removed": 0, "fields_removed": 0,
+              "index_entries_removed": 0}
+    for target_org, target_namespace in targets:
+        counts = store.sweep(target_org, target_namespace)
+        totals["namespaces"] += 1
+        for name, count in counts.items():
+            totals[name] += count
+    log.info(
+        "agent-state sweep: %(namespaces)d namespaces, %(states_removed)d states, "
+        "%(fields_removed)d fields, %(index_entries_removed)d index entries removed",
+        totals,
+    )
+    return totals
+
+
+def periodic(settings: Settings) -> Periodic:
+    """The schedule entry: every LOOM_AGENT_STATE_SWEEP_INTERVAL_SECONDS on the maintenance
+    queue."""
+    # Imported here: jobs.scheduler imports this module to build its list.
+    from jobs.queues import MAINTENANCE
+    from jobs.scheduler import Periodic
+
+    return Periodic(
+        func=FUNC,
+        queue=MAINTENANCE,
+        interval_seconds=settings.agent_state_sweep_interval_seconds,
+    )

@@ -12,9 +12,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from app.services import Services
-from app.settings import load_settings
 from app.store.agent_state import AgentStateStore
+from jobs.context import services
 
 if TYPE_CHECKING:
     from app.settings import Settings
@@ -27,8 +26,7 @@ FUNC = "jobs.agent_state_sweep.sweep"
 
 def sweep(org: str | None = None, namespace: str | None = None) -> dict[str, Any]:
     """Sweep one namespace, or every namespace that ever held agent state."""
-    services = Services(load_settings())
-    store = services.store(AgentStateStore)
+    store = services().store(AgentStateStore)
     targets = [(org, namespace)] if org and namespace else store.namespaces()
     totals = {"namespaces": 0, "states_removed": 0, "fields_removed": 0,
               "index_entries_removed": 0}

@@ -37,8 +37,10 @@ class Periodic:
 
 
 def periodic_jobs(settings: Settings) -> list[Periodic]:
-    """Every periodic job Loom runs, from the settings. Planes add theirs here."""
-    return []
+    """Every periodic job Loom runs, from the settings."""
+    from jobs import agent_state_sweep
+
+    return [agent_state_sweep.periodic(settings)]
 
 
 def register(scheduler: Scheduler, definitions: list[Periodic]) -> list[str]:

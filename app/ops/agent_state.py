@@ -193,7 +193,7 @@ def agent_state_erase(call: Call) -> dict[str, Any]:
     kind, canonical_id = canonical_scope(call.args["scope"], identity.namespace)
     erased = _store(call).erase_scope(identity.org, identity.namespace, kind, canonical_id)
     call.services.store(AuditLog).record(
-        identity.org, identity.namespace, AuditLog.actor_of(call.principal),
+        identity.org, identity.namespace, call.principal.actor,
         "agent_state.erase", scope_kind=kind, erased=erased,
     )
     return {"erased": erased}

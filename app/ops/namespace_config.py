@@ -18,7 +18,6 @@ from app.schemas.common import Answer, IdentityArgs, StrictInt
 from app.store.namespace_config import (
     AUDIT_DEFAULT_LIMIT,
     AUDIT_MAX_LIMIT,
-    AuditLog,
     Features,
     NamespaceConfigStore,
     document_sha256,
@@ -109,7 +108,7 @@ def features_set(call: Call) -> dict[str, Any]:
     identity = call.identity
     features, sha, at = _store(call).set_features(
         identity.org, identity.namespace, call.args["features"],
-        AuditLog.actor_of(call.principal),
+        call.principal.actor,
     )
     return {"features": features.to_dict(), "sha256": sha, "updated_at": iso_from_ns(at)}
 
@@ -134,7 +133,7 @@ def object_types_set(call: Call) -> dict[str, Any]:
     identity = call.identity
     types, sha, at = _store(call).set_object_types(
         identity.org, identity.namespace, call.args["types"],
-        AuditLog.actor_of(call.principal),
+        call.principal.actor,
     )
     return {
         "types": [t.to_dict() for t in types],

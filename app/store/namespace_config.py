@@ -32,7 +32,6 @@ from app.store import keys
 if TYPE_CHECKING:
     from redis.client import Pipeline
 
-    from app.auth import Principal
     from app.services import Services
 
 # Hash fields of the namespace's config row.
@@ -148,13 +147,6 @@ class AuditLog:
     def __init__(self, services: Services) -> None:
         self.redis = services.redis
         self.clock = services.clock
-
-    @staticmethod
-    def actor_of(principal: Principal) -> str:
-        """Who acted: the token id, or ``single-user`` / ``install-admin`` without one."""
-        if principal.token_id:
-            return principal.token_id
-        return "single-user" if principal.single_user else "install-admin"
 
     def record(
         self,

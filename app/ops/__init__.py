@@ -2,7 +2,9 @@
 
 from app.ops import (  # noqa: F401  (importing declares the ops)
     agent_state,
+    memory,
     namespace_config,
+    profile,
     profile_schema,
     tokens,
     usage,

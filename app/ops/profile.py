@@ -1,0 +1,298 @@
+"""The profile.* ops of seed 003 except profile.structured: sections as memory rows.
+
+A section is the memory row with ``memory_type='profile'`` and ``key=label`` in the caller's
+(agent, user_id, session_id). set, append and replace are thin wrappers over the memory store
+that fix the type and a ``char_limit`` (8,192 characters of the value's canonical JSON by
+default). render reads every agent's sections in the namespace (``scope='namespace'``) or the
+caller's own, within the read scope, and every read of a profile is noted for
+``profile.activity``. get, list and delete of one section are ``memory.get``/``list``/``delete``
+with ``memory_type='profile'`` and the label as the key (the SDK's ``profile.get`` etc.).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marshmallow import Schema, fields, validate
+
+from app.auth import row_visible
+from app.ops.memory import (
+    KeyText,
+    memory_store,
+    read_scope_field,
+    read_scope_for,
+    record_profile_read,
+    source_trace_field,
+    writable_location,
+)
+from app.registry import Call, op
+from app.schemas.common import Answer, IdentityArgs, StrictInt
+from app.store.activity import RETENTION_DAYS, ActivityStore
+from app.store.memory import (
+    DEFAULT_PROFILE_CHAR_LIMIT,
+    MAX_CHAR_LIMIT,
+    PROFILE_TYPE,
+    Content,
+    MemoryRow,
+    Written,
+    canonical_json,
+)
+
+RENDER_MAX_LABELS = 100
+ACTIVITY_ENTRIES = 20
+_WHO = {"namespace": "support", "agent": "triage-bot", "user_id": "u-42"}
+
+
+class ProfileSetArgs(IdentityArgs):
+    label = KeyText(
+        required=True,
+        metadata={"description": "The section's name (its memory key), e.g. persona."},
+    )
+    value = fields.String(required=True, metadata={"description": "The section's whole text."})
+    char_limit = StrictInt(
+        load_default=None,
+        validate=validate.Range(min=1, max=MAX_CHAR_LIMIT),
+        metadata={
+            "description": "The section's size cap on the JSON-encoded value (default 8192); "
+            "left out, an existing section keeps its cap."
+        },
+    )
+    source_trace = source_trace_field()
+    if_match_sha256 = fields.String(
+        load_default="",
+        validate=validate.Length(max=64),
+        metadata={"description": "Write only if the section's content_sha256 equals this."},
+    )
+
+
+class ProfileAppendArgs(IdentityArgs):
+    label = KeyText(
+        required=True,
+        metadata={"description": "The section to append to; a missing one is created."},
+    )
+    addition = fields.String(required=True, metadata={"description": "Text added at the end."})
+    separator = fields.String(
+        load_default="\n",
+        metadata={"description": "Between the existing text and addition; unused when new."},
+    )
+
+
+class ProfileReplaceArgs(IdentityArgs):
+    label = KeyText(
+        required=True, metadata={"description": "The section to edit; a missing one is a 404."}
+    )
+    old = fields.String(
+        required=True,
+        validate=validate.Length(min=1),
+        metadata={"description": "Text to find; every occurrence is replaced."},
+    )
+    new = fields.String(
+        required=True, metadata={"description": "Replacement text; empty deletes."}
+    )
+
+
+class ProfileRenderArgs(IdentityArgs):
+    format = fields.String(load_default="xml", validate=validate.OneOf(["xml", "markdown"]))
+    labels = fields.List(
+        KeyText(),
+        load_default=None,
+        validate=validate.Length(max=RENDER_MAX_LABELS),
+        metadata={"description": "If set, render only these labels, in this order."},
+    )
+    scope = fields.String(
+        load_default="namespace",
+        validate=validate.OneOf(["namespace", "this_agent"]),
+        metadata={"description": "namespace: every agent's sections; this_agent: the caller's."},
+    )
+    read_scope = read_scope_field()
+
+
+class ProfileActivityArgs(IdentityArgs):
+    lookback_days = StrictInt(
+        load_default=7,
+        validate=validate.Range(min=1),
+        metadata={"description": "Days to look back; capped at 30 server-side."},
+    )
+
+
+class ProfileWrite(Answer):
+    version = fields.Integer()
+    memory_id = fields.String()
+    content_sha256 = fields.String()
+    namespace = fields.String()
+    label = fields.String()
+    char_limit = fields.Integer(allow_none=True)
+    value_length = fields.Integer()
+
+
+class ProfileRendered(Answer):
+    rendered = fields.String()
+    section_count = fields.Integer()
+    total_chars = fields.Integer()
+    labels = fields.List(fields.String())
+
+
+class ProfileActivityEntry(Schema):
+    agent = fields.String()
+    client = fields.String(metadata={"description": "X-Loom-Client, else the User-Agent."})
+    last_read_at = fields.String()
+    op = fields.String(metadata={"description": "The op of that reader's last read."})
+
+
+class ProfileActivity(Answer):
+    entries = fields.List(fields.Nested(ProfileActivityEntry))
+
+
+def _answer(call: Call, written: Written) -> dict[str, Any]:
+    row = written.row
+    return {
+        "version": row.version,
+        "memory_id": row.memory_id,
+        "content_sha256": row.content_sha256,
+        "namespace": call.identity.namespace,
+        "label": row.key,
+        "char_limit": row.char_limit,
+        "value_length": row.value_length,
+    }
+
+
+@op("profile.set", role="writer", kind="idempotent", listed=False,
+    args=ProfileSetArgs, answer=ProfileWrite,
+    example={**_WHO, "label": "persona", "value": "Terse. Cite ticket ids."})
+def profile_set(call: Call) -> dict[str, Any]:
+    """Create or replace a profile section at label."""
+    a = call.args
+    content = Content(
+        memory_type=PROFILE_TYPE,
+        value=a["value"],
+        source_trace=a["source_trace"],
+        actor=call.identity.agent,
+    )
+    written = memory_store(call).set(
+        writable_location(call, a["label"]),
+        content,
+        written_by=call.identity.agent,
+        char_limit=a["char_limit"],
+        default_char_limit=DEFAULT_PROFILE_CHAR_LIMIT,
+        if_match_sha256=a["if_match_sha256"],
+        required_type=PROFILE_TYPE,
+    )
+    return _answer(call, written)
+
+
+@op("profile.append", role="writer", kind="write", listed=False,
+    args=ProfileAppendArgs, answer=ProfileWrite,
+    example={**_WHO, "label": "preferences", "addition": "Prefers EUR invoices."})
+def profile_append(call: Call) -> dict[str, Any]:
+    """Append to a profile section, creating it when missing; no append is lost to a race."""
+    a = call.args
+    written = memory_store(call).append(
+        writable_location(call, a["label"]),
+        a["addition"],
+        a["separator"],
+        written_by=call.identity.agent,
+    )
+    return _answer(call, written)
+
+
+@op("profile.replace", role="writer", kind="idempotent", listed=False,
+    args=ProfileReplaceArgs, answer=ProfileWrite,
+    example={**_WHO, "label": "preferences", "old": "EUR", "new": "CHF"})
+def profile_replace(call: Call) -> dict[str, Any]:
+    """Rewrite every occurrence of a substring inside a profile section."""
+    a = call.args
+    written = memory_store(call).replace_text(
+        writable_location(call, a["label"]), a["old"], a["new"], written_by=call.identity.agent
+    )
+    return _answer(call, written)
+
+
+def _order(row: MemoryRow) -> tuple[Any, ...]:
+    # Namespace-level sections first, then the user's, then per session_id; agent breaks ties.
+    return (
+        row.key,
+        row.user_id != "-",
+        row.user_id,
+        row.session_id != "-",
+        row.session_id,
+        row.agent,
+    )
+
+
+def section_text(row: MemoryRow) -> str:
+    return row.value if isinstance(row.value, str) else canonical_json(row.value)
+
+
+def _attribute(text: str) -> str:
+    return text.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
+
+
+def render_sections(rows: list[MemoryRow], style: str) -> str:
+    """Sections as one prompt fragment; context.pack renders its profile layer with this."""
+    if style == "markdown":
+        return "\n\n".join(f"## {row.key}\n{section_text(row)}" for row in rows)
+    parts = []
+    for row in rows:
+        attributes = f'label="{_attribute(row.key)}"'
+        if row.user_id != "-":
+            attributes += f' user_id="{_attribute(row.user_id)}"'
+        if row.session_id != "-":
+            attributes += f' session_id="{_attribute(row.session_id)}"'
+        parts.append(f"<profile {attributes}>{section_text(row)}</profile>")
+    return "\n".join(parts)
+
+
+def sections_in_scope(
+    call: Call, read_scope: str, scope: str, labels: list[str] | None
+) -> list[MemoryRow]:
+    """The live sections a render reaches, in render order."""
+    identity = call.identity
+    store = memory_store(call)
+    if read_scope == "namespace":
+        users = {"-", identity.user_id} | store.profile_users(identity.org, identity.namespace)
+    else:
+        users = {"-", identity.user_id}
+    now = call.services.clock.now_ns()
+    rows = [
+        row
+        for row in store.profile_rows(identity.org, identity.namespace, sorted(users))
+        if not row.redacted
+        and not row.expired(now)
+        and (scope == "namespace" or row.agent == identity.agent)
+        and row_visible(read_scope, identity, row.user_id, row.session_id)
+    ]
+    rows.sort(key=_order)
+    if labels is None:
+        return rows
+    by_label: dict[str, list[MemoryRow]] = {}
+    for row in rows:
+        by_label.setdefault(row.key, []).append(row)
+    return [row for label in dict.fromkeys(labels) for row in by_label.get(label, [])]
+
+
+@op("profile.render", role="viewer", kind="read",
+    args=ProfileRenderArgs, answer=ProfileRendered,
+    example={**_WHO, "format": "xml", "read_scope": "own_user"})
+def profile_render(call: Call) -> dict[str, Any]:
+    """Render every section in (org, namespace) into one prompt fragment."""
+    a = call.args
+    read_scope = read_scope_for(call, a["read_scope"])
+    rows = sections_in_scope(call, read_scope, a["scope"], a["labels"])
+    rendered = render_sections(rows, a["format"])
+    record_profile_read(call, "profile.render")
+    return {
+        "rendered": rendered,
+        "section_count": len(rows),
+        "total_chars": len(rendered),
+        "labels": [row.key for row in rows],
+    }
+
+
+@op("profile.activity", role="viewer", kind="read",
+    args=ProfileActivityArgs, answer=ProfileActivity,
+    example={**_WHO, "lookback_days": 7})
+def profile_activity(call: Call) -> dict[str, Any]:
+    """Recent profile reads per agent and client, most recent first (console reads left out)."""
+    days = min(call.args["lookback_days"], RETENTION_DAYS)
+    readers = call.services.store(ActivityStore).readers(call.identity, days, ACTIVITY_ENTRIES)
+    return {"entries": [reader.as_answer() for reader in readers]}

@@ -1,0 +1,110 @@
+"""Who read a user's profile, and when: the data behind ``profile.activity``.
+
+Per (org, namespace, user): a sorted set of readers, each member the JSON ``[agent, client]``
+scored by its last read in microseconds (exact in a double), and a hash member -> the op of that
+last read. A reader is one entry however often it reads, so 20 entries name 20 readers. Each
+record is one Lua script that also drops readers older than the 30-day window and keeps at
+most ``MAX_READERS``, so the keys stay small without a sweep job.
+
+Reads by the console (a client name starting ``loom-console``, sent as ``X-Loom-Client``) are
+not recorded: the activity answers "which client read my profile", and the console is where
+that question is asked.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from app.clock import iso_from_ns
+from app.store import keys
+from app.store.identity import Identity
+
+if TYPE_CHECKING:
+    from app.services import Services
+
+CONSOLE_CLIENT = "loom-console"
+RETENTION_DAYS = 30
+MAX_READERS = 200
+MAX_CLIENT_CHARS = 200
+_DAY_US = 86_400 * 1_000_000
+
+# KEYS: 1 readers, 2 last op. ARGV: 1 now (us), 2 member, 3 op, 4 cutoff (us), 5 most readers.
+_RECORD = r"""
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
+local old = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[4])
+for _, member in ipairs(old) do redis.call('HDEL', KEYS[2], member) end
+if #old > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[4]) end
+local extra = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[5])
+if extra > 0 then
+  for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, extra - 1)) do
+    redis.call('HDEL', KEYS[2], member)
+  end
+  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, extra - 1)
+end
+return 1
+"""
+
+
+def is_console(client: str) -> bool:
+    return client.strip().lower().startswith(CONSOLE_CLIENT)
+
+
+@dataclass(frozen=True, slots=True)
+class Reader:
+    agent: str
+    client: str
+    last_read_at_ns: int
+    op: str
+
+    def as_answer(self) -> dict[str, Any]:
+        return {
+            "agent": self.agent,
+            "client": self.client,
+            "last_read_at": iso_from_ns(self.last_read_at_ns),
+            "op": self.op,
+        }
+
+
+class ActivityStore:
+    def __init__(self, services: Services) -> None:
+        self.redis = services.redis
+        self.clock = services.clock
+        self._record = self.redis.register_script(_RECORD)
+
+    @staticmethod
+    def _keys(identity: Identity) -> list[str]:
+        user = (identity.org, identity.namespace, identity.user_id)
+        return [keys.profile_reads(*user), keys.profile_reads_meta(*user)]
+
+    def record(self, identity: Identity, client: str, op: str) -> bool:
+        """Note that ``identity.agent`` read the user's profile through ``op``; False when the
+        read is the console's and is left out."""
+        if is_console(client):
+            return False
+        now_us = self.clock.now_ns() // 1000
+        member = json.dumps([identity.agent, client[:MAX_CLIENT_CHARS]], ensure_ascii=False)
+        self._record(
+            keys=self._keys(identity),
+            args=[now_us, member, op, now_us - RETENTION_DAYS * _DAY_US, MAX_READERS],
+        )
+        return True
+
+    def readers(self, identity: Identity, lookback_days: int, limit: int = 20) -> list[Reader]:
+        """The readers of the user's profile in the window, most recent first."""
+        readers_key, meta_key = self._keys(identity)
+        now_us = self.clock.now_ns() // 1000
+        cutoff = now_us - lookback_days * _DAY_US
+        found = self.redis.zrevrangebyscore(
+            readers_key, "+inf", cutoff, start=0, num=limit, withscores=True
+        )
+        if not found:
+            return []
+        ops = self.redis.hmget(meta_key, [member for member, _ in found])
+        readers = []
+        for (member, score), op in zip(found, ops, strict=True):
+            agent, client = json.loads(member)
+            readers.append(Reader(agent, client, int(score) * 1000, op or ""))
+        return readers

@@ -1,0 +1,1166 @@
+"""Memory rows in Redis: facts and profile sections, their versions, and what the workers read.
+
+A row is named by (org, namespace, user_id, agent, session_id, key) and lives under its user's
+hash tag ``{org/namespace/user_id}``. Per row: a hash of its current fields, a hash of its
+versions (zero-padded version -> JSON snapshot of every field at that version) and a sorted set
+of those versions (all scores 0, so lex order is age order). Per user: a sorted set of the rows
+(``key NUL agent NUL session_id``, for ``memory.list`` and key lookups across agents), a hash
+memory_id -> row key, the set of live profile-section rows (for ``profile.render``), and the
+inputs of the structured-profile worker:
+
+* ``profile-src``: memory_id -> ``content_sha256:confidence:date_ns`` for every row that is a
+  source now (a current semantic/preference/decision row, not ``high``, not a duplicate, no
+  ``about:other``/``attribute:*``/``forget`` tag, not redacted, not past its ``valid_to``);
+  ``date_ns`` is ``valid_at``, else the version of the row's last change.
+* ``profile-digest``: ``digest`` (XOR over the sources of sha1(memory_id|entry), 40 hex),
+  ``count``, ``changed_at`` (ns of the last write that moved the digest), ``removed_at`` (ns of
+  the last time a source left) and ``next_expiry`` (the earliest ``valid_to`` among sources).
+
+Every write is one Lua script over the user's slot: the row, its snapshot, the indexes and the
+source digest move together or not at all, so a reader of the digest never sees it disagree
+with the rows, and reading it is one HGETALL. XOR makes the digest incremental (a write takes
+out the row's old entry and puts in the new one) and order-free, which costs nothing: each
+entry carries its own date, so a change to the order a build reads in is a change to an entry.
+Lua has no sha256, so the per-entry hash is ``redis.sha1hex``; the digest detects change, it
+does not authenticate. ``source_digest_of`` computes the same value in Python.
+
+Across slots, after the script and in one pipeline: the memory_id pointer
+(``{org/namespace}``), the namespace's set of users with profile sections and its sorted set of
+users whose sources changed. They are re-asserted on every write of the row; a process that dies
+between the two round trips leaves them behind until the row's next write, and the structured
+pass compares digests, so a lost "changed" entry is repaired by its scan (docs/decisions.md).
+
+Content is computed in Python: ``value_length`` is the length of the value's canonical JSON
+(compact, sorted keys, non-ASCII kept) and ``content_sha256`` the sha256 of it. ``append`` and
+``replace`` therefore read, compute and write with a compare-and-swap on the row's version,
+retrying when another writer came first, so concurrent appends lose nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import secrets
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from app.clock import iso_from_ns
+from app.errors import (
+    CharLimitExceeded,
+    HashMismatch,
+    MemoryLocked,
+    MemoryNotFound,
+    MemoryPinned,
+    MemoryTypeMismatch,
+    ProfileSectionNotFound,
+    SubstringNotFound,
+    UserBeingErased,
+    ValidationFailed,
+    WriteContended,
+)
+from app.store import keys
+from app.store.lua import VERSION_LUA
+
+if TYPE_CHECKING:
+    from app.services import Services
+
+SOURCE_TYPES = frozenset({"semantic", "preference", "decision"})
+PROFILE_TYPE = "profile"
+DEFAULT_PROFILE_CHAR_LIMIT = 8192
+# The largest char_limit, and the cap of a row that has none.
+MAX_CHAR_LIMIT = 65536
+DELETE_VERSION_TRACE = "memory.delete_version:"
+ZERO_DIGEST = "0" * 40
+VERSION_WIDTH = 20
+# A compare-and-swap write (append, replace) gives up after this long under contention.
+CAS_DEADLINE_SECONDS = 5.0
+NUL = "\x00"
+
+
+# --------------------------------------------------------------------------------------------
+# Content helpers, shared with the ops and the workers
+
+
+def canonical_json(value: Any) -> str:
+    """The form ``char_limit`` measures and ``content_sha256`` hashes."""
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+def content_sha256(canonical: str) -> str:
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def format_confidence(confidence: float) -> str:
+    """One spelling per number, so equal confidences give equal digest entries."""
+    return repr(float(confidence))
+
+
+def tags_exclude(tags: Iterable[str]) -> bool:
+    """Tags that keep a fact out of every profile: about someone else, protected, forget."""
+    return any(t in ("about:other", "forget") or t.startswith("attribute:") for t in tags)
+
+
+def pad_version(version: int | str) -> str:
+    return str(version).zfill(VERSION_WIDTH)
+
+
+def source_entry(sha: str, confidence: str, date_ns: int | str) -> str:
+    return f"{sha}:{confidence}:{date_ns}"
+
+
+def source_digest_of(entries: Mapping[str, str]) -> str:
+    """The digest the write scripts keep, computed from scratch (for builds and tests)."""
+    acc = 0
+    for memory_id, entry in entries.items():
+        acc ^= int(hashlib.sha1(f"{memory_id}|{entry}".encode()).hexdigest(), 16)
+    return f"{acc:040x}"
+
+
+def new_memory_id() -> str:
+    return "mem_" + secrets.token_hex(8)
+
+
+# --------------------------------------------------------------------------------------------
+# Lua
+
+# The shared part of every write script. KEYS: 1 row, 2 versions, 3 version order, 4 the user's
+# rows, 5 memory_id -> row key, 6 live profile rows, 7 sources, 8 digest, 9 source expiry,
+# 10 the user's erasure marker.
+_COMMON_LUA = VERSION_LUA + r"""
+local ZERO = string.rep('0', 40)
+local SOURCE_TYPES = {semantic = true, preference = true, decision = true}
+
+local function load_row()
+  local flat = redis.call('HGETALL', KEYS[1])
+  if #flat == 0 then return nil end
+  local r = {}
+  for i = 1, #flat, 2 do r[flat[i]] = flat[i + 1] end
+  return r
+end
+
+local function flatten(r)
+  local flat = {}
+  for k, v in pairs(r) do
+    flat[#flat + 1] = k
+    flat[#flat + 1] = v
+  end
+  return flat
+end
+
+local function pad(v) return string.rep('0', 20 - #v) .. v end
+
+local function xor_hex(a, b)
+  local out = {}
+  for i = 1, 40, 4 do
+    local x = bit.bxor(tonumber(string.sub(a, i, i + 3), 16), tonumber(string.sub(b, i, i + 3), 16))
+    out[#out + 1] = string.format('%04x', x)
+  end
+  return table.concat(out)
+end
+
+-- The row's entry in the user's sources, or nil when it is not a source now.
+local function source_entry(r, now)
+  if r.deleted == '1' or r.redacted == '1' then return nil end
+  if not SOURCE_TYPES[r.memory_type] then return nil end
+  if r.label == 'high' or (r.duplicate_of or '') ~= '' or r.tag_excluded == '1' then
+    return nil
+  end
+  if (r.valid_to or '') ~= '' and not dec_gt(r.valid_to, now) then return nil end
+  local date = r.valid_at or ''
+  if date == '' then date = r.version end
+  return r.content_sha256 .. ':' .. r.confidence .. ':' .. date
+end
+
+-- Move one source's entry in (src, dig, exp); true when the digest moved. The expiry index
+-- follows valid_to even when the entry stays (a valid_at-dated fact whose valid_to moved).
+local function update_sources(src, dig, exp, mid, entry, valid_to, at)
+  local expiry_moved
+  if entry and valid_to ~= '' then
+    redis.call('ZADD', exp, valid_to, mid)
+    expiry_moved = true
+  else
+    expiry_moved = redis.call('ZREM', exp, mid) == 1
+  end
+  if expiry_moved then
+    local first = redis.call('ZRANGE', exp, 0, 0, 'WITHSCORES')
+    redis.call('HSET', dig, 'next_expiry', first[2] or '')
+  end
+  local old = redis.call('HGET', src, mid)
+  if old == false then old = nil end
+  if old == entry then return false end
+  local d = redis.call('HMGET', dig, 'digest', 'count')
+  local digest = d[1] or ZERO
+  local count = tonumber(d[2] or '0')
+  if old then
+    digest = xor_hex(digest, redis.sha1hex(mid .. '|' .. old))
+    count = count - 1
+  end
+  if entry then
+    digest = xor_hex(digest, redis.sha1hex(mid .. '|' .. entry))
+    count = count + 1
+    redis.call('HSET', src, mid, entry)
+  else
+    redis.call('HDEL', src, mid)
+  end
+  redis.call('HSET', dig, 'digest', digest, 'count', tostring(count), 'changed_at', at)
+  if old and not entry then redis.call('HSET', dig, 'removed_at', at) end
+  return true
+end
+
+-- Write r as the row's next version; returns whether the user's source digest moved.
+local function commit(r, now, member)
+  local last = r.version
+  if last == '' then last = nil end
+  r.version = next_version(last, now)
+  r.updated_at = r.version
+  if (r.created_at or '') == '' then r.created_at = r.version end
+  redis.call('HSET', KEYS[1], unpack(flatten(r)))
+  local padded = pad(r.version)
+  redis.call('HSET', KEYS[2], padded, cjson.encode(r))
+  redis.call('ZADD', KEYS[3], 0, padded)
+  redis.call('ZADD', KEYS[4], 0, member)
+  redis.call('HSET', KEYS[5], r.memory_id, KEYS[1])
+  if r.memory_type == 'profile' and r.deleted ~= '1' then
+    redis.call('SADD', KEYS[6], KEYS[1])
+  else
+    redis.call('SREM', KEYS[6], KEYS[1])
+  end
+  local entry = source_entry(r, now)
+  local valid_to = ''
+  if entry then valid_to = r.valid_to or '' end
+  return update_sources(KEYS[7], KEYS[8], KEYS[9], r.memory_id, entry, valid_to, r.version)
+end
+
+local function done(status, moved, r)
+  local reply = {status, moved and '1' or '0'}
+  for _, item in ipairs(flatten(r)) do reply[#reply + 1] = item end
+  return reply
+end
+
+local function target(expected_id)
+  if redis.call('EXISTS', KEYS[10]) == 1 then return nil, {'ERASING'} end
+  local r = load_row()
+  if not r or (expected_id ~= '' and r.memory_id ~= expected_id) then
+    return nil, {'MISSING'}
+  end
+  return r, nil
+end
+"""
+
+# ARGV: 1 now, 2 memory_id for a new row, 3 rows-set member, 4 expected version ('' none, '-'
+# no live row), 5 if_match sha ('' none), 6 default char_limit ('' none), 7 char_limit ('' keeps
+# the row's), 8 written_by, 9 required type of a live row ('' any), 10 refuse pinned/high ('1'),
+# 11.. field/value pairs of the new content.
+_SET = _COMMON_LUA + r"""
+if redis.call('EXISTS', KEYS[10]) == 1 then return {'ERASING'} end
+local r = load_row()
+local live = r and r.deleted ~= '1'
+if r and r.locked == '1' then return {'LOCKED', r.memory_id} end
+if ARGV[10] == '1' and live and (r.pinned == '1' or r.label == 'high') then
+  return {'PINNED', r.memory_id}
+end
+if ARGV[9] ~= '' and live and r.memory_type ~= ARGV[9] then
+  return {'TYPE', r.memory_type}
+end
+local expected = ARGV[4]
+if expected == '-' then
+  if live then return {'CONFLICT'} end
+elseif expected ~= '' then
+  if not live or r.version ~= expected then return {'CONFLICT'} end
+end
+if ARGV[5] ~= '' then
+  local current = ''
+  if live then current = r.content_sha256 end
+  if current ~= ARGV[5] then return {'MISMATCH', current} end
+end
+local created = false
+if not r then
+  created = true
+  r = {memory_id = ARGV[2], pinned = '0', locked = '0', version = '', created_at = ''}
+end
+local limit = ARGV[7]
+if limit == '' then limit = r.char_limit or '' end
+if limit == '' then limit = ARGV[6] end
+for i = 11, #ARGV, 2 do r[ARGV[i]] = ARGV[i + 1] end
+r.char_limit = limit
+if limit ~= '' and tonumber(r.value_length) > tonumber(limit) then
+  return {'LIMIT', r.value_length, limit}
+end
+r.deleted = '0'
+r.redacted = '0'
+r.written_by = ARGV[8]
+local moved = commit(r, ARGV[1], ARGV[3])
+if created then return done('CREATED', moved, r) end
+return done('OK', moved, r)
+"""
+
+# ARGV: 1 now, 2 field (locked | pinned), 3 '0' | '1', 4 written_by, 5 rows-set member,
+# 6 expected memory_id ('' any).
+_FLAG = _COMMON_LUA + r"""
+local r, err = target(ARGV[6])
+if err then return err end
+if r.deleted == '1' then return {'MISSING'} end
+if r.locked == '1' and not (ARGV[2] == 'locked' and ARGV[3] == '0') then
+  return {'LOCKED', r.memory_id}
+end
+if r[ARGV[2]] == ARGV[3] then return done('NOOP', false, r) end
+r[ARGV[2]] = ARGV[3]
+r.written_by = ARGV[4]
+return done('OK', commit(r, ARGV[1], ARGV[5]), r)
+"""
+
+# ARGV: 1 now, 2 written_by, 3 rows-set member, 4 expected memory_id, 5 source_trace.
+_DELETE = _COMMON_LUA + r"""
+local r, err = target(ARGV[4])
+if err then return err end
+if r.deleted == '1' then return done('NOOP', false, r) end
+if r.locked == '1' then return {'LOCKED', r.memory_id} end
+r.deleted = '1'
+r.value = 'null'
+r.value_length = '4'
+r.content_sha256 = ''
+r.source_trace = ARGV[5]
+r.written_by = ARGV[2]
+return done('OK', commit(r, ARGV[1], ARGV[3]), r)
+"""
+
+# ARGV: 1 now, 2 padded version to remove, 3 written_by, 4 rows-set member, 5 expected
+# memory_id, 6 the marker's source_trace. The removal is recorded as a new version carrying the
+# newest remaining version's content (a tombstone when none is left) under the marker trace.
+_DELETE_VERSION = _COMMON_LUA + r"""
+local r, err = target(ARGV[5])
+if err then return err end
+if r.locked == '1' then return {'LOCKED', r.memory_id} end
+if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 0 then return {'NO_VERSION'} end
+redis.call('HDEL', KEYS[2], ARGV[2])
+redis.call('ZREM', KEYS[3], ARGV[2])
+local newest = redis.call('ZREVRANGEBYLEX', KEYS[3], '+', '-', 'LIMIT', 0, 1)
+local n = {}
+if newest[1] then
+  for k, v in pairs(cjson.decode(redis.call('HGET', KEYS[2], newest[1]))) do n[k] = v end
+else
+  for k, v in pairs(r) do n[k] = v end
+  n.deleted = '1'
+  n.value = 'null'
+  n.value_length = '4'
+  n.content_sha256 = ''
+end
+-- Row-level facts stay the row's: its id, birth, last version and flags.
+n.memory_id = r.memory_id
+n.created_at = r.created_at
+n.version = r.version
+n.pinned = r.pinned
+n.locked = r.locked
+n.source_trace = ARGV[6]
+n.written_by = ARGV[3]
+return done('OK', commit(n, ARGV[1], ARGV[4]), n)
+"""
+
+# ARGV: 1 now, 2 written_by, 3 expected memory_id. Scrubs every version in place (no new
+# version: the history keeps its shape, without the text).
+_REDACT = _COMMON_LUA + r"""
+local r, err = target(ARGV[3])
+if err then return err end
+if r.locked == '1' then return {'LOCKED', r.memory_id} end
+local versions = redis.call('HGETALL', KEYS[2])
+local count = 0
+for i = 1, #versions, 2 do
+  local s = cjson.decode(versions[i + 1])
+  s.value = 'null'
+  s.value_length = '4'
+  s.content_sha256 = ''
+  s.redacted = '1'
+  redis.call('HSET', KEYS[2], versions[i], cjson.encode(s))
+  count = count + 1
+end
+r.value = 'null'
+r.value_length = '4'
+r.content_sha256 = ''
+r.redacted = '1'
+r.redacted_by = ARGV[2]
+redis.call('HSET', KEYS[1], 'value', r.value, 'value_length', r.value_length,
+  'content_sha256', '', 'redacted', '1', 'redacted_by', ARGV[2])
+local moved = update_sources(KEYS[7], KEYS[8], KEYS[9], r.memory_id, nil, '', ARGV[1])
+local reply = done('OK', moved, r)
+reply[#reply + 1] = 'versions_redacted'
+reply[#reply + 1] = tostring(count)
+return reply
+"""
+
+# KEYS: 1 sources, 2 digest, 3 source expiry. ARGV: 1 now. Sources whose valid_to passed
+# leave the digest (a fact that "passes its valid_to" changes it, with no write of its own).
+_EXPIRE = r"""
+local ZERO = string.rep('0', 40)
+local function xor_hex(a, b)
+  local out = {}
+  for i = 1, 40, 4 do
+    local x = bit.bxor(tonumber(string.sub(a, i, i + 3), 16), tonumber(string.sub(b, i, i + 3), 16))
+    out[#out + 1] = string.format('%04x', x)
+  end
+  return table.concat(out)
+end
+local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[1])
+if #due == 0 then return 0 end
+local d = redis.call('HMGET', KEYS[2], 'digest', 'count')
+local digest = d[1] or ZERO
+local count = tonumber(d[2] or '0')
+for _, mid in ipairs(due) do
+  local old = redis.call('HGET', KEYS[1], mid)
+  if old then
+    digest = xor_hex(digest, redis.sha1hex(mid .. '|' .. old))
+    count = count - 1
+    redis.call('HDEL', KEYS[1], mid)
+  end
+  redis.call('ZREM', KEYS[3], mid)
+end
+local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+redis.call('HSET', KEYS[2], 'digest', digest, 'count', tostring(count), 'changed_at', ARGV[1],
+  'removed_at', ARGV[1], 'next_expiry', first[2] or '')
+return #due
+"""
+
+# KEYS: 1 changed users. ARGV: 1 user, 2 built-at score. Leaves a user changed again since.
+_CLEAR_CHANGED = r"""
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score and tonumber(score) <= tonumber(ARGV[2]) then
+  return redis.call('ZREM', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
+
+# --------------------------------------------------------------------------------------------
+# Rows
+
+
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where a row lives: the user's slot and the row's name inside it."""
+
+    org: str
+    namespace: str
+    user_id: str
+    agent: str
+    session_id: str
+    key: str
+
+    @property
+    def member(self) -> str:
+        return self.key + NUL + self.agent + NUL + self.session_id
+
+    @classmethod
+    def from_member(cls, org: str, namespace: str, user_id: str, member: str) -> Location:
+        key, agent, session_id = member.split(NUL)
+        return cls(org, namespace, user_id, agent, session_id, key)
+
+    def row_key(self) -> str:
+        return keys.memory_row(*self.parts())
+
+    def script_keys(self) -> list[str]:
+        parts = self.parts()
+        user = (self.org, self.namespace, self.user_id)
+        return [
+            keys.memory_row(*parts),
+            keys.memory_versions(*parts),
+            keys.memory_version_order(*parts),
+            keys.memory_keys(*user),
+            keys.memory_ids(*user),
+            keys.profile_rows(*user),
+            keys.profile_sources(*user),
+            keys.profile_source_digest(*user),
+            keys.profile_source_expiry(*user),
+            keys.user_erasing(*user),
+        ]
+
+    def pointer_value(self) -> str:
+        return json.dumps([self.user_id, self.agent, self.session_id, self.key])
+
+    def parts(self) -> tuple[str, str, str, str, str, str]:
+        return (self.org, self.namespace, self.user_id, self.agent, self.session_id, self.key)
+
+
+def _optional_ns(raw: str | None) -> int | None:
+    return int(raw) if raw else None
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryRow:
+    """One row (or one version of it, from ``history``) as stored."""
+
+    memory_id: str
+    key: str
+    agent: str
+    user_id: str
+    session_id: str
+    memory_type: str
+    value: Any
+    value_length: int
+    content_sha256: str
+    confidence: float
+    tags: list[str]
+    label: str
+    valid_at: int | None
+    valid_to: int | None
+    duplicate_of: str
+    provenance: str
+    source_trace: str
+    actor: str
+    written_by: str
+    pinned: bool
+    locked: bool
+    deleted: bool
+    redacted: bool
+    char_limit: int | None
+    version: int
+    created_at: int
+    updated_at: int
+
+    @classmethod
+    def from_fields(cls, f: Mapping[str, str]) -> MemoryRow:
+        return cls(
+            memory_id=f["memory_id"],
+            key=f["key"],
+            agent=f["agent"],
+            user_id=f["user_id"],
+            session_id=f["session_id"],
+            memory_type=f["memory_type"],
+            value=json.loads(f.get("value") or "null"),
+            value_length=int(f.get("value_length") or 0),
+            content_sha256=f.get("content_sha256", ""),
+            confidence=float(f.get("confidence") or 1.0),
+            tags=json.loads(f.get("tags") or "[]"),
+            label=f.get("label") or "normal",
+            valid_at=_optional_ns(f.get("valid_at")),
+            valid_to=_optional_ns(f.get("valid_to")),
+            duplicate_of=f.get("duplicate_of", ""),
+            provenance=f.get("provenance") or "stated",
+            source_trace=f.get("source_trace", ""),
+            actor=f.get("actor", ""),
+            written_by=f.get("written_by", ""),
+            pinned=f.get("pinned") == "1",
+            locked=f.get("locked") == "1",
+            deleted=f.get("deleted") == "1",
+            redacted=f.get("redacted") == "1",
+            char_limit=_optional_ns(f.get("char_limit")),
+            version=int(f["version"]),
+            created_at=int(f.get("created_at") or f["version"]),
+            updated_at=int(f.get("updated_at") or f["version"]),
+        )
+
+    @property
+    def live(self) -> bool:
+        return not self.deleted
+
+    def expired(self, now_ns: int) -> bool:
+        return self.valid_to is not None and self.valid_to <= now_ns
+
+    def is_source(self, now_ns: int) -> bool:
+        """The Python statement of the scripts' rule (the scripts are the authority)."""
+        return (
+            self.live
+            and not self.redacted
+            and self.memory_type in SOURCE_TYPES
+            and self.label != "high"
+            and not self.duplicate_of
+            and not tags_exclude(self.tags)
+            and not self.expired(now_ns)
+        )
+
+    def content(self) -> Content:
+        return Content(
+            memory_type=self.memory_type,
+            value=self.value,
+            confidence=self.confidence,
+            tags=list(self.tags),
+            label=self.label,
+            valid_at=self.valid_at,
+            valid_to=self.valid_to,
+            duplicate_of=self.duplicate_of,
+            provenance=self.provenance,
+            source_trace=self.source_trace,
+            actor=self.actor,
+        )
+
+    def as_answer(self) -> dict[str, Any]:
+        return {
+            "memory_id": self.memory_id,
+            "key": self.key,
+            "agent": self.agent,
+            "user_id": self.user_id,
+            "session_id": self.session_id,
+            "memory_type": self.memory_type,
+            "value": self.value,
+            "value_length": self.value_length,
+            "content_sha256": self.content_sha256,
+            "confidence": self.confidence,
+            "tags": list(self.tags),
+            "label": self.label,
+            "valid_at": None if self.valid_at is None else iso_from_ns(self.valid_at),
+            "valid_to": None if self.valid_to is None else iso_from_ns(self.valid_to),
+            "duplicate_of": self.duplicate_of,
+            "provenance": self.provenance,
+            "source_trace": self.source_trace,
+            "actor": self.actor,
+            "written_by": self.written_by,
+            "pinned": self.pinned,
+            "locked": self.locked,
+            "deleted": self.deleted,
+            "redacted": self.redacted,
+            "char_limit": self.char_limit,
+            "version": self.version,
+            "version_text": str(self.version),
+            "created_at": iso_from_ns(self.created_at),
+            "updated_at": iso_from_ns(self.updated_at),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Content:
+    """What a caller writes: every field of a version that is not the row's bookkeeping."""
+
+    memory_type: str = "semantic"
+    value: Any = ""
+    confidence: float = 1.0
+    tags: list[str] = field(default_factory=list)
+    label: str = "normal"
+    valid_at: int | None = None
+    valid_to: int | None = None
+    duplicate_of: str = ""
+    provenance: str = "stated"
+    source_trace: str = ""
+    actor: str = ""
+
+    def fields(self, location: Location) -> tuple[list[str], int]:
+        """The flat field/value list the set script takes, and the value's length."""
+        canonical = canonical_json(self.value)
+        pairs = {
+            "key": location.key,
+            "agent": location.agent,
+            "user_id": location.user_id,
+            "session_id": location.session_id,
+            "memory_type": self.memory_type,
+            "value": canonical,
+            "value_length": str(len(canonical)),
+            "content_sha256": content_sha256(canonical),
+            "confidence": format_confidence(self.confidence),
+            "tags": json.dumps(list(self.tags), ensure_ascii=False),
+            "tag_excluded": "1" if tags_exclude(self.tags) else "0",
+            "label": self.label,
+            "valid_at": "" if self.valid_at is None else str(self.valid_at),
+            "valid_to": "" if self.valid_to is None else str(self.valid_to),
+            "duplicate_of": self.duplicate_of,
+            "provenance": self.provenance,
+            "source_trace": self.source_trace,
+            "actor": self.actor,
+        }
+        return [item for pair in pairs.items() for item in pair], len(canonical)
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """A write's outcome: the row after it, whether it created the row, whether it wrote a
+    version, and whether it moved the user's source digest."""
+
+    row: MemoryRow
+    created: bool = False
+    changed: bool = True
+    sources_moved: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SourceDigest:
+    """The O(1) summary of a user's sources a structured build records and a read compares."""
+
+    digest: str
+    count: int
+    changed_at: int | None
+    removed_at: int | None
+    next_expiry: float | None
+
+    @classmethod
+    def from_fields(cls, f: Mapping[str, str]) -> SourceDigest:
+        expiry = f.get("next_expiry")
+        return cls(
+            digest=f.get("digest") or ZERO_DIGEST,
+            count=int(f.get("count") or 0),
+            changed_at=_optional_ns(f.get("changed_at")),
+            removed_at=_optional_ns(f.get("removed_at")),
+            next_expiry=float(expiry) if expiry else None,
+        )
+
+    def expiry_due(self, now_ns: int) -> bool:
+        """A source's valid_to has passed: call ``expire_sources`` before trusting the digest."""
+        return self.next_expiry is not None and self.next_expiry <= now_ns
+
+
+class _Conflict(Exception):
+    """A compare-and-swap lost to another writer; the caller re-reads and tries again."""
+
+
+def _pairs(flat: Sequence[str]) -> dict[str, str]:
+    return dict(zip(flat[::2], flat[1::2], strict=True))
+
+
+# --------------------------------------------------------------------------------------------
+# The store
+
+
+class MemoryStore:
+    def __init__(self, services: Services) -> None:
+        self.redis = services.redis
+        self.clock = services.clock
+        self._set = self.redis.register_script(_SET)
+        self._flag = self.redis.register_script(_FLAG)
+        self._delete = self.redis.register_script(_DELETE)
+        self._delete_version = self.redis.register_script(_DELETE_VERSION)
+        self._redact = self.redis.register_script(_REDACT)
+        self._expire = self.redis.register_script(_EXPIRE)
+        self._clear_changed = self.redis.register_script(_CLEAR_CHANGED)
+
+    # --- reads ---------------------------------------------------------------------------
+
+    def read(self, location: Location) -> MemoryRow | None:
+        """The row at ``location`` (live or a tombstone), or None."""
+        found = self.redis.hgetall(location.row_key())
+        return MemoryRow.from_fields(found) if found else None
+
+    def locate(self, org: str, namespace: str, memory_id: str) -> Location | None:
+        """Where ``memory_id`` lives, from its pointer in the namespace's slot."""
+        raw = self.redis.get(keys.memory_pointer(org, namespace, memory_id))
+        if raw is None:
+            return None
+        user_id, agent, session_id, key = json.loads(raw)
+        return Location(org, namespace, user_id, agent, session_id, key)
+
+    def read_by_id(self, org: str, namespace: str, memory_id: str) -> MemoryRow | None:
+        location = self.locate(org, namespace, memory_id)
+        if location is None:
+            return None
+        row = self.read(location)
+        return row if row is not None and row.memory_id == memory_id else None
+
+    def rows_with_key(
+        self, org: str, namespace: str, user_id: str, key: str
+    ) -> list[MemoryRow]:
+        """Every row of the user named ``key``, whatever its agent and session_id."""
+        low = b"[" + (key + NUL).encode()
+        high = b"[" + (key + NUL).encode() + b"\xff"
+        members = self.redis.zrangebylex(keys.memory_keys(org, namespace, user_id), low, high)
+        locations = [Location.from_member(org, namespace, user_id, m) for m in members]
+        return [row for row in self._read_many(locations) if row is not None]
+
+    def _read_many(self, locations: Sequence[Location]) -> list[MemoryRow | None]:
+        if not locations:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for location in locations:
+            pipe.hgetall(location.row_key())
+        return [MemoryRow.from_fields(f) if f else None for f in pipe.execute()]
+
+    def read_row_keys(self, row_keys: Sequence[str]) -> list[MemoryRow]:
+        pipe = self.redis.pipeline(transaction=False)
+        for row_key in row_keys:
+            pipe.hgetall(row_key)
+        return [MemoryRow.from_fields(f) for f in pipe.execute() if f]
+
+    def scan_rows(
+        self,
+        org: str,
+        namespace: str,
+        user_id: str,
+        *,
+        after: str | None = None,
+        key_prefix: str = "",
+        batch: int = 50,
+    ) -> tuple[list[tuple[str, MemoryRow | None]], bool]:
+        """One batch of the user's rows in key order, after the member ``after``.
+
+        Answers (member, row) pairs (row None when it vanished meanwhile) and whether the
+        batch was full, so that more rows may follow.
+        """
+        prefix = key_prefix.encode()
+        low = b"(" + after.encode() if after is not None else b"[" + prefix
+        high = b"[" + prefix + b"\xff" if key_prefix else b"+"
+        members = self.redis.zrangebylex(
+            keys.memory_keys(org, namespace, user_id), low, high, start=0, num=batch
+        )
+        locations = [Location.from_member(org, namespace, user_id, m) for m in members]
+        rows = self._read_many(locations)
+        return list(zip(members, rows, strict=True)), len(members) == batch
+
+    def history(
+        self, location: Location, *, before: int | None = None, limit: int = 20
+    ) -> tuple[list[MemoryRow], bool]:
+        """Versions newest first, older than ``before``; and whether older ones remain."""
+        order = keys.memory_version_order(*location.parts())
+        high = "(" + pad_version(before) if before is not None else "+"
+        padded = self.redis.zrevrangebylex(order, high, "-", start=0, num=limit + 1)
+        more = len(padded) > limit
+        padded = padded[:limit]
+        if not padded:
+            return [], False
+        snapshots = self.redis.hmget(keys.memory_versions(*location.parts()), padded)
+        rows = [MemoryRow.from_fields(json.loads(s)) for s in snapshots if s is not None]
+        return rows, more
+
+    def profile_rows(self, org: str, namespace: str, user_ids: Iterable[str]) -> list[MemoryRow]:
+        """The live profile sections of these users (two round trips, no SCAN)."""
+        users = list(dict.fromkeys(user_ids))
+        pipe = self.redis.pipeline(transaction=False)
+        for user_id in users:
+            pipe.smembers(keys.profile_rows(org, namespace, user_id))
+        row_keys = sorted({k for members in pipe.execute() for k in members})
+        if not row_keys:
+            return []
+        return [
+            row
+            for row in self.read_row_keys(row_keys)
+            if row.live and row.memory_type == PROFILE_TYPE
+        ]
+
+    def profile_users(self, org: str, namespace: str) -> set[str]:
+        return self.redis.smembers(keys.profile_users(org, namespace))
+
+    # --- the structured-profile inputs ---------------------------------------------------
+
+    def source_digest(self, org: str, namespace: str, user_id: str) -> SourceDigest:
+        """One HGETALL: the user's source digest, count and change times."""
+        found = self.redis.hgetall(keys.profile_source_digest(org, namespace, user_id))
+        return SourceDigest.from_fields(found)
+
+    def source_entries(self, org: str, namespace: str, user_id: str) -> dict[str, str]:
+        return self.redis.hgetall(keys.profile_sources(org, namespace, user_id))
+
+    def source_rows(self, org: str, namespace: str, user_id: str) -> list[MemoryRow]:
+        """The rows behind the user's current source entries (two round trips)."""
+        ids = list(self.source_entries(org, namespace, user_id))
+        if not ids:
+            return []
+        row_keys = self.redis.hmget(keys.memory_ids(org, namespace, user_id), ids)
+        return self.read_row_keys([k for k in row_keys if k])
+
+    def expire_sources(self, org: str, namespace: str, user_id: str) -> int:
+        """Take sources past their valid_to out of the digest; how many left."""
+        user = (org, namespace, user_id)
+        now = self.clock.now_ns()
+        removed = int(
+            self._expire(
+                keys=[
+                    keys.profile_sources(*user),
+                    keys.profile_source_digest(*user),
+                    keys.profile_source_expiry(*user),
+                ],
+                args=[now],
+            )
+        )
+        if removed:
+            self.redis.zadd(keys.profile_changed_users(org, namespace), {user_id: now})
+        return removed
+
+    def changed_users(
+        self, org: str, namespace: str, limit: int = 100
+    ) -> list[tuple[str, int]]:
+        """Users whose sources moved since the pass last cleared them, oldest change first."""
+        found = self.redis.zrange(
+            keys.profile_changed_users(org, namespace), 0, limit - 1, withscores=True
+        )
+        return [(user_id, int(score)) for user_id, score in found]
+
+    def clear_changed(self, org: str, namespace: str, user_id: str, built_at_ns: int) -> bool:
+        """Forget a user's change once a build read it; a later change keeps it listed."""
+        return bool(
+            self._clear_changed(
+                keys=[keys.profile_changed_users(org, namespace)], args=[user_id, built_at_ns]
+            )
+        )
+
+    # --- writes --------------------------------------------------------------------------
+
+    def set(
+        self,
+        location: Location,
+        content: Content,
+        *,
+        written_by: str,
+        char_limit: int | None = None,
+        default_char_limit: int | None = None,
+        if_match_sha256: str = "",
+        expected_version: str = "",
+        required_type: str = "",
+        refuse_pinned: bool = False,
+    ) -> Written:
+        """Write a new version with ``content``.
+
+        ``char_limit`` None keeps the row's cap (``default_char_limit`` for a row without one;
+        None there means only ``MAX_CHAR_LIMIT``). ``expected_version`` '' writes whatever is
+        there, '-' only when there is no live row, a version only over that version.
+        ``required_type`` refuses to overwrite a live row of another type. ``refuse_pinned``
+        (the workers) refuses a pinned or ``high`` row, as a lock refuses everyone.
+        """
+        field_list, length = content.fields(location)
+        if length > MAX_CHAR_LIMIT:
+            raise CharLimitExceeded(length, MAX_CHAR_LIMIT)
+        reply = self._set(
+            keys=location.script_keys(),
+            args=[
+                self.clock.now_ns(),
+                new_memory_id(),
+                location.member,
+                expected_version,
+                if_match_sha256,
+                "" if default_char_limit is None else default_char_limit,
+                "" if char_limit is None else char_limit,
+                written_by,
+                required_type,
+                "1" if refuse_pinned else "0",
+                *field_list,
+            ],
+        )
+        return self._finish(location, reply)
+
+    def set_flag(
+        self, location: Location, flag: str, on: bool, *, written_by: str, memory_id: str = ""
+    ) -> Written:
+        """lock / unlock / pin / unpin: a new version with the same content (none when the
+        flag is already so)."""
+        if flag not in ("locked", "pinned"):
+            raise ValueError(f"unknown flag {flag}")
+        reply = self._flag(
+            keys=location.script_keys(),
+            args=[
+                self.clock.now_ns(),
+                flag,
+                "1" if on else "0",
+                written_by,
+                location.member,
+                memory_id,
+            ],
+        )
+        return self._finish(location, reply)
+
+    def delete(
+        self, location: Location, *, written_by: str, memory_id: str = "", source_trace: str = ""
+    ) -> Written | None:
+        """Write a tombstone version; None when there is no row. ``changed`` False: it was
+        already deleted."""
+        reply = self._delete(
+            keys=location.script_keys(),
+            args=[self.clock.now_ns(), written_by, location.member, memory_id, source_trace],
+        )
+        if reply[0] == "MISSING":
+            return None
+        return self._finish(location, reply)
+
+    def delete_version(
+        self, location: Location, version: int, *, written_by: str, memory_id: str = ""
+    ) -> Written:
+        """Remove one version; the removal is a new version traced ``memory.delete_version:``."""
+        reply = self._delete_version(
+            keys=location.script_keys(),
+            args=[
+                self.clock.now_ns(),
+                pad_version(version),
+                written_by,
+                location.member,
+                memory_id,
+                f"{DELETE_VERSION_TRACE}{version}",
+            ],
+        )
+        if reply[0] == "NO_VERSION":
+            raise MemoryNotFound(
+                f"row {location.key!r} has no version {version}",
+                key=location.key,
+                version_text=str(version),
+            )
+        return self._finish(location, reply)
+
+    def redact(
+        self, location: Location, *, written_by: str, memory_id: str = ""
+    ) -> tuple[Written, int]:
+        """Scrub the value of every version of the row; answers the row and the count."""
+        reply = self._redact(
+            keys=location.script_keys(),
+            args=[self.clock.now_ns(), written_by, memory_id],
+        )
+        if reply[0] != "OK":
+            self._raise(location, reply)
+        fields = _pairs(reply[2:])
+        count = int(fields.pop("versions_redacted"))
+        row = MemoryRow.from_fields(fields)
+        written = Written(row, created=False, changed=True, sources_moved=reply[1] == "1")
+        self._after_write(location, written, self.clock.now_ns())
+        return written, count
+
+    def append(
+        self,
+        location: Location,
+        addition: str,
+        separator: str,
+        *,
+        written_by: str,
+        memory_type: str = PROFILE_TYPE,
+        default_char_limit: int | None = DEFAULT_PROFILE_CHAR_LIMIT,
+    ) -> Written:
+        """Append text to a text row, creating it when missing; compare-and-swap, retried."""
+
+        def attempt() -> Written:
+            row = self.read(location)
+            if row is not None and row.live:
+                if row.memory_type != memory_type:
+                    raise MemoryTypeMismatch.of(location.key, row.memory_type, memory_type)
+                text = _text_of(row)
+                value = addition if text is None else text + separator + addition
+                content = replace(row.content(), value=value, actor=written_by)
+                expected = str(row.version)
+            else:
+                content = Content(memory_type=memory_type, value=addition, actor=written_by)
+                expected = "-"
+            return self.set(
+                location,
+                content,
+                written_by=written_by,
+                default_char_limit=default_char_limit,
+                expected_version=expected,
+                required_type=memory_type,
+            )
+
+        return self._with_retries(attempt)
+
+    def replace_text(
+        self, location: Location, old: str, new: str, *, written_by: str,
+        memory_type: str = PROFILE_TYPE,
+    ) -> Written:
+        """Replace every occurrence of ``old`` in a text row; compare-and-swap, retried."""
+
+        def attempt() -> Written:
+            row = self.read(location)
+            if row is None or not row.live or row.memory_type != memory_type:
+                raise ProfileSectionNotFound(
+                    f"no profile section {location.key!r} here", label=location.key
+                )
+            text = row.value if isinstance(row.value, str) else ""
+            if not old or old not in text:
+                raise SubstringNotFound(
+                    f"the text to replace is not in section {location.key!r}",
+                    label=location.key,
+                )
+            content = replace(row.content(), value=text.replace(old, new), actor=written_by)
+            return self.set(
+                location,
+                content,
+                written_by=written_by,
+                expected_version=str(row.version),
+                required_type=memory_type,
+            )
+
+        return self._with_retries(attempt)
+
+    # --- internals -----------------------------------------------------------------------
+
+    @staticmethod
+    def _with_retries(attempt: Callable[[], Written]) -> Written:
+        deadline = time.monotonic() + CAS_DEADLINE_SECONDS
+        tries = 0
+        while True:
+            try:
+                return attempt()
+            except _Conflict:
+                # Another writer landed between our read and our write: read again. The jitter
+                # keeps eight writers that lost together from colliding again in step.
+                tries += 1
+                if time.monotonic() > deadline:
+                    raise WriteContended(
+                        "too many concurrent writers on this row; try again", retry_after=1
+                    ) from None
+                time.sleep(random.uniform(0, 0.0005 * min(tries, 20)))
+
+    def _raise(self, location: Location, reply: list[Any]) -> None:
+        status = reply[0]
+        key = location.key
+        if status == "CONFLICT":
+            raise _Conflict()
+        if status == "LOCKED":
+            raise MemoryLocked(
+                f"row {key!r} is locked: only memory.unlock writes to it",
+                key=key,
+                memory_id=reply[1],
+            )
+        if status == "PINNED":
+            raise MemoryPinned(
+                f"row {key!r} is pinned or labelled high: a worker leaves it as it is",
+                key=key,
+                memory_id=reply[1],
+            )
+        if status == "TYPE":
+            raise MemoryTypeMismatch.of(key, reply[1], "")
+        if status == "MISMATCH":
+            raise HashMismatch(
+                f"row {key!r} changed: its content_sha256 is not the one given",
+                key=key,
+                content_sha256=reply[1],
+            )
+        if status == "LIMIT":
+            raise CharLimitExceeded(int(reply[1]), int(reply[2]))
+        if status == "MISSING":
+            raise MemoryNotFound(f"no memory row {key!r} here", key=key)
+        if status == "ERASING":
+            raise UserBeingErased(
+                f"user {location.user_id!r} is being erased; writes are refused",
+                user_id=location.user_id,
+            )
+        raise RuntimeError(f"unexpected script reply {status!r}")
+
+    def _finish(self, location: Location, reply: list[Any]) -> Written:
+        status = reply[0]
+        if status not in ("OK", "CREATED", "NOOP"):
+            self._raise(location, reply)
+        row = MemoryRow.from_fields(_pairs(reply[2:]))
+        written = Written(
+            row,
+            created=status == "CREATED",
+            changed=status != "NOOP",
+            sources_moved=reply[1] == "1",
+        )
+        if written.changed:
+            self._after_write(location, written, row.version)
+        return written
+
+    def _after_write(self, location: Location, written: Written, changed_at: int) -> None:
+        """The entries in the namespace's slot, which no script over the user's slot can reach
+        on Redis Cluster: re-asserted on every write, so a lost one heals at the next."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.set(
+            keys.memory_pointer(location.org, location.namespace, written.row.memory_id),
+            location.pointer_value(),
+        )
+        if written.row.memory_type == PROFILE_TYPE:
+            pipe.sadd(keys.profile_users(location.org, location.namespace), location.user_id)
+        if written.sources_moved:
+            pipe.zadd(
+                keys.profile_changed_users(location.org, location.namespace),
+                {location.user_id: changed_at},
+            )
+        pipe.execute()
+
+
+def _text_of(row: MemoryRow) -> str | None:
+    """A row's value as text for append; None for a redacted row, which starts over."""
+    if row.redacted or row.value is None:
+        return None
+    if not isinstance(row.value, str):
+        raise ValidationFailed(
+            {"label": [f"section {row.key!r} holds a {type(row.value).__name__}, not text"]}
+        )
+    return row.value
+
+
+def redact_row(
+    store: MemoryStore, location: Location, *, written_by: str, memory_id: str = ""
+) -> tuple[Written, int]:
+    """Scrub every version of one row. The reach into derived profiles whose trace names the
+    row (seed 000, Erasure) is a later issue: it extends this function, which every caller of
+    ``memory.redact`` goes through."""
+    return store.redact(location, written_by=written_by, memory_id=memory_id)

@@ -1,0 +1,337 @@
+"""Every exception the SDK raises, and the table that turns a Loom error answer into one.
+
+Loom answers every failure as ``{"error": {"code", "message", ...details}}`` with an HTTP
+status. ``error_from_answer`` picks the class for the ``code`` (the seed's error codes), falls
+back to the class for the status when the code is new to this SDK, and to ``LoomAPIError``
+after that, so ``except NotFound`` keeps working when the server grows a new 404 code.
+Failures before an answer (refused connection, DNS, timeouts) are wrapped too, so a caller
+never has to import ``requests`` to handle them.
+
+Hierarchy::
+
+    LoomError                           status, code, message, details, response
+    ├── LoomTransportError              no answer arrived (status None)
+    │   ├── LoomConnectionError         CONNECTION_ERROR: refused, reset, DNS, TLS
+    │   └── LoomTimeout                 TIMEOUT: no answer within the call's timeout
+    └── LoomAPIError                    Loom answered with an error
+        ├── BadRequest                  400  MALFORMED_JSON, UNSUPPORTED_CONTENT_TYPE
+        ├── Unauthorized                401
+        │   ├── AuthRequired                 AUTH_REQUIRED
+        │   └── AuthInvalid                  AUTH_INVALID
+        ├── Forbidden                   403
+        │   ├── AuthInsufficient             AUTH_INSUFFICIENT
+        │   └── FeatureDisabled              FEATURE_DISABLED
+        ├── NotFound                    404  NOT_FOUND
+        │   ├── UnknownOp                    UNKNOWN_OP
+        │   ├── WorkingMemoryBlockNotFound   WORKING_MEMORY_BLOCK_NOT_FOUND
+        │   ├── MemoryNotFound               MEMORY_NOT_FOUND
+        │   ├── ProfileSectionNotFound       PROFILE_SECTION_NOT_FOUND
+        │   └── TokenNotFound                TOKEN_NOT_FOUND
+        ├── MethodNotAllowed            405  METHOD_NOT_ALLOWED
+        ├── Conflict                    409
+        │   ├── HashMismatch                 HASH_MISMATCH
+        │   ├── MemoryLocked                 MEMORY_LOCKED
+        │   ├── MemoryPinned                 MEMORY_PINNED
+        │   ├── MemoryTypeMismatch           MEMORY_TYPE_MISMATCH
+        │   ├── WriteContended               WRITE_CONFLICT (retry later)
+        │   └── UserBeingErased              USER_BEING_ERASED
+        ├── PreconditionFailed          412
+        │   └── AgentStateConflict           agent_state_conflict
+        ├── PayloadTooLarge             413  BODY_TOO_LARGE
+        ├── Unprocessable               422
+        │   ├── ValidationError              VALIDATION_ERROR (.fields)
+        │   ├── IdentityIncomplete           IDENTITY_INCOMPLETE
+        │   ├── SchemaInvalid                SCHEMA_INVALID
+        │   ├── SubstringNotFound            SUBSTRING_NOT_FOUND
+        │   └── LimitExceeded                (.value_length, .char_limit)
+        │       ├── WorkingMemoryLimitExceeded  WORKING_MEMORY_LIMIT_EXCEEDED
+        │       └── CharLimitExceeded           CHAR_LIMIT_EXCEEDED
+        ├── RateLimited                 429  RATE_LIMITED (.retry_after)
+        └── ServerError                 5xx  INTERNAL_ERROR; HTTP_<status> without Loom's shape
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import requests
+
+
+class LoomError(Exception):
+    """Root of every SDK exception.
+
+    ``status`` is the HTTP status (None when no answer arrived), ``code`` Loom's error code,
+    ``details`` the error object's other keys, ``response`` the ``requests.Response`` if any.
+    """
+
+    default_code = "LOOM_ERROR"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        details: dict[str, Any] | None = None,
+        response: requests.Response | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = code or self.default_code
+        self.details: dict[str, Any] = dict(details or {})
+        self.response = response
+
+    def __str__(self) -> str:
+        where = f" (HTTP {self.status})" if self.status is not None else ""
+        return f"{self.code}{where}: {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The error in Loom's wire shape, with ``status`` added."""
+        return {"code": self.code, "message": self.message, "status": self.status, **self.details}
+
+
+# --- no answer --------------------------------------------------------------------------------
+
+
+class LoomTransportError(LoomError):
+    default_code = "TRANSPORT_ERROR"
+
+
+class LoomConnectionError(LoomTransportError):
+    default_code = "CONNECTION_ERROR"
+
+
+class LoomTimeout(LoomTransportError):
+    default_code = "TIMEOUT"
+
+
+# --- answers ----------------------------------------------------------------------------------
+
+
+class LoomAPIError(LoomError):
+    default_code = "HTTP_ERROR"
+
+
+class BadRequest(LoomAPIError):
+    default_code = "BAD_REQUEST"
+
+
+class Unauthorized(LoomAPIError):
+    default_code = "AUTH_REQUIRED"
+
+
+class AuthRequired(Unauthorized):
+    default_code = "AUTH_REQUIRED"
+
+
+class AuthInvalid(Unauthorized):
+    default_code = "AUTH_INVALID"
+
+
+class Forbidden(LoomAPIError):
+    default_code = "FORBIDDEN"
+
+
+class AuthInsufficient(Forbidden):
+    default_code = "AUTH_INSUFFICIENT"
+
+
+class FeatureDisabled(Forbidden):
+    default_code = "FEATURE_DISABLED"
+
+
+class NotFound(LoomAPIError):
+    default_code = "NOT_FOUND"
+
+
+class UnknownOp(NotFound):
+    default_code = "UNKNOWN_OP"
+
+
+class WorkingMemoryBlockNotFound(NotFound):
+    default_code = "WORKING_MEMORY_BLOCK_NOT_FOUND"
+
+
+class MemoryNotFound(NotFound):
+    default_code = "MEMORY_NOT_FOUND"
+
+
+class ProfileSectionNotFound(NotFound):
+    default_code = "PROFILE_SECTION_NOT_FOUND"
+
+
+class TokenNotFound(NotFound):
+    default_code = "TOKEN_NOT_FOUND"
+
+
+class MethodNotAllowed(LoomAPIError):
+    default_code = "METHOD_NOT_ALLOWED"
+
+
+class Conflict(LoomAPIError):
+    default_code = "CONFLICT"
+
+
+class HashMismatch(Conflict):
+    default_code = "HASH_MISMATCH"
+
+
+class MemoryLocked(Conflict):
+    default_code = "MEMORY_LOCKED"
+
+
+class MemoryPinned(Conflict):
+    default_code = "MEMORY_PINNED"
+
+
+class MemoryTypeMismatch(Conflict):
+    default_code = "MEMORY_TYPE_MISMATCH"
+
+
+class WriteContended(Conflict):
+    """A compare-and-swap write kept losing to other writers until its deadline."""
+
+    default_code = "WRITE_CONFLICT"
+
+
+class UserBeingErased(Conflict):
+    default_code = "USER_BEING_ERASED"
+
+
+class PreconditionFailed(LoomAPIError):
+    default_code = "PRECONDITION_FAILED"
+
+
+class AgentStateConflict(PreconditionFailed):
+    default_code = "agent_state_conflict"
+
+
+class PayloadTooLarge(LoomAPIError):
+    default_code = "BODY_TOO_LARGE"
+
+
+class Unprocessable(LoomAPIError):
+    default_code = "UNPROCESSABLE"
+
+
+class ValidationError(Unprocessable):
+    """422 naming each bad field: ``fields`` maps a field to its messages."""
+
+    default_code = "VALIDATION_ERROR"
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        return dict(self.details.get("fields") or {})
+
+
+class IdentityIncomplete(Unprocessable):
+    default_code = "IDENTITY_INCOMPLETE"
+
+
+class SchemaInvalid(Unprocessable):
+    default_code = "SCHEMA_INVALID"
+
+
+class SubstringNotFound(Unprocessable):
+    default_code = "SUBSTRING_NOT_FOUND"
+
+
+class LimitExceeded(Unprocessable):
+    """A write over a size cap; nothing was written. Trim to ``char_limit`` and retry."""
+
+    default_code = "LIMIT_EXCEEDED"
+
+    @property
+    def value_length(self) -> int | None:
+        return self.details.get("value_length")
+
+    @property
+    def char_limit(self) -> int | None:
+        return self.details.get("char_limit")
+
+
+class WorkingMemoryLimitExceeded(LimitExceeded):
+    default_code = "WORKING_MEMORY_LIMIT_EXCEEDED"
+
+
+class CharLimitExceeded(LimitExceeded):
+    default_code = "CHAR_LIMIT_EXCEEDED"
+
+
+class RateLimited(LoomAPIError):
+    default_code = "RATE_LIMITED"
+
+    @property
+    def retry_after(self) -> float | None:
+        """Seconds to wait, from the error's ``retry_after`` or the Retry-After header."""
+        value = self.details.get("retry_after")
+        if value is None and self.response is not None:
+            value = self.response.headers.get("Retry-After")
+        try:
+            return float(value) if value is not None else None
+        except (TypeError, ValueError):
+            return None
+
+
+class ServerError(LoomAPIError):
+    default_code = "INTERNAL_ERROR"
+
+
+BY_CODE: dict[str, type[LoomAPIError]] = {
+    cls.default_code: cls
+    for cls in (
+        AuthRequired, AuthInvalid, AuthInsufficient, FeatureDisabled,
+        NotFound, UnknownOp, WorkingMemoryBlockNotFound, MemoryNotFound,
+        ProfileSectionNotFound, TokenNotFound, MethodNotAllowed,
+        HashMismatch, MemoryLocked, MemoryPinned, MemoryTypeMismatch, WriteContended,
+        UserBeingErased, AgentStateConflict, PayloadTooLarge,
+        ValidationError, IdentityIncomplete, SchemaInvalid, SubstringNotFound,
+        WorkingMemoryLimitExceeded, CharLimitExceeded, RateLimited, ServerError,
+    )
+}
+BY_CODE["MALFORMED_JSON"] = BadRequest
+BY_CODE["UNSUPPORTED_CONTENT_TYPE"] = BadRequest
+
+BY_STATUS: dict[int, type[LoomAPIError]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    405: MethodNotAllowed,
+    409: Conflict,
+    412: PreconditionFailed,
+    413: PayloadTooLarge,
+    422: Unprocessable,
+    429: RateLimited,
+}
+
+
+def error_class(status: int, code: str | None) -> type[LoomAPIError]:
+    """The class for an error answer: by code, else by status, else the root of answers."""
+    if code and code in BY_CODE:
+        return BY_CODE[code]
+    if status in BY_STATUS:
+        return BY_STATUS[status]
+    if status >= 500:
+        return ServerError
+    return LoomAPIError
+
+
+def error_from_answer(
+    status: int, error: dict[str, Any] | None, response: requests.Response | None = None
+) -> LoomAPIError:
+    """Build the exception for an error answer (``error`` is the ``"error"`` object, if any)."""
+    error = dict(error or {})
+    code = error.pop("code", None)
+    message = error.pop("message", None)
+    code = str(code) if code is not None else None
+    if message is None:
+        reason = getattr(response, "reason", "") or ""
+        message = f"HTTP {status} {reason}".strip()
+    # An answer without Loom's error shape (a proxy's page) keeps its status as its code.
+    return error_class(status, code)(
+        str(message), status=status, code=code or f"HTTP_{status}", details=error,
+        response=response,
+    )

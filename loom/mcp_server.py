@@ -1,0 +1,284 @@
+"""Loom's MCP server: every Loom op as the MCP tool ``loom_<op with . as _>``.
+
+The tools, their input JSON Schemas and their listing come from the committed manifest
+(``loom/ops_manifest.py``), so this process imports neither Flask nor the server's code. A
+tool call is a call of the HTTP API (``LOOM_API_URL``) through the SDK's transport, with the
+caller's token: ``LOOM_API_KEY``, or over Streamable HTTP the ``Authorization`` header the
+MCP client sent, when it sent one. Auth, validation and identity stay in the API; an API
+error comes back as an ``isError`` result whose text is the error object with its code.
+
+Toolsets (``LOOM_MCP_TOOLSETS`` or ``--toolsets``, comma-separated):
+
+- ``all`` (default): the ops the registry lists under the MCP ``all`` toolset;
+- ``full``: every op that is an MCP tool;
+- a plane name (``working_memory``): every MCP op of that plane.
+
+Ops declared ``mcp=False`` (agent state) are never tools. A tool outside the chosen toolsets
+is neither listed nor served.
+
+``LOOM_MCP_ORG``, ``LOOM_MCP_NAMESPACE`` and ``LOOM_MCP_AGENT`` fill those identity fields
+when a call leaves them out, so a desktop client need not repeat them on every call.
+
+Run ``loom-mcp stdio`` (or ``python -m loom.mcp_server stdio``) for a desktop client, or
+``loom-mcp http --host 0.0.0.0 --port 8001`` for Streamable HTTP at ``/mcp`` (stateless,
+JSON answers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import mcp_types as types
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+
+from loom._version import __version__
+from loom.errors import LoomError
+from loom.ops_manifest import OPS
+from loom.transport import DEFAULT_TIMEOUT, Transport
+
+TOOLSETS_ENV = "LOOM_MCP_TOOLSETS"
+DEFAULT_TOOLSETS = ("all",)
+IDENTITY_ENV = {
+    "org": "LOOM_MCP_ORG",
+    "namespace": "LOOM_MCP_NAMESPACE",
+    "agent": "LOOM_MCP_AGENT",
+}
+CLIENT_NAME = f"loom-mcp/{__version__}"
+INSTRUCTIONS = (
+    "Loom holds the context an agent is told every time: working-memory blocks (leases, "
+    "cursors, checkpoints, 'where was I') and profile sections. Write a block with "
+    "loom_working_memory_set or loom_working_memory_append; read the blocks in scope with "
+    "loom_working_memory_render."
+)
+
+
+def tool_name(op: str) -> str:
+    return "loom_" + op.replace(".", "_")
+
+
+@dataclass(frozen=True)
+class LoomTool:
+    op: str
+    entry: Mapping[str, Any]
+
+    @property
+    def name(self) -> str:
+        return tool_name(self.op)
+
+    def describe(self) -> types.Tool:
+        kind = self.entry["kind"]
+        return types.Tool(
+            name=self.name,
+            title=self.op,
+            description=(
+                f"{self.entry['summary']} (Loom op {self.op}; role {self.entry['role']}, {kind})"
+            ),
+            input_schema=dict(self.entry["input_schema"]),
+            annotations=types.ToolAnnotations(
+                read_only_hint=kind == "read",
+                idempotent_hint=kind in ("read", "idempotent"),
+                open_world_hint=False,
+            ),
+        )
+
+
+def parse_toolsets(text: str | None) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in (text or "").split(",") if part.strip())
+    return names or DEFAULT_TOOLSETS
+
+
+def select_tools(
+    toolsets: Iterable[str], ops: Mapping[str, Mapping[str, Any]] = OPS
+) -> dict[str, LoomTool]:
+    """The tools the toolsets choose, by tool name; an unknown toolset is a ValueError."""
+    planes = {name.split(".", 1)[0] for name in ops}
+    chosen: dict[str, LoomTool] = {}
+    for toolset in toolsets:
+        if toolset not in ("all", "full") and toolset not in planes:
+            known = ", ".join(["all", "full", *sorted(planes)])
+            raise ValueError(f"unknown MCP toolset {toolset!r}; known: {known}")
+        for op, entry in sorted(ops.items()):
+            if not entry.get("mcp", True):
+                continue  # agent state is never a tool
+            if (
+                toolset == "full"
+                or (toolset == "all" and entry.get("listed", True))
+                or op.split(".", 1)[0] == toolset
+            ):
+                chosen[tool_name(op)] = LoomTool(op, entry)
+    return dict(sorted(chosen.items()))
+
+
+def _text_result(payload: dict[str, Any], *, is_error: bool) -> types.CallToolResult:
+    return types.CallToolResult(
+        content=[types.TextContent(type="text", text=json.dumps(payload, ensure_ascii=False))],
+        structured_content=payload,
+        is_error=is_error,
+    )
+
+
+def error_result(error: LoomError) -> types.CallToolResult:
+    return _text_result({"error": error.to_dict()}, is_error=True)
+
+
+class LoomMCP:
+    """The MCP face of one Loom API: the chosen tools and the calls behind them."""
+
+    def __init__(
+        self,
+        *,
+        api_url: str | None = None,
+        api_key: str | None = None,
+        toolsets: Iterable[str] = DEFAULT_TOOLSETS,
+        identity: Mapping[str, str] | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        ops: Mapping[str, Mapping[str, Any]] = OPS,
+    ) -> None:
+        self.tools = select_tools(toolsets, ops)
+        self.identity = {k: v for k, v in (identity or {}).items() if v}
+        self._transport_options = {
+            "base_url": api_url, "api_key": api_key, "timeout": timeout,
+            "client_name": CLIENT_NAME,
+        }
+        # requests.Session is not made for sharing across threads: one per worker thread.
+        self._local = threading.local()
+
+    @classmethod
+    def from_env(cls, toolsets: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> LoomMCP:
+        return cls(
+            toolsets=parse_toolsets(toolsets or os.environ.get(TOOLSETS_ENV)),
+            identity={field: os.environ.get(env, "") for field, env in IDENTITY_ENV.items()},
+            timeout=timeout,
+        )
+
+    def _transport(self) -> Transport:
+        transport = getattr(self._local, "transport", None)
+        if transport is None:
+            options = self._transport_options
+            transport = Transport(
+                options["base_url"], options["api_key"], timeout=options["timeout"],
+                client_name=options["client_name"],
+            )
+            self._local.transport = transport
+        return transport
+
+    def call(
+        self, tool: str, arguments: Mapping[str, Any] | None, authorization: str | None = None
+    ) -> types.CallToolResult:
+        """One tool call, blocking: the op's HTTP call and its answer as a tool result."""
+        found = self.tools.get(tool)
+        if found is None:
+            return _text_result(
+                {"error": {"code": "UNKNOWN_TOOL", "message": f"no tool named {tool!r}",
+                           "tools": sorted(self.tools)}},
+                is_error=True,
+            )
+        body = {**self.identity, **(arguments or {})}
+        entry = found.entry
+        try:
+            answer = self._transport().call(
+                found.op, body, http_method=entry.get("http_method", "POST"),
+                path=entry.get("path"), authorization=authorization,
+            )
+        except LoomError as error:
+            return error_result(error)
+        return _text_result(answer, is_error=False)
+
+    async def on_list_tools(
+        self, ctx: Any, params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[tool.describe() for tool in self.tools.values()])
+
+    async def on_call_tool(
+        self, ctx: Any, params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        authorization = _caller_authorization(ctx)
+        return await anyio.to_thread.run_sync(
+            partial(self.call, params.name, params.arguments, authorization)
+        )
+
+    def input_schema(self, name: str) -> Mapping[str, Any] | None:
+        found = self.tools.get(name)
+        return found.entry["input_schema"] if found is not None else None
+
+    def server(self) -> Server[Any]:
+        return Server(
+            "loom",
+            version=__version__,
+            title="Loom",
+            instructions=INSTRUCTIONS,
+            get_tool_input_schema=self.input_schema,
+            on_list_tools=self.on_list_tools,
+            on_call_tool=self.on_call_tool,
+        )
+
+
+def _caller_authorization(ctx: Any) -> str | None:
+    """The MCP client's own ``Authorization`` header (Streamable HTTP only; None on stdio)."""
+    request = getattr(ctx, "request", None)
+    headers = getattr(request, "headers", None)
+    if headers is None:
+        return None
+    value = headers.get("authorization")
+    return value or None
+
+
+async def serve_stdio(loom: LoomMCP) -> None:
+    server = loom.server()
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+def http_app(loom: LoomMCP, *, host: str, path: str = "/mcp") -> Any:
+    """The Streamable HTTP app: stateless, JSON answers (no SSE streams to keep open)."""
+    return loom.server().streamable_http_app(
+        streamable_http_path=path, json_response=True, stateless_http=True, host=host
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="loom-mcp", description="Loom's MCP server.")
+    parser.add_argument(
+        "--toolsets", default=None,
+        help=f"comma-separated: all, full or plane names (default ${TOOLSETS_ENV} or 'all')",
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=DEFAULT_TIMEOUT,
+        help="seconds to wait for the Loom API on each call",
+    )
+    transports = parser.add_subparsers(dest="transport", required=True)
+    transports.add_parser("stdio", help="serve one MCP client over stdin/stdout")
+    http = transports.add_parser("http", help="serve Streamable HTTP (stateless, JSON)")
+    http.add_argument("--host", default="127.0.0.1")
+    http.add_argument("--port", type=int, default=8001)
+    http.add_argument("--path", default="/mcp")
+    args = parser.parse_args(argv)
+    try:
+        loom = LoomMCP.from_env(args.toolsets, timeout=args.timeout)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.transport == "stdio":
+        anyio.run(serve_stdio, loom)
+        return 0
+    import uvicorn
+
+    uvicorn.run(
+        http_app(loom, host=args.host, path=args.path),
+        host=args.host, port=args.port, log_level="warning",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,333 @@
+"""The MCP server, driven by the ``mcp`` SDK's own client over stdio and Streamable HTTP.
+
+The server runs as a child process (``python -m loom.mcp_server stdio|http``) in front of a
+real gunicorn (``live_server``), so a tool call crosses both protocols end to end. The
+Authorization forwarding test puts a recording HTTP server where the API would be, since the
+test API runs with auth off and would not show which token arrived.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+from app.local import free_port
+from loom.mcp_server import LoomMCP, parse_toolsets, select_tools, tool_name
+from loom.ops_manifest import OPS
+
+ROOT = Path(__file__).resolve().parents[1]
+WHO = {"namespace": "support", "agent": "triage-bot", "run_id": "run-7"}
+
+
+def run(coroutine_function: Any, *args: Any) -> Any:
+    return anyio.run(coroutine_function, *args)
+
+
+def stdio_params(api_url: str, **env: str) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "loom.mcp_server", "stdio"],
+        env={"PYTHONPATH": str(ROOT), "LOOM_API_URL": api_url, **env},
+        cwd=str(ROOT),
+    )
+
+
+class HttpMCP:
+    """``python -m loom.mcp_server http`` on a free loopback port."""
+
+    def __init__(self, api_url: str, **env: str) -> None:
+        self.port = free_port()
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "LOOM_API_URL": api_url, **env}
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def __enter__(self) -> HttpMCP:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "loom.mcp_server", "http",
+             "--host", "127.0.0.1", "--port", str(self.port)],
+            cwd=ROOT, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(self.process.stderr.read().decode())  # type: ignore[union-attr]
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return self
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("the MCP HTTP server did not start")
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.process is not None
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def payload(result: Any) -> dict[str, Any]:
+    assert len(result.content) == 1 and result.content[0].type == "text"
+    return json.loads(result.content[0].text)
+
+
+async def exercise_working_memory(client: Client, expect_get: bool) -> None:
+    """List the tools, write, read and overflow a block through one connected client."""
+    names = {tool.name for tool in (await client.list_tools()).tools}
+    assert {"loom_working_memory_set", "loom_working_memory_append",
+            "loom_working_memory_render"} <= names
+    assert ("loom_working_memory_get" in names) is expect_get
+    assert not any(name.startswith("loom_agent_state") for name in names)
+
+    written = await client.call_tool(
+        "loom_working_memory_set",
+        {**WHO, "block_key": "state", "content": "cursor: ticket 4812", "char_limit": 40},
+    )
+    assert not written.is_error, written.content
+    assert payload(written)["value_length"] == len("cursor: ticket 4812")
+    assert written.structured_content["char_limit"] == 40
+
+    rendered = await client.call_tool("loom_working_memory_render", WHO)
+    assert payload(rendered)["rendered"] == (
+        '<working-memory block="state">cursor: ticket 4812</working-memory>'
+    )
+    if expect_get:
+        got = await client.call_tool("loom_working_memory_get", {**WHO, "block_key": "state"})
+        assert payload(got)["found"] is True
+        assert payload(got)["content"] == "cursor: ticket 4812"
+
+    over = await client.call_tool(
+        "loom_working_memory_append", {**WHO, "block_key": "state", "addition": "x" * 40}
+    )
+    assert over.is_error is True
+    assert "WORKING_MEMORY_LIMIT_EXCEEDED" in over.content[0].text
+    error = payload(over)["error"]
+    assert error["status"] == 422 and error["char_limit"] == 40
+    assert error["value_length"] == len("cursor: ticket 4812") + 1 + 40
+
+    invalid = await client.call_tool("loom_working_memory_set", {**WHO, "char_limit": 0})
+    assert invalid.is_error and payload(invalid)["error"]["code"] == "VALIDATION_ERROR"
+
+
+# --- toolsets and schemas ---------------------------------------------------------------------
+
+
+def test_default_listing_is_the_all_toolset_and_full_adds_the_unlisted():
+    default = select_tools(parse_toolsets(None))
+    full = select_tools(parse_toolsets("full"))
+    # The manifest mirrors the registry (tests/test_sdk.py checks that it is current).
+    mcp_ops = {name: entry for name, entry in OPS.items() if entry["mcp"]}
+    assert set(full) == {tool_name(name) for name in mcp_ops}
+    assert set(default) == {tool_name(name) for name, e in mcp_ops.items() if e["listed"]}
+    assert "loom_working_memory_get" not in default and "loom_working_memory_get" in full
+    assert "loom_working_memory_set" in default
+    planes = select_tools(parse_toolsets(" working_memory , all"))
+    assert "loom_working_memory_get" in planes and "loom_working_memory_delete" in planes
+    with pytest.raises(ValueError, match="unknown MCP toolset"):
+        select_tools(["everything"])
+
+
+def test_ops_outside_mcp_are_never_tools():
+    ops = {
+        "agent_state.put": {**OPS["working_memory.set"], "mcp": False, "listed": True},
+        "working_memory.set": OPS["working_memory.set"],
+    }
+    for toolset in ("all", "full", "agent_state"):
+        assert "loom_agent_state_put" not in select_tools([toolset], ops)
+
+
+def test_tools_carry_the_registry_input_schema():
+    tools = LoomMCP(toolsets=["full"]).tools
+    described = tools["loom_working_memory_append"].describe()
+    assert described.input_schema == OPS["working_memory.append"]["input_schema"]
+    assert described.input_schema["required"] == ["addition"]
+    assert described.annotations.read_only_hint is False
+    assert tools["loom_working_memory_get"].describe().annotations.read_only_hint is True
+
+
+def test_an_unreachable_api_is_an_error_result_not_a_crash():
+    loom = LoomMCP(api_url=f"http://127.0.0.1:{free_port()}", toolsets=["all"])
+
+    async def go() -> None:
+        async with Client(loom.server()) as client:
+            result = await client.call_tool("loom_working_memory_set", {**WHO, "content": "x"})
+            assert result.is_error and payload(result)["error"]["code"] == "CONNECTION_ERROR"
+            hidden = await client.call_tool("loom_working_memory_get", WHO)
+            assert hidden.is_error and payload(hidden)["error"]["code"] == "UNKNOWN_TOOL"
+
+    run(go)
+
+
+# --- stdio ------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_stdio_full_toolset_against_gunicorn(live_server):  # noqa: ANN001
+    async def go() -> None:
+        params = stdio_params(live_server.url, LOOM_MCP_TOOLSETS="full")
+        async with Client(params) as client:
+            await exercise_working_memory(client, expect_get=True)
+
+    run(go)
+
+
+@pytest.mark.slow
+def test_stdio_default_toolset_and_identity_defaults(live_server):  # noqa: ANN001
+    async def go() -> None:
+        params = stdio_params(
+            live_server.url, LOOM_MCP_NAMESPACE="support", LOOM_MCP_AGENT="desk-client"
+        )
+        async with Client(params) as client:
+            names = {tool.name for tool in (await client.list_tools()).tools}
+            assert "loom_working_memory_get" not in names
+            written = await client.call_tool(
+                "loom_working_memory_set", {"block_key": "note", "content": "from MCP"}
+            )
+            assert not written.is_error, written.content
+            other = await client.call_tool(
+                "loom_working_memory_render", {"agent": "someone-else"}
+            )
+            assert payload(other)["rendered"] == ""  # the call's own agent wins
+            mine = await client.call_tool("loom_working_memory_render", {})
+            assert "from MCP" in payload(mine)["rendered"]
+
+    run(go)
+
+
+# --- Streamable HTTP --------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_http_default_and_full_toolsets_against_gunicorn(live_server):  # noqa: ANN001
+    with HttpMCP(live_server.url) as default, HttpMCP(
+        live_server.url, LOOM_MCP_TOOLSETS="full"
+    ) as full:
+
+        async def go() -> None:
+            async with Client(default.url) as client:
+                await exercise_working_memory(client, expect_get=False)
+            async with Client(full.url) as client:
+                got = await client.call_tool(
+                    "loom_working_memory_get", {**WHO, "block_key": "state"}
+                )
+                assert payload(got)["content"] == "cursor: ticket 4812"
+                deleted = await client.call_tool(
+                    "loom_working_memory_delete", {**WHO, "block_key": "state"}
+                )
+                assert payload(deleted)["deleted"] is True
+
+        run(go)
+
+
+class Recording(BaseHTTPRequestHandler):
+    seen: list[dict[str, Any]] = []
+
+    def do_POST(self) -> None:  # noqa: N802
+        length = int(self.headers.get("Content-Length") or 0)
+        self.seen.append({
+            "path": self.path,
+            "authorization": self.headers.get("Authorization"),
+            "client": self.headers.get("X-Loom-Client"),
+            "body": json.loads(self.rfile.read(length) or b"{}"),
+        })
+        answer = json.dumps({"recorded": True}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def recording_api() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    seen: list[dict[str, Any]] = []
+    handler = type("Handler", (Recording,), {"seen": seen})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.slow
+def test_http_forwards_the_callers_authorization_else_the_env_key(recording_api):  # noqa: ANN001
+    api_url, seen = recording_api
+    with HttpMCP(api_url, LOOM_API_KEY="env-key") as mcp_http:
+
+        async def go() -> None:
+            headers = {"Authorization": "Bearer caller-token"}
+            async with httpx2.AsyncClient(headers=headers) as http:
+                async with Client(streamable_http_client(mcp_http.url, http_client=http)) as c:
+                    result = await c.call_tool("loom_working_memory_render", WHO)
+                    assert payload(result) == {"recorded": True}
+            async with Client(mcp_http.url) as client:
+                await client.call_tool("loom_working_memory_render", WHO)
+
+        run(go)
+    assert [call["authorization"] for call in seen] == ["Bearer caller-token", "Bearer env-key"]
+    assert seen[0]["path"] == "/v1/working_memory.render"
+    assert seen[0]["body"] == WHO
+    assert seen[0]["client"].startswith("loom-mcp/")
+
+
+@pytest.mark.slow
+def test_stdio_sends_the_env_key(recording_api):  # noqa: ANN001
+    api_url, seen = recording_api
+
+    async def go() -> None:
+        async with Client(stdio_params(api_url, LOOM_API_KEY="env-key")) as client:
+            await client.call_tool("loom_working_memory_append", {**WHO, "addition": "a"})
+
+    run(go)
+    assert seen == [{
+        "path": "/v1/working_memory.append", "authorization": "Bearer env-key",
+        "client": seen[0]["client"], "body": {**WHO, "addition": "a"},
+    }]
+
+
+# --- entry points -----------------------------------------------------------------------------
+
+
+def test_console_script_and_procfile_run_this_module(capsys: pytest.CaptureFixture[str]):
+    from loom import mcp_server
+
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'loom-mcp = "loom.mcp_server:main"' in pyproject
+    procfile = (ROOT / "Procfile").read_text().splitlines()
+    line = next(line for line in procfile if line.startswith("mcp:"))
+    command = line.split(":", 1)[1].split()
+    assert command[:4] == ["python", "-m", "loom.mcp_server", "http"]
+    assert "--port" in command and "--host" in command
+    with pytest.raises(SystemExit) as done:
+        mcp_server.main(["http", "--help"])
+    assert done.value.code == 0 and "--port" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as refused:
+        mcp_server.main(["--toolsets", "nonsense", "stdio"])
+    assert refused.value.code == 2 and "unknown MCP toolset" in capsys.readouterr().err

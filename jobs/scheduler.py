@@ -39,8 +39,13 @@ class Periodic:
 def periodic_jobs(settings: Settings) -> list[Periodic]:
     """Every periodic job Loom runs, from the settings."""
     from jobs import agent_state_sweep
+    from jobs.queues import PASSES
+    from jobs.structured_profile import PASS_FUNC
 
-    return [agent_state_sweep.periodic(settings)]
+    return [
+        agent_state_sweep.periodic(settings),
+        Periodic(PASS_FUNC, PASSES, settings.structured_profile_interval_seconds),
+    ]
 
 
 def register(scheduler: Scheduler, definitions: list[Periodic]) -> list[str]:

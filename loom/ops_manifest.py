@@ -2004,6 +2004,80 @@ OPS: dict[str, dict[str, Any]] = {
             'required': ['label', 'value'],
         },
     },
+    'profile.structured': {
+        'role': 'viewer',
+        'kind': 'read',
+        'listed': False,
+        'mcp': True,
+        'http_method': 'POST',
+        'path': '/v1/profile.structured',
+        'summary': "The user's structured profile and whether it is current.",
+        'fields': {
+            'org': {'required': False, 'default': None},
+            'namespace': {'required': False, 'default': None},
+            'agent': {'required': False, 'default': None},
+            'user_id': {'required': False, 'default': '-'},
+            'session_id': {'required': False, 'default': '-'},
+            'run_id': {'required': False, 'default': '-'},
+            'read_scope': {'required': False, 'default': None},
+        },
+        'input_schema': {
+            'type': 'object',
+            'properties': {
+                'org': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The tenant.',
+                },
+                'namespace': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The namespace the op reads or writes.',
+                },
+                'agent': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The writing or reading agent.',
+                },
+                'user_id': {
+                    'type': 'string',
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The end user; '-' for none.",
+                },
+                'session_id': {
+                    'type': 'string',
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The session or conversation; '-' for none.",
+                },
+                'run_id': {
+                    'type': 'string',
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The agent run (task scope); '-' for none.",
+                },
+                'read_scope': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'enum': ['namespace', 'own_user', None],
+                    'description': (
+                        "The token's read_scope is the ceiling; own_session is refused: a "
+                        "profile spans the user's sessions."
+                    ),
+                },
+            },
+        },
+    },
     'profile_schema.clear': {
         'role': 'admin',
         'kind': 'idempotent',

@@ -6,6 +6,7 @@ from app.ops import (  # noqa: F401  (importing declares the ops)
     namespace_config,
     profile,
     profile_schema,
+    structured,
     tokens,
     usage,
     working_memory,

@@ -251,3 +251,23 @@ def namespace_config(org: str, namespace: str) -> str:
 def namespace_audit(org: str, namespace: str) -> str:
     """Capped list of a namespace's audit entries (JSON), newest first."""
     return f"{PREFIX}:ns-audit:{namespace_tag(org, namespace)}"
+
+
+def structured_meta(org: str, namespace: str, user_id: str) -> str:
+    """What the worker's last write of a user's structured profile was built from."""
+    return f"{PREFIX}:sp-meta:{user_tag(org, namespace, user_id)}"
+
+
+def structured_users(org: str, namespace: str) -> str:
+    """Users of a namespace the worker has written a structured profile for."""
+    return f"{PREFIX}:sp-users:{namespace_tag(org, namespace)}"
+
+
+def structured_schema_swept(org: str, namespace: str) -> str:
+    """The schema sha every built user has been listed for a rebuild under."""
+    return f"{PREFIX}:sp-swept:{namespace_tag(org, namespace)}"
+
+
+def worker_next_pass(name: str) -> str:
+    """When a worker's next pass is due (seconds), after an idle pass asked for a longer wait."""
+    return f"{PREFIX}:next-pass:{{{escape(name)}}}"

@@ -88,6 +88,13 @@ class LeaseStore:
     def release(self, lease: Lease) -> None:
         self._release(keys=[keys.worker_lease(lease.name)], args=[lease.value])
 
+    def next_pass_due(self, name: str) -> float | None:
+        raw = self.redis.get(keys.worker_next_pass(name))
+        return float(raw) if raw else None
+
+    def set_next_pass_due(self, lease: Lease, at: float) -> None:
+        self.redis.set(keys.worker_next_pass(lease.name), repr(at))
+
     def load_state(self, name: str) -> tuple[str | None, str | None]:
         """The kept state and the generation (the holding process) it was written under."""
         row = self.redis.hmget(keys.worker_state(name), ["generation", "state"])

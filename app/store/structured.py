@@ -1,0 +1,203 @@
+"""Structured profiles in Redis: the worker's build record, and the O(1) read of a profile.
+
+The profile itself is the user's memory row ``structured_profile`` (agent ``-``, session ``-``,
+type ``profile``), so ``profile.render``, ``context.pack`` and ``memory.history`` carry it. Next
+to it, one small hash records what the worker's last write was built from: the content hash it
+wrote, the schema sha, the sources digest and count it read, when it read them, and whether it
+was short of a fact it counted. A read compares that record with the namespace's schema and
+the user's digest (kept current by every fact write), in one pipelined round trip of three
+HGETALLs: no scan, no model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from app.profile_schema import null_profile
+from app.store import keys
+from app.store.identity import Identity
+from app.store.memory import Location, MemoryRow, SourceDigest
+from app.store.profile_schema import StoredSchema, parse_stored
+
+if TYPE_CHECKING:
+    from app.services import Services
+
+PROFILE_KEY = "structured_profile"
+WORKER = "worker:structured_profile"
+
+
+def profile_location(org: str, namespace: str, user_id: str) -> Location:
+    return Location(org, namespace, user_id, "-", "-", PROFILE_KEY)
+
+
+@dataclass(frozen=True)
+class BuildRecord:
+    content_sha256: str
+    schema_sha: str
+    digest: str
+    count: int
+    built_at: int
+    short: bool
+
+    @classmethod
+    def from_fields(cls, f: dict[str, str]) -> BuildRecord | None:
+        if not f:
+            return None
+        return cls(
+            f.get("content_sha256", ""),
+            f.get("schema_sha", ""),
+            f.get("digest", ""),
+            int(f.get("count") or 0),
+            int(f.get("built_at") or 0),
+            f.get("short") == "1",
+        )
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything a structured read or a build's planning needs about one user."""
+
+    schema: StoredSchema | None
+    row: MemoryRow | None
+    record: BuildRecord | None
+    digest: SourceDigest
+
+    def served_row(self, now_ns: int) -> MemoryRow | None:
+        """The worker's live row, or None: a caller's row, a deleted, expired, redacted or
+        ``high`` row reads as no profile (seed 000, Storage)."""
+        row, record = self.row, self.record
+        if row is None or record is None or not row.live or row.redacted:
+            return None
+        if row.label == "high" or row.expired(now_ns):
+            return None
+        if row.content_sha256 != record.content_sha256:
+            return None  # written over by a caller since the worker's build
+        return row
+
+    def read(self, now_ns: int) -> dict[str, Any]:
+        """The profile.structured answer (without the schema hash, added by the caller)."""
+        schema = self.schema
+        if schema is None or schema.doc is None:
+            return _answer("no_schema", {}, None, None)
+        row = self.served_row(now_ns)
+        if row is None:
+            status = "ready" if self.row is None and self.digest.count == 0 else "pending"
+            return _answer(status, null_profile(schema.doc), None, None)
+        record = self.record
+        assert record is not None
+        current = (
+            record.schema_sha == schema.sha
+            and record.digest == self.digest.digest
+            and record.count == self.digest.count
+            and not record.short
+        )
+        profile = null_profile(schema.doc)
+        if isinstance(row.value, dict):
+            profile.update({k: v for k, v in row.value.items() if k in profile})
+        return _answer("ready" if current else "stale", profile, row, record)
+
+
+def _answer(
+    status: str, profile: dict[str, Any], row: MemoryRow | None, record: BuildRecord | None
+) -> dict[str, Any]:
+    from app.clock import iso_from_ns
+
+    version = row.version if row is not None else 0
+    return {
+        "status": status,
+        "profile": profile,
+        "built_at": iso_from_ns(record.built_at) if record is not None else None,
+        "memory_id": row.memory_id if row is not None else "",
+        "version": version,
+        "version_text": str(version),
+    }
+
+
+class StructuredStore:
+    def __init__(self, services: Services) -> None:
+        self.redis = services.redis
+        self.clock = services.clock
+
+    def snapshot(self, identity: Identity) -> Snapshot:
+        """One round trip: the schema, the profile row, its build record, the user's digest."""
+        org, namespace, user_id = identity.org, identity.namespace, identity.user_id
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(keys.profile_schema(org, namespace))
+        pipe.hgetall(profile_location(org, namespace, user_id).row_key())
+        pipe.hgetall(keys.structured_meta(org, namespace, user_id))
+        pipe.hgetall(keys.profile_source_digest(org, namespace, user_id))
+        schema_row, row, record, digest = pipe.execute()
+        return Snapshot(
+            parse_stored(schema_row),
+            MemoryRow.from_fields(row) if row else None,
+            BuildRecord.from_fields(record),
+            SourceDigest.from_fields(digest),
+        )
+
+    def record_build(self, identity: Identity, record: BuildRecord) -> None:
+        org, namespace, user_id = identity.org, identity.namespace, identity.user_id
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(
+            keys.structured_meta(org, namespace, user_id),
+            mapping={
+                "content_sha256": record.content_sha256,
+                "schema_sha": record.schema_sha,
+                "digest": record.digest,
+                "count": record.count,
+                "built_at": record.built_at,
+                "short": "1" if record.short else "0",
+            },
+        )
+        pipe.sadd(keys.structured_users(org, namespace), user_id)
+        pipe.execute()
+
+    def records(
+        self, org: str, namespace: str, user_ids: list[str]
+    ) -> dict[str, tuple[BuildRecord | None, SourceDigest, int]]:
+        """Build record, digest and profile row version of many users in one round trip (a
+        scan's candidates)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for user_id in user_ids:
+            pipe.hgetall(keys.structured_meta(org, namespace, user_id))
+            pipe.hgetall(keys.profile_source_digest(org, namespace, user_id))
+            pipe.hget(profile_location(org, namespace, user_id).row_key(), "version")
+        replies = pipe.execute()
+        return {
+            user_id: (BuildRecord.from_fields(replies[3 * i]),
+                      SourceDigest.from_fields(replies[3 * i + 1]),
+                      int(replies[3 * i + 2] or 0))
+            for i, user_id in enumerate(user_ids)
+        }
+
+    def rows_by_id(
+        self, org: str, namespace: str, user_id: str, memory_ids: list[str]
+    ) -> list[MemoryRow]:
+        """The user's rows with these ids (two round trips)."""
+        if not memory_ids:
+            return []
+        row_keys = self.redis.hmget(keys.memory_ids(org, namespace, user_id), memory_ids)
+        pipe = self.redis.pipeline(transaction=False)
+        for row_key in row_keys:
+            if row_key:
+                pipe.hgetall(row_key)
+        return [MemoryRow.from_fields(found) for found in pipe.execute() if found]
+
+    def list_built_users_for_schema(self, org: str, namespace: str, schema_sha: str) -> int:
+        """Once per schema: list every built user as changed, so the passes rebuild them.
+
+        Costs O(built users) once per schema change instead of on every scan, which keeps a
+        pass's Redis work growing with the changed users, not all users.
+        """
+        swept_key = keys.structured_schema_swept(org, namespace)
+        if self.redis.get(swept_key) == schema_sha:
+            return 0
+        users = self.redis.smembers(keys.structured_users(org, namespace))
+        now = self.clock.now_ns()
+        pipe = self.redis.pipeline(transaction=False)
+        if users:
+            pipe.zadd(keys.profile_changed_users(org, namespace), dict.fromkeys(users, now),
+                      nx=True)
+        pipe.set(swept_key, schema_sha)
+        pipe.execute()
+        return len(users)

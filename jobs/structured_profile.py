@@ -1,0 +1,506 @@
+"""The structured_profile worker: passes that keep each user's structured profile current.
+
+``run_pass`` is the periodic job. It takes the worker lease (a fencing token, so two passes
+never plan at once), loads what the worker keeps between passes (under the holding process),
+and drives ``jobs.planner.PassPlanner``: scans list the users whose sources or schema moved,
+builds run for the users it hands out. With more than one RQ worker listening, builds fan out
+as ``build_user_job`` jobs so that more workers mean more model throughput; with one, the pass
+builds them itself.
+
+``build_user`` is one build, every rule of seed 000 "Structured profiles": sources under the
+fold's filter, most confident and newest first, at most the memory limit; a refusal (row
+locked, pinned or ``high``) or an answer cut off at the output cap is reported, not retried;
+no facts gives the all-null profile without a model call; the answer is held to the schema;
+and nothing is written when a fact the build read is no longer current once the model answered
+(erased or deleted meanwhile).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from app.profile_schema import max_tokens_for, null_profile, validate_answer
+from app.services import Services
+from app.store.identity import Identity
+from app.store.lease import LeaseLost, LeaseStore
+from app.store.memory import Content, MemoryRow, MemoryStore
+from app.store.profile_schema import ProfileSchemaStore, StoredSchema
+from app.store.structured import (
+    PROFILE_KEY,
+    WORKER,
+    BuildRecord,
+    StructuredStore,
+    profile_location,
+)
+from app.store.usage import UsageStore
+from jobs.context import services
+from jobs.planner import (
+    BuildStep,
+    NamespaceInfo,
+    Outcome,
+    PassPlanner,
+    PlannerSettings,
+    PlannerState,
+    UserCandidate,
+    refusal_fingerprint,
+    state_for_generation,
+)
+from jobs.provider import (
+    ModelCallFailed,
+    base_max_tokens,
+    parse_max_tokens_overrides,
+    provider_from_settings,
+)
+
+log = logging.getLogger("loom.jobs.structured_profile")
+
+LEASE = "structured_profile"
+TRACE_PREFIX = "profile.fold:structured_profile:"
+PASS_FUNC = "jobs.structured_profile.run_pass"
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    outcome: Outcome
+    fingerprint: str = ""
+    model_calls: int = 0
+    wrote: bool = False
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"outcome": str(self.outcome), "fingerprint": self.fingerprint,
+                "model_calls": self.model_calls, "wrote": self.wrote, "detail": self.detail}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BuildResult:
+        return cls(Outcome(data["outcome"]), data.get("fingerprint", ""),
+                   int(data.get("model_calls", 0)), bool(data.get("wrote")),
+                   data.get("detail", ""))
+
+
+def namespace_id(org: str, namespace: str) -> str:
+    return json.dumps([org, namespace], separators=(",", ":"))
+
+
+def split_namespace_id(ns_id: str) -> tuple[str, str]:
+    org, namespace = json.loads(ns_id)
+    return org, namespace
+
+
+# --- one build ---------------------------------------------------------------------------------
+
+
+def _ordered_sources(entries: dict[str, str], limit: int) -> list[tuple[str, str]]:
+    """Most confident first, then most recently dated (valid_at, else last change)."""
+
+    def order(item: tuple[str, str]) -> tuple[float, int, str]:
+        _sha, confidence, date_ns = item[1].split(":")
+        return (-float(confidence), -int(date_ns), item[0])
+
+    return sorted(entries.items(), key=order)[:limit]
+
+
+def _prompt(schema: StoredSchema, facts: list[MemoryRow]) -> list[dict[str, str]]:
+    lines = [
+        json.dumps(
+            {"id": row.memory_id, "type": row.memory_type, "confidence": row.confidence,
+             "fact": row.value},
+            ensure_ascii=False,
+        )
+        for row in facts
+    ]
+    return [
+        {
+            "role": "system",
+            "content": (
+                "Fill in a user's profile from the facts known about them. Answer with one JSON "
+                "object holding exactly the schema's properties. Use null for any property the "
+                "facts do not settle. Facts come most confident and most recent first; when two "
+                "disagree, prefer the earlier one in the list.\n\nSchema:\n"
+                + json.dumps(schema.doc, ensure_ascii=False, sort_keys=True)
+            ),
+        },
+        {"role": "user", "content": "Facts, one JSON object per line:\n" + "\n".join(lines)},
+    ]
+
+
+def build_user(svc: Services, org: str, namespace: str, user_id: str) -> BuildResult:
+    settings = svc.settings
+    identity = Identity(org, namespace, "-", user_id)
+    memory = svc.store(MemoryStore)
+    structured = svc.store(StructuredStore)
+    usage = svc.store(UsageStore)
+    now_ns = svc.clock.now_ns()
+
+    snapshot = structured.snapshot(identity)
+    if snapshot.digest.expiry_due(now_ns):
+        memory.expire_sources(org, namespace, user_id)
+        snapshot = structured.snapshot(identity)
+    schema = snapshot.schema
+    if schema is None or schema.doc is None:
+        return BuildResult(Outcome.FAILED, detail="no schema")
+    row = snapshot.row
+    fingerprint = refusal_fingerprint(
+        snapshot.digest.digest, row.version if row is not None else 0, schema.sha
+    )
+    if row is not None and row.live and (row.locked or row.pinned or row.label == "high"):
+        usage.add(org, namespace, refusals=1)
+        return BuildResult(Outcome.REFUSED, fingerprint, detail="profile row refuses builds")
+
+    read_at = now_ns
+    digest = snapshot.digest
+    entries = memory.source_entries(org, namespace, user_id)
+    served = snapshot.served_row(now_ns)
+    if not entries:
+        return _write_all_null(svc, identity, schema, snapshot, served, digest, read_at, [])
+
+    chosen = _ordered_sources(entries, settings.structured_profile_memory_limit)
+    facts = _read_facts(structured, org, namespace, user_id, chosen, now_ns)
+    short = len(facts) < len(chosen)
+    if not facts:
+        # Served none of the facts it counted: no model call (seed 000, Staleness).
+        return _write_all_null(svc, identity, schema, snapshot, served, digest, read_at,
+                               [], short=True)
+
+    provider = provider_from_settings(settings.llm_base_url, settings.llm_api_key,
+                                      settings.llm_model, settings.llm_timeout_seconds)
+    if provider is None:
+        log.warning("structured_profile: no model configured (LOOM_LLM_BASE_URL, "
+                    "LOOM_LLM_MODEL); %s/%s stays as it is", org, namespace)
+        return BuildResult(Outcome.UNCHANGED, detail="model calls off: no model configured")
+    if not usage.model_calls_enabled(org):
+        log.info("structured_profile: model calls are switched off for org %s", org)
+        return BuildResult(Outcome.UNCHANGED, detail="model calls off for the org")
+
+    overrides = parse_max_tokens_overrides(settings.llm_max_tokens_overrides)
+    max_tokens = max_tokens_for(schema.doc, base_max_tokens(PROFILE_KEY, overrides))
+    try:
+        with provider:
+            completion = provider.complete(
+                _prompt(schema, facts), max_tokens=max_tokens, json_schema=_answer_schema(schema)
+            )
+    except ModelCallFailed as error:
+        usage.add(org, namespace, model_calls=1, failures=1)
+        log.warning("structured_profile: build failed for a user of %s/%s: %s",
+                    org, namespace, error)
+        return BuildResult(Outcome.FAILED, model_calls=1, detail=str(error))
+    usage.add(org, namespace, model_calls=1, prompt_tokens=completion.prompt_tokens or 0,
+              completion_tokens=completion.completion_tokens or 0)
+    if completion.cut_off:
+        usage.add(org, namespace, refusals=1)
+        return BuildResult(Outcome.CUT_OFF, fingerprint, model_calls=1,
+                           detail="answer cut off at the output cap")
+    if completion.data is None:
+        usage.add(org, namespace, failures=1)
+        return BuildResult(Outcome.FAILED, model_calls=1, detail="answer is not a JSON object")
+
+    profile = validate_answer(schema.doc, completion.data)
+    # A fact read before the call that is no longer current (deleted, erased, edited) makes
+    # the answer unsafe to keep: write nothing, the change stays listed for the next pass.
+    read_ids = [row.memory_id for row in facts]
+    now_entries = memory.source_entries(org, namespace, user_id)
+    if any(now_entries.get(mid) != entries.get(mid) for mid in read_ids):
+        return BuildResult(Outcome.UNCHANGED, model_calls=1,
+                           detail="a fact it read changed while the model ran")
+    return _write(svc, identity, schema, snapshot, profile, read_ids, digest, read_at, short,
+                  model_calls=1)
+
+
+def _answer_schema(schema: StoredSchema) -> dict[str, Any]:
+    doc = dict(schema.doc or {})
+    doc.pop("title", None)
+    doc["additionalProperties"] = False
+    return doc
+
+
+def _read_facts(
+    structured: StructuredStore,
+    org: str,
+    namespace: str,
+    user_id: str,
+    chosen: list[tuple[str, str]],
+    now_ns: int,
+) -> list[MemoryRow]:
+    """The chosen sources as served now, in the chosen order; a fact whose row no longer
+    matches its counted entry is left out (the build is then short)."""
+    rows = {row.memory_id: row for row in structured.rows_by_id(
+        org, namespace, user_id, [mid for mid, _ in chosen])}
+    facts = []
+    for memory_id, entry in chosen:
+        row = rows.get(memory_id)
+        if row is None or not row.is_source(now_ns):
+            continue
+        if entry.split(":", 1)[0] != row.content_sha256:
+            continue
+        facts.append(row)
+    return facts
+
+
+def _write_all_null(
+    svc: Services,
+    identity: Identity,
+    schema: StoredSchema,
+    snapshot: Any,
+    served: MemoryRow | None,
+    digest: Any,
+    read_at: int,
+    read_ids: list[str],
+    short: bool = False,
+) -> BuildResult:
+    if snapshot.row is None:
+        # No facts and no row: write nothing, so an erased user gets no new row (seed 000).
+        svc.store(MemoryStore).clear_changed(identity.org, identity.namespace,
+                                             identity.user_id, read_at)
+        return BuildResult(Outcome.UNCHANGED, detail="no facts and no profile")
+    return _write(svc, identity, schema, snapshot, null_profile(schema.doc or {}), read_ids,
+                  digest, read_at, short, model_calls=0)
+
+
+def _write(
+    svc: Services,
+    identity: Identity,
+    schema: StoredSchema,
+    snapshot: Any,
+    profile: dict[str, Any],
+    read_ids: list[str],
+    digest: Any,
+    read_at: int,
+    short: bool,
+    model_calls: int,
+) -> BuildResult:
+    memory = svc.store(MemoryStore)
+    row = snapshot.row
+    served = snapshot.served_row(read_at)
+    record = snapshot.record
+    if (served is not None and record is not None and served.value == profile
+            and record.schema_sha == schema.sha and record.digest == digest.digest
+            and record.count == digest.count and record.short == short):
+        memory.clear_changed(identity.org, identity.namespace, identity.user_id, read_at)
+        svc.store(UsageStore).add(identity.org, identity.namespace, skipped_unchanged=1)
+        return BuildResult(Outcome.UNCHANGED, model_calls=model_calls, detail="same profile")
+    location = profile_location(identity.org, identity.namespace, identity.user_id)
+    content = Content(
+        memory_type="profile",
+        value=profile,
+        provenance="derived",
+        source_trace=TRACE_PREFIX + ",".join(read_ids),
+        actor=WORKER,
+    )
+    from app.errors import LoomError
+
+    try:
+        written = memory.set(
+            location,
+            content,
+            written_by=WORKER,
+            char_limit=None,
+            default_char_limit=None,
+            expected_version=str(row.version) if row is not None else "-",
+            refuse_pinned=True,
+        )
+    except LoomError as error:
+        # Locked, pinned, high, being erased, or written by someone since the snapshot.
+        log.info("structured_profile: write refused for a user of %s/%s: %s",
+                 identity.org, identity.namespace, error.code)
+        fingerprint = refusal_fingerprint(digest.digest, row.version if row else 0, schema.sha)
+        return BuildResult(Outcome.REFUSED, fingerprint, model_calls=model_calls,
+                           detail=error.code)
+    svc.store(StructuredStore).record_build(
+        identity,
+        BuildRecord(written.row.content_sha256, schema.sha, digest.digest, digest.count,
+                    read_at, short),
+    )
+    memory.clear_changed(identity.org, identity.namespace, identity.user_id, read_at)
+    svc.store(UsageStore).add(identity.org, identity.namespace, builds=1)
+    return BuildResult(Outcome.BUILT, model_calls=model_calls, wrote=True)
+
+
+def build_user_job(org: str, namespace: str, user_id: str) -> dict[str, Any]:
+    """One build as its own RQ job (a pass fans out to these); idempotent."""
+    return build_user(services(), org, namespace, user_id).to_dict()
+
+
+# --- one pass ----------------------------------------------------------------------------------
+
+
+def _holder() -> str:
+    """The generation a pass's kept state lives under: the RQ worker process running it.
+
+    RQ runs each job in a child it forks, so the parent (the worker itself) is the process
+    the seed's "kept in the worker's process" state belongs to.
+    """
+    return f"{socket.gethostname()}:{os.getppid()}"
+
+
+def _namespaces(svc: Services) -> list[NamespaceInfo]:
+    schemas = svc.store(ProfileSchemaStore)
+    infos = []
+    for org, namespace in schemas.namespaces():
+        stored = schemas.get(org, namespace)
+        if stored is None:
+            continue
+        infos.append(NamespaceInfo(namespace_id(org, namespace), stored.sha,
+                                   parses=stored.doc is not None))
+    return infos
+
+
+def _scan(
+    svc: Services, planner: PassPlanner, ns_id: str, limit: int, excluded: frozenset[str],
+    schema_sha: str, now: float,
+) -> list[str]:
+    """The users of a namespace behind, oldest change first: from the changed-users index,
+    which every fact write and every schema change feeds, so a scan reads the changed users
+    only, never all users."""
+    org, namespace = split_namespace_id(ns_id)
+    structured = svc.store(StructuredStore)
+    structured.list_built_users_for_schema(org, namespace, schema_sha)
+    changed = svc.store(MemoryStore).changed_users(org, namespace,
+                                                   limit=limit + len(excluded) + limit)
+    users = [user for user, _ in changed if user not in excluded]
+    records = structured.records(org, namespace, users)
+    changed_at = dict(changed)
+    candidates = []
+    for user in users:
+        record, digest, row_version = records[user]
+        # Fewer sources than the profile counted, or one left since the build: a deletion.
+        deletion = record is not None and (
+            digest.count < record.count
+            or (digest.removed_at is not None and digest.removed_at > record.built_at)
+        )
+        changed_ns = max(changed_at[user], digest.changed_at or 0)
+        changed_s = changed_ns / 1e9
+        built_s = record.built_at / 1e9 if record else None
+        moved = record is not None and (
+            changed_ns > record.built_at
+            or (record.digest, record.count) != (digest.digest, digest.count)
+        )
+        if moved and changed_s <= built_s:
+            # The digest moved since the build, but the clock did not (or seconds as floats
+            # lost the nanoseconds): the change still counts as after the build.
+            changed_s = math.nextafter(built_s, math.inf)
+        candidates.append(UserCandidate(
+            user_id=user,
+            changed_at=changed_s,
+            built=record is not None,
+            built_at=built_s,
+            deletion=deletion,
+            schema_changed=record is not None and record.schema_sha != schema_sha,
+            short=bool(record and record.short),
+            fingerprint=refusal_fingerprint(digest.digest, row_version, schema_sha),
+        ))
+    return planner.users_behind(ns_id, candidates, now)
+
+
+def _build_many(svc: Services, steps: list[BuildStep]) -> list[BuildResult]:
+    """Run the builds: as RQ jobs when other workers can take them, else here."""
+    from rq import Queue, Worker
+
+    from jobs.queues import BUILDS
+
+    connection = svc.queue_redis
+    try:
+        helpers = Worker.count(queue=Queue(BUILDS, connection=connection))
+    except Exception:  # noqa: BLE001 - no RQ here (a direct call): build inline
+        helpers = 0
+    if helpers <= 1 or len(steps) <= 1:
+        results = []
+        for step in steps:
+            org, namespace = split_namespace_id(step.namespace)
+            results.append(build_user(svc, org, namespace, step.user_id))
+        return results
+    queue = Queue(BUILDS, connection=connection)
+    jobs = []
+    for step in steps:
+        org, namespace = split_namespace_id(step.namespace)
+        jobs.append(queue.enqueue(build_user_job, org, namespace, step.user_id,
+                                  job_timeout=int(svc.settings.llm_timeout_seconds * 3) + 30,
+                                  result_ttl=600, failure_ttl=3600))
+    deadline = time.monotonic() + svc.settings.structured_profile_max_pass_seconds / 2
+    results: list[BuildResult] = []
+    for job in jobs:
+        while True:
+            status = job.get_status(refresh=True)
+            if status == "finished":
+                results.append(BuildResult.from_dict(job.return_value()))
+                break
+            if status in ("failed", "stopped", "canceled") or time.monotonic() > deadline:
+                results.append(BuildResult(Outcome.FAILED, detail=f"build job {status}"))
+                break
+            time.sleep(0.05)
+    return results
+
+
+def run_pass(
+    svc: Services | None = None, holder: str | None = None, force: bool = False
+) -> dict[str, Any]:
+    """One pass; idempotent: a duplicate pass finds the lease taken or nobody behind.
+
+    After a pass that found nobody behind, the passes the scheduler enqueues at the worker's
+    interval return at once until the idle interval is over (``force`` runs one anyway).
+    """
+    svc = svc or services()
+    planner_settings = PlannerSettings.from_settings(svc.settings)
+    leases = svc.store(LeaseStore)
+    holder = holder or _holder()
+    lease = leases.acquire(LEASE, holder, planner_settings.max_pass_seconds)
+    if lease is None:
+        return {"skipped": "another pass holds the lease"}
+    try:
+        generation, raw = leases.load_state(LEASE)
+        stored = None
+        if raw:
+            try:
+                stored = PlannerState.from_json(raw)
+                stored.generation = generation
+            except ValueError:
+                stored = None
+        state = state_for_generation(stored, holder)
+        now = svc.clock.now()
+        due = leases.next_pass_due(LEASE)
+        if not force and due is not None and now < due:
+            return {"skipped": "idle until the next pass is due"}
+        infos = _namespaces(svc)
+        shas = {info.id: info.schema_sha for info in infos}
+        planner = PassPlanner(state, infos, planner_settings, now)
+        steps: list[BuildStep] = []
+        while (step := planner.next_step(svc.clock.now())) is not None:
+            if isinstance(step, BuildStep):
+                steps.append(step)
+                continue
+            try:
+                users = _scan(svc, planner, step.namespace, step.limit, step.excluded,
+                              shas[step.namespace], svc.clock.now())
+                planner.record_scan(step.namespace, users, svc.clock.now())
+            except Exception:  # noqa: BLE001 - a failing namespace backs off, the pass goes on
+                log.exception("structured_profile: scan failed")
+                planner.record_scan_failure(step.namespace, svc.clock.now())
+        lease.renew()
+        results = _build_many(svc, steps)
+        calls = 0
+        for step, result in zip(steps, results, strict=True):
+            planner.record_result(step.namespace, step.user_id, result.outcome,
+                                  svc.clock.now(), result.fingerprint or None)
+            calls += result.model_calls
+        new_state, delay = planner.finish(svc.clock.now())
+        new_state.generation = holder
+        leases.save_state(lease, new_state.to_json())
+        leases.set_next_pass_due(lease, svc.clock.now() + delay)
+        return {
+            "namespaces": len(infos),
+            "built": [(step.namespace, step.user_id, str(r.outcome))
+                      for step, r in zip(steps, results, strict=True)],
+            "model_calls": calls,
+            "next_pass_in": delay,
+        }
+    except LeaseLost:
+        log.warning("structured_profile: lease lost mid-pass; nothing more written")
+        return {"skipped": "lease lost"}
+    finally:
+        lease.release()

@@ -126,6 +126,9 @@ def main() -> int:
     data_dir = Path(os.environ.get("LOOM_DATA_DIR", "var"))
     env = dict(os.environ)
     env.setdefault("PORT", "8000")
+    # The Procfile names gunicorn and python: they must be this environment's, not the system's.
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env.setdefault("LOOM_API_URL", f"http://127.0.0.1:{env['PORT']}")
     server = None
     if not env.get("REDIS_URL"):
         port = int(env.get("LOOM_LOCAL_REDIS_PORT", "6390"))
@@ -134,7 +137,7 @@ def main() -> int:
         print(f"loom: embedded redis-server at {server.url} (files in {data_dir / 'redis'})")
     try:
         return subprocess.call(
-            [sys.executable, "-m", "honcho", "start", "web", "worker", "scheduler"], env=env
+            [sys.executable, "-m", "honcho", "start", "web", "worker", "scheduler", "mcp"], env=env
         )
     except KeyboardInterrupt:
         return 0

@@ -46,7 +46,7 @@ def profile_structured(call: Call) -> dict[str, Any]:
     principal, identity = call.principal, call.identity
     if principal.read_scope == "own_session" or principal.session_id is not None:
         # A token bounded to one session is refused: a profile spans the user's sessions.
-        if identity.session_id == "-":
+        if call.args.get("session_id", "-") == "-":
             raise IdentityIncomplete(
                 "a session-bound token must name its session_id, and is then refused",
                 field="session_id",

@@ -29,7 +29,7 @@ def test_a_read_costs_the_same_redis_work_with_1_or_300_facts(client, redis_clie
         assert out["status"] == "pending"
         costs.append(_commands(redis_client))
     assert costs[0] == costs[1]
-    assert costs[0] <= 8
+    assert costs[0] <= 9  # four HGETALLs in one pipeline, one activity script
 
 
 def test_no_schema_reads_an_empty_profile(client):

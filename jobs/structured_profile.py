@@ -360,7 +360,9 @@ def _scan(
     only, never all users."""
     org, namespace = split_namespace_id(ns_id)
     structured = svc.store(StructuredStore)
+    read_at = svc.clock.now_ns()
     structured.list_built_users_for_schema(org, namespace, schema_sha)
+    structured.unpark_due(org, namespace, read_at)
     changed = svc.store(MemoryStore).changed_users(org, namespace,
                                                    limit=limit + len(excluded) + limit)
     users = [user for user, _ in changed if user not in excluded]
@@ -395,6 +397,14 @@ def _scan(
             short=bool(record and record.short),
             fingerprint=refusal_fingerprint(digest.digest, row_version, schema_sha),
         ))
+    current = [c.user_id for c in candidates if c.built and not c.short
+               and not c.schema_changed and not c.deletion
+               and c.changed_at is not None and c.built_at is not None
+               and c.changed_at <= c.built_at]
+    if current:
+        # Listed, but their sources are as built: drop them so the index holds only users
+        # behind, and a scan's window is never filled by users with nothing to do.
+        structured.forget_current(org, namespace, current, read_at)
     return planner.users_behind(ns_id, candidates, now)
 
 
@@ -435,6 +445,27 @@ def _build_many(svc: Services, steps: list[BuildStep]) -> list[BuildResult]:
                 break
             time.sleep(0.05)
     return results
+
+
+def _park_if_waiting(
+    svc: Services, planner: PassPlanner, step: BuildStep, result: BuildResult
+) -> None:
+    """A refused, cut-off or failed user waits; park it so it does not hold the scan window."""
+    if result.outcome not in (Outcome.REFUSED, Outcome.CUT_OFF, Outcome.FAILED):
+        return
+    wait = planner.snapshot().user_waits.get(step.namespace, {}).get(step.user_id)
+    if wait is None:
+        return
+    settings = planner.settings
+    if wait.backoff_until is not None:
+        until = wait.backoff_until
+    elif wait.refusal is not None:
+        until = wait.refusal.refused_at + settings.refusal_retry_seconds
+    else:
+        return
+    org, namespace = split_namespace_id(step.namespace)
+    svc.store(StructuredStore).park(org, namespace, step.user_id, int(until * 1e9),
+                                    svc.clock.now_ns())
 
 
 def run_pass(
@@ -488,6 +519,7 @@ def run_pass(
             planner.record_result(step.namespace, step.user_id, result.outcome,
                                   svc.clock.now(), result.fingerprint or None)
             calls += result.model_calls
+            _park_if_waiting(svc, planner, step, result)
         new_state, delay = planner.finish(svc.clock.now())
         new_state.generation = holder
         leases.save_state(lease, new_state.to_json())

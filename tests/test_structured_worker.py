@@ -352,3 +352,27 @@ def test_the_scheduler_enqueues_passes_and_a_real_worker_builds(world, model, mo
         assert world.structured()["status"] == "ready"
     finally:
         context.use_services(None)
+
+
+def test_refused_users_never_starve_the_users_behind_them(redis_url, tmp_path, model):
+    w = World(redis_url, tmp_path, model, structured_profile_max_users_per_pass=1,
+              structured_profile_cooldown_seconds=0, structured_profile_scan_max_age_seconds=1)
+    w.post("profile_schema.set", json_schema=SCHEMA)
+    model.default = lambda request: answer(preferred_name="Built")
+    locked = [f"locked-{i:02d}" for i in range(25)]
+    for user in locked:
+        w.fact("name", "first", user=user)
+    for _ in locked:
+        w.run_pass()
+        w.clock.advance(2)
+    for user in locked:
+        w.post("memory.lock", user_id=user, key="structured_profile", agent="-")
+        w.fact("name", "second", user=user)
+    w.fact("name", "Sam", user="late-user")
+    for _ in range(40):
+        w.clock.advance(2)
+        w.run_pass()
+        if w.structured("late-user")["status"] == "ready":
+            break
+    assert w.structured("late-user")["status"] == "ready"
+    assert len(w.calls()) == len(locked) + 1

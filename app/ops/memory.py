@@ -679,12 +679,22 @@ def memory_delete_version(call: Call) -> dict[str, Any]:
     }
 
 
+STRUCTURED_PROFILE_KEY = "structured_profile"
+
+
 def _flag(call: Call, flag: str, on: bool) -> dict[str, Any]:
     location, memory_id = _write_target(call)
     written = memory_store(call).set_flag(
         location, flag, on, written_by=call.identity.agent, memory_id=memory_id
     )
     row = written.row
+    if written.changed and not on and row.key == STRUCTURED_PROFILE_KEY:
+        # An unlock or unpin of the structured profile lets a refused build try again now.
+        from app.store.structured import StructuredStore
+
+        call.services.store(StructuredStore).unpark(
+            location.org, location.namespace, location.user_id, call.services.clock.now_ns()
+        )
     return {
         "memory_id": row.memory_id,
         "key": row.key,

@@ -271,3 +271,9 @@ def structured_schema_swept(org: str, namespace: str) -> str:
 def worker_next_pass(name: str) -> str:
     """When a worker's next pass is due (seconds), after an idle pass asked for a longer wait."""
     return f"{PREFIX}:next-pass:{{{escape(name)}}}"
+
+
+def structured_parked(org: str, namespace: str) -> str:
+    """Users whose build was refused or failed, scored by when they may be tried again; kept
+    out of the changed-users index meanwhile, so they never crowd out users behind them."""
+    return f"{PREFIX}:sp-parked:{namespace_tag(org, namespace)}"

@@ -114,10 +114,43 @@ def _answer(
     }
 
 
+# KEYS: changed, parked. ARGV: user, until_ns, read_at_ns.
+_PARK = r"""
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score and tonumber(score) <= tonumber(ARGV[3]) then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+end
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+return 1
+"""
+
+# KEYS: parked, changed. ARGV: now_ns.
+_UNPARK = r"""
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+for _, user in ipairs(due) do
+  redis.call('ZADD', KEYS[2], 'NX', ARGV[1], user)
+  redis.call('ZREM', KEYS[1], user)
+end
+return #due
+"""
+
+# KEYS: changed. ARGV: user, read_at_ns.
+_FORGET = r"""
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score and tonumber(score) <= tonumber(ARGV[2]) then
+  return redis.call('ZREM', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
+
 class StructuredStore:
     def __init__(self, services: Services) -> None:
         self.redis = services.redis
         self.clock = services.clock
+        self._park = self.redis.register_script(_PARK)
+        self._unpark = self.redis.register_script(_UNPARK)
+        self._forget = self.redis.register_script(_FORGET)
 
     def snapshot(self, identity: Identity) -> Snapshot:
         """One round trip: the schema, the profile row, its build record, the user's digest."""
@@ -182,6 +215,40 @@ class StructuredStore:
             if row_key:
                 pipe.hgetall(row_key)
         return [MemoryRow.from_fields(found) for found in pipe.execute() if found]
+
+    def park(self, org: str, namespace: str, user_id: str, until_ns: int, read_at: int) -> None:
+        """Take a refused or failed user out of the changed index until ``until_ns``.
+
+        A change newer than the build's read stays listed (the same rule as clear_changed).
+        """
+        self._park(
+            keys=[keys.profile_changed_users(org, namespace),
+                  keys.structured_parked(org, namespace)],
+            args=[user_id, until_ns, read_at],
+        )
+
+    def unpark_due(self, org: str, namespace: str, now_ns: int) -> int:
+        """List again, as changed now, the parked users whose wait is over."""
+        return int(self._unpark(
+            keys=[keys.structured_parked(org, namespace),
+                  keys.profile_changed_users(org, namespace)],
+            args=[now_ns],
+        ))
+
+    def unpark(self, org: str, namespace: str, user_id: str, now_ns: int) -> None:
+        """List a parked user again at once (its profile row was unlocked, unpinned, ...)."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.zrem(keys.structured_parked(org, namespace), user_id)
+        pipe.zadd(keys.profile_changed_users(org, namespace), {user_id: now_ns})
+        pipe.execute()
+
+    def forget_current(self, org: str, namespace: str, user_ids: list[str],
+                       read_at: int) -> None:
+        """Drop users a scan found current from the changed index (they were listed by a
+        change that left their sources as built), unless they changed again since."""
+        for user_id in user_ids:
+            self._forget(keys=[keys.profile_changed_users(org, namespace)],
+                         args=[user_id, read_at])
 
     def list_built_users_for_schema(self, org: str, namespace: str, schema_sha: str) -> int:
         """Once per schema: list every built user as changed, so the passes rebuild them.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from loom.agent_state import AgentStateKeeper, Scope
 from loom.client import OpsClient
 from loom.planes import KeywordPlane, Profile, WorkingMemory
 from loom.transport import CLIENT_NAME, DEFAULT_TIMEOUT, Transport
@@ -28,6 +29,11 @@ class Agent:
     - ``bot.memory.<op>(**fields)`` and ``bot.context.<op>(**fields)``, e.g.
       ``bot.context.pack(query=...)``
     - ``bot.client.<plane>.<op>({...})``: every op, from the generated manifest
+    - ``bot.conversation(id)``, ``bot.task(id)``, ``bot.object(type, id)``,
+      ``bot.subject(handle)``: agent-state scopes, each with ``.agent_state.get()`` /
+      ``.put(body, mode=..., if_version=...)``; ``bot.agent_state`` keeps what the SDK wrote
+      and read, the writes queued while Loom is out of reach and their ``conflicts``
+      (``loom.agent_state``). ``replay=True`` keeps agent state in the SDK, with no HTTP.
     """
 
     def __init__(
@@ -40,6 +46,7 @@ class Agent:
         base_url: str | None = None,
         timeout: float = DEFAULT_TIMEOUT,
         client_name: str = CLIENT_NAME,
+        replay: bool = False,
     ) -> None:
         self.identity: dict[str, str] = {
             name: value
@@ -52,6 +59,25 @@ class Agent:
         self.profile = Profile(self.client)
         self.memory = KeywordPlane(self.client, "memory")
         self.context = KeywordPlane(self.client, "context")
+        self.agent_state = AgentStateKeeper(self.client, self.identity, replay=replay)
+
+    def conversation(self, conversation_id: str) -> Scope:
+        return Scope(self.agent_state, "conversation", conversation_id)
+
+    def task(self, task_id: str) -> Scope:
+        return Scope(self.agent_state, "task", task_id)
+
+    def object(self, object_type: str, object_id: str) -> Scope:
+        """An object's scope; its id travels as ``"<type>:<id>"``."""
+        return Scope(self.agent_state, "object", f"{object_type}:{object_id}")
+
+    def subject(self, handle: str) -> Scope:
+        """A customer's scope, by one of their handles (email, phone, customer id)."""
+        return Scope(self.agent_state, "subject", handle)
+
+    def flush(self, *, timeout: float | None = None) -> int:
+        """Send agent-state writes queued while Loom was out of reach; answers how many wait."""
+        return self.agent_state.flush(timeout=timeout)
 
     def close(self) -> None:
         self.transport.close()

@@ -272,6 +272,144 @@ OPS: dict[str, dict[str, Any]] = {
             },
         },
     },
+    'context.pack': {
+        'role': 'viewer',
+        'kind': 'read',
+        'listed': True,
+        'mcp': True,
+        'http_method': 'POST',
+        'path': '/v1/context.pack',
+        'summary': (
+            'Working memory, then the profile, as one prompt fragment with a stable prefix.'
+        ),
+        'fields': {
+            'org': {'required': False, 'default': None},
+            'namespace': {'required': False, 'default': None},
+            'agent': {'required': False, 'default': None},
+            'user_id': {'required': False, 'default': '-'},
+            'session_id': {'required': False, 'default': '-'},
+            'run_id': {'required': False, 'default': '-'},
+            'query': {'required': False, 'default': ''},
+            'format': {'required': False, 'default': 'xml'},
+            'session_block': {'required': False, 'default': None},
+            'working_memory_chars': {'required': False, 'default': 16384},
+            'profile_chars': {'required': False, 'default': 16384},
+            'labels': {'required': False, 'default': None},
+            'scope': {'required': False, 'default': 'namespace'},
+            'read_scope': {'required': False, 'default': None},
+        },
+        'input_schema': {
+            'type': 'object',
+            'properties': {
+                'org': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The tenant.',
+                },
+                'namespace': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The namespace the op reads or writes.',
+                },
+                'agent': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The writing or reading agent.',
+                },
+                'user_id': {
+                    'type': 'string',
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The end user; '-' for none.",
+                },
+                'session_id': {
+                    'type': 'string',
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The session or conversation; '-' for none.",
+                },
+                'run_id': {
+                    'type': 'string',
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The agent run (task scope); '-' for none.",
+                },
+                'query': {
+                    'type': 'string',
+                    'default': '',
+                    'maxLength': 4096,
+                    'description': (
+                        'The question the pack is for; no section depends on it yet (the '
+                        "answer's notes say so)."
+                    ),
+                },
+                'format': {'type': 'string', 'default': 'xml', 'enum': ['xml', 'markdown']},
+                'session_block': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'maxLength': 80,
+                    'description': (
+                        "This project's note, e.g. session:projectA: the agent layer's other "
+                        'session:* blocks are left out.'
+                    ),
+                },
+                'working_memory_chars': {
+                    'type': 'integer',
+                    'default': 16384,
+                    'minimum': 0,
+                    'maximum': 262144,
+                    'description': (
+                        'Character budget of the working-memory section (default 16384, 0 to '
+                        '262144); blocks that do not fit are dropped whole.'
+                    ),
+                },
+                'profile_chars': {
+                    'type': 'integer',
+                    'default': 16384,
+                    'minimum': 0,
+                    'maximum': 262144,
+                    'description': (
+                        'Character budget of the profile section (default 16384, 0 to 262144); '
+                        'sections that do not fit are dropped whole.'
+                    ),
+                },
+                'labels': {
+                    'type': ['array', 'null'],
+                    'default': None,
+                    'maxItems': 100,
+                    'description': 'If set, only these profile labels, in this order.',
+                    'items': {'type': 'string', 'minLength': 1, 'maxLength': 512},
+                },
+                'scope': {
+                    'type': 'string',
+                    'default': 'namespace',
+                    'enum': ['namespace', 'this_agent'],
+                    'description': (
+                        "Profile sections of every agent (namespace) or the caller's "
+                        '(this_agent).'
+                    ),
+                },
+                'read_scope': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'enum': ['namespace', 'own_user', 'own_session', None],
+                    'description': (
+                        'How far the read reaches across users and session_ids; left out, the '
+                        "token's ceiling."
+                    ),
+                },
+            },
+        },
+    },
     'features.get': {
         'role': 'admin',
         'kind': 'read',

@@ -21,7 +21,7 @@ import time
 import redis
 from flask import Flask, jsonify, request
 
-from app.store.keys import working_memory_scope, working_memory_scopes
+from app.store.keys import user_erasing, working_memory_scope, working_memory_scopes
 from app.store.working_memory import _APPEND, _SET, DEFAULT_BLOCK_KEY, DEFAULT_CHAR_LIMIT
 
 ORG = os.environ.get("LOOM_DEFAULT_ORG", "default")
@@ -35,7 +35,7 @@ set_script = r.register_script(_SET)
 append_script = r.register_script(_APPEND)
 
 
-def _keys(body: dict) -> tuple[str, str]:
+def _keys(body: dict) -> tuple[str, str, str]:
     user_id = body.get("user_id", "-")
     scope = working_memory_scope(
         ORG,
@@ -45,7 +45,11 @@ def _keys(body: dict) -> tuple[str, str]:
         body.get("session_id", "-"),
         body.get("run_id", "-"),
     )
-    return scope, working_memory_scopes(ORG, body["namespace"], user_id)
+    return (
+        scope,
+        working_memory_scopes(ORG, body["namespace"], user_id),
+        user_erasing(ORG, body["namespace"], user_id),
+    )
 
 
 def _written(block_key: str, reply: list) -> tuple:
@@ -128,7 +132,7 @@ def wm_append_watch():
     block_key = body.get("block_key", DEFAULT_BLOCK_KEY)
     addition = body["addition"]
     separator = body.get("separator", "\n")
-    scope, index = _keys(body)
+    scope, index, _erasing = _keys(body)
     retries = 0
     with r.pipeline() as pipe:
         while True:

@@ -306,3 +306,17 @@ def test_a_clock_that_goes_back_still_moves_versions_forward(app_factory, clock)
     first = call(client, "set", content="a")[1]["version"]
     clock.advance(-5)
     assert call(client, "set", content="b")[1]["version"] == first + 1
+
+
+def test_writes_are_refused_while_the_user_is_being_erased(client, redis_client):
+    from app.store import keys
+
+    marker = keys.user_erasing("default", "support", "u-9")
+    redis_client.set(marker, "1")
+    for op, body in (("set", {"content": "x"}), ("append", {"addition": "x"})):
+        status, out = call(client, op, user_id="u-9", **body)
+        assert (status, out["error"]["code"]) == (409, "USER_BEING_ERASED")
+    assert call(client, "get", user_id="u-9")[1]["found"] is False
+    assert call(client, "set", content="other user", user_id="u-10")[0] == 200
+    redis_client.delete(marker)
+    assert call(client, "set", content="x", user_id="u-9")[0] == 200

@@ -14,7 +14,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from app.clock import iso_from_ns
-from app.errors import SubstringNotFound, WorkingMemoryBlockNotFound, WorkingMemoryLimitExceeded
+from app.errors import (
+    SubstringNotFound,
+    UserBeingErased,
+    WorkingMemoryBlockNotFound,
+    WorkingMemoryLimitExceeded,
+)
 from app.store import keys
 from app.store.identity import Identity
 from app.store.lua import VERSION_LUA
@@ -32,6 +37,10 @@ local function parse(raw)
   local v, l, n, pos = string.match(raw, '^(%d+):(%d+):(%d+):()')
   return v, tonumber(l), tonumber(n), pos
 end
+-- KEYS[3] marks the user as being erased: a write then would outlive the erasure.
+local function erasing()
+  return redis.call('EXISTS', KEYS[3]) == 1
+end
 local function store(key, index, field, version, limit, length, content)
   redis.call('HSET', key, field, version .. ':' .. limit .. ':' .. length .. ':' .. content)
   redis.call('SADD', index, key)
@@ -39,9 +48,10 @@ local function store(key, index, field, version, limit, length, content)
 end
 """
 
-# KEYS: scope, index. ARGV: block_key, now_ns, char_limit ('' keeps the block's), content,
-# content length, default char_limit.
+# KEYS: scope, index, erasing marker. ARGV: block_key, now_ns, char_limit ('' keeps the
+# block's), content, content length, default char_limit.
 _SET = VERSION_LUA + _PARSE_LUA + r"""
+if erasing() then return {'ERASING'} end
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 local last, limit = nil, tonumber(ARGV[3])
 if raw then
@@ -57,6 +67,7 @@ return store(KEYS[1], KEYS[2], ARGV[1], next_version(last, ARGV[2]), limit, leng
 
 # ARGV: block_key, now_ns, addition, addition length, separator, separator length, default cap.
 _APPEND = VERSION_LUA + _PARSE_LUA + r"""
+if erasing() then return {'ERASING'} end
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 local last, limit, length, content
 if raw then
@@ -78,6 +89,7 @@ return store(KEYS[1], KEYS[2], ARGV[1], next_version(last, ARGV[2]), limit, leng
 # to right without overlap, as str.replace does; byte matching equals character matching for
 # valid UTF-8.
 _REPLACE = VERSION_LUA + _PARSE_LUA + r"""
+if erasing() then return {'ERASING'} end
 local raw = redis.call('HGET', KEYS[1], ARGV[1])
 if not raw then return {'MISSING'} end
 local v, limit, n, pos = parse(raw)
@@ -180,10 +192,18 @@ class WorkingMemoryStore:
         return keys.working_memory_scopes(identity.org, identity.namespace, identity.user_id)
 
     def _keys(self, identity: Identity) -> list[str]:
-        return [self.scope_key(identity), self.index_key(identity)]
+        return [
+            self.scope_key(identity),
+            self.index_key(identity),
+            keys.user_erasing(identity.org, identity.namespace, identity.user_id),
+        ]
 
     def _written(self, block_key: str, reply: list[Any]) -> BlockWrite:
         status = reply[0]
+        if status == "ERASING":
+            raise UserBeingErased(
+                "this user is being erased; write again once the erasure is done"
+            )
         if status == "LIMIT":
             raise WorkingMemoryLimitExceeded(int(reply[1]), int(reply[2]))
         if status == "MISSING":

@@ -85,3 +85,82 @@ def _invoke(op_name: str, body: dict[str, object]) -> dict[str, object]:
         return run_op(declared, body, admin, services, client="loom-cli")
     except LoomError as error:
         raise click.ClickException(f"{error.code}: {error.message}") from None
+
+
+# --- erasure and the data package --------------------------------------------------------------
+
+
+def _show_progress(step: str, counts: dict[str, object]) -> None:
+    """One line per finished step, on stderr (stdout may be the data package)."""
+    done = ", ".join(f"{kind} {n}" for kind, n in counts.items() if n)
+    click.echo(f"  {step:<15} {done or '-'}", err=True)
+
+
+def _with_progress(op_name: str, body: dict[str, object]) -> dict[str, object]:
+    from app.store.erasure import PROGRESS
+
+    reset = PROGRESS.set(_show_progress)
+    try:
+        return _invoke(op_name, body)
+    finally:
+        PROGRESS.reset(reset)
+
+
+def _user_body(user_id: str, org: str | None, namespace: str,
+               handles: tuple[str, ...]) -> dict[str, object]:
+    body: dict[str, object] = {"user_id": user_id, "namespace": namespace,
+                               "handles": list(handles)}
+    if org:
+        body["org"] = org
+    return body
+
+
+@loom_cli.command("erase")
+@click.argument("user_id")
+@click.option("--org", default=None, help="The org (default: LOOM_DEFAULT_ORG).")
+@click.option("--namespace", required=True, help="The namespace whose user is erased.")
+@click.option("--handle", "handles", multiple=True,
+              help="Another handle of the customer (email, phone) whose agent states go too.")
+@with_appcontext
+def erase_user(user_id: str, org: str | None, namespace: str, handles: tuple[str, ...]) -> None:
+    """Erase a user of a namespace, step by step; run it again to finish a failed one."""
+    click.echo(f"erasing a user of {namespace}", err=True)
+    receipt = _with_progress("user.erase", _user_body(user_id, org, namespace, handles))
+    census = receipt.get("census") or {}
+    click.echo(f"erasure_id: {receipt['erasure_id']}")
+    click.echo(f"status:     {receipt['status']} (attempt {receipt['attempts']})")
+    for kind, n in receipt["counts"].items():  # type: ignore[attr-defined]
+        click.echo(f"  {kind:<22} {n}")
+    if isinstance(census, dict) and not census.get("clean", False):
+        found = ", ".join(f"{k} {n}" for k, n in census.get("found", {}).items())
+        raise click.ClickException(
+            f"the census found data left ({found}); the erasure is failed and retryable: "
+            "run this command again"
+        )
+    click.echo(f"aof_rewrite: {receipt['aof_rewrite']}")
+
+
+@loom_cli.command("export")
+@click.argument("user_id")
+@click.option("--org", default=None, help="The org (default: LOOM_DEFAULT_ORG).")
+@click.option("--namespace", required=True, help="The namespace whose user is exported.")
+@click.option("--handle", "handles", multiple=True,
+              help="Another handle of the customer whose agent states are theirs too.")
+@click.option("--out", "out", type=click.Path(dir_okay=False, writable=True), default=None,
+              help="Write the package to this file (default: stdout).")
+@with_appcontext
+def export_user(user_id: str, org: str | None, namespace: str, handles: tuple[str, ...],
+                out: str | None) -> None:
+    """Write a user's data package as one JSON document."""
+    import json
+
+    click.echo(f"exporting a user of {namespace}", err=True)
+    package = _with_progress("subject.export", _user_body(user_id, org, namespace, handles))
+    package.pop("ignored_args", None)
+    text = json.dumps(package, ensure_ascii=False, indent=2, sort_keys=True)
+    if out is None:
+        click.echo(text)
+    else:
+        with open(out, "w", encoding="utf-8") as handle:
+            handle.write(text + "\n")
+        click.echo(f"wrote {out}", err=True)

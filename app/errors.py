@@ -222,3 +222,18 @@ class WriteContended(LoomError):
 
     code = "WRITE_CONFLICT"
     status = 409
+
+
+# --- erasure ----------------------------------------------------------------------------------
+
+
+class ErasureRunning(LoomError):
+    """Another process is running this user's erasure right now; ask again shortly."""
+
+    code = "ERASURE_RUNNING"
+    status = 409
+
+
+class ErasureNotFound(LoomError):
+    code = "ERASURE_NOT_FOUND"
+    status = 404

@@ -38,14 +38,19 @@ class Periodic:
 
 def periodic_jobs(settings: Settings) -> list[Periodic]:
     """Every periodic job Loom runs, from the settings."""
-    from jobs import agent_state_sweep
+    from jobs import agent_state_sweep, consolidation
     from jobs.queues import PASSES
     from jobs.structured_profile import PASS_FUNC
 
-    return [
+    definitions = [
         agent_state_sweep.periodic(settings),
         Periodic(PASS_FUNC, PASSES, settings.structured_profile_interval_seconds),
     ]
+    if settings.profile_consolidation_enabled:
+        # Off by default (seed 000): no fold is scheduled, so no fold's model call is made.
+        definitions.append(Periodic(consolidation.PASS_FUNC, PASSES,
+                                    settings.profile_consolidation_interval_seconds))
+    return definitions
 
 
 def register(scheduler: Scheduler, definitions: list[Periodic]) -> list[str]:

@@ -26,7 +26,8 @@ Hierarchy::
         │   ├── WorkingMemoryBlockNotFound   WORKING_MEMORY_BLOCK_NOT_FOUND
         │   ├── MemoryNotFound               MEMORY_NOT_FOUND
         │   ├── ProfileSectionNotFound       PROFILE_SECTION_NOT_FOUND
-        │   └── TokenNotFound                TOKEN_NOT_FOUND
+        │   ├── TokenNotFound                TOKEN_NOT_FOUND
+        │   └── ErasureNotFound              ERASURE_NOT_FOUND
         ├── MethodNotAllowed            405  METHOD_NOT_ALLOWED
         ├── Conflict                    409
         │   ├── HashMismatch                 HASH_MISMATCH
@@ -34,7 +35,8 @@ Hierarchy::
         │   ├── MemoryPinned                 MEMORY_PINNED
         │   ├── MemoryTypeMismatch           MEMORY_TYPE_MISMATCH
         │   ├── WriteContended               WRITE_CONFLICT (retry later)
-        │   └── UserBeingErased              USER_BEING_ERASED
+        │   ├── UserBeingErased              USER_BEING_ERASED
+        │   └── ErasureRunning               ERASURE_RUNNING (retry later)
         ├── PreconditionFailed          412
         │   └── AgentStateConflict           agent_state_conflict
         ├── PayloadTooLarge             413  BODY_TOO_LARGE
@@ -166,6 +168,10 @@ class TokenNotFound(NotFound):
     default_code = "TOKEN_NOT_FOUND"
 
 
+class ErasureNotFound(NotFound):
+    default_code = "ERASURE_NOT_FOUND"
+
+
 class MethodNotAllowed(LoomAPIError):
     default_code = "METHOD_NOT_ALLOWED"
 
@@ -198,6 +204,12 @@ class WriteContended(Conflict):
 
 class UserBeingErased(Conflict):
     default_code = "USER_BEING_ERASED"
+
+
+class ErasureRunning(Conflict):
+    """Another process runs this user's erasure; ask again shortly."""
+
+    default_code = "ERASURE_RUNNING"
 
 
 class PreconditionFailed(LoomAPIError):
@@ -292,6 +304,8 @@ BY_CODE: dict[str, type[LoomAPIError]] = {
     )
 }
 BY_CODE["MALFORMED_JSON"] = BadRequest
+BY_CODE["ERASURE_NOT_FOUND"] = ErasureNotFound
+BY_CODE["ERASURE_RUNNING"] = ErasureRunning
 BY_CODE["UNSUPPORTED_CONTENT_TYPE"] = BadRequest
 
 BY_STATUS: dict[int, type[LoomAPIError]] = {

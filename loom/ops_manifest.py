@@ -410,6 +410,56 @@ OPS: dict[str, dict[str, Any]] = {
             },
         },
     },
+    'erasure.status': {
+        'role': 'admin',
+        'kind': 'read',
+        'listed': False,
+        'mcp': False,
+        'http_method': 'POST',
+        'path': '/v1/erasure.status',
+        'summary': (
+            "Read an erasure's receipt, by user_id or erasure_id: progress, counts, census, "
+            'times.'
+        ),
+        'fields': {
+            'org': {'required': False, 'default': None},
+            'namespace': {'required': False, 'default': None},
+            'user_id': {'required': False, 'default': '-'},
+            'erasure_id': {'required': False, 'default': None},
+        },
+        'input_schema': {
+            'type': 'object',
+            'properties': {
+                'org': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The tenant.',
+                },
+                'namespace': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The namespace the op reads or writes.',
+                },
+                'user_id': {
+                    'type': 'string',
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The end user; '-' for none.",
+                },
+                'erasure_id': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'pattern': '^[0-9a-f]{64}$',
+                    'description': "The receipt's id; or give user_id instead.",
+                },
+            },
+        },
+    },
     'features.get': {
         'role': 'admin',
         'kind': 'read',
@@ -1164,10 +1214,7 @@ OPS: dict[str, dict[str, Any]] = {
         'mcp': True,
         'http_method': 'POST',
         'path': '/v1/memory.redact',
-        'summary': (
-            'Scrub the value of every version of a row; the versions stay, without their '
-            'content.'
-        ),
+        'summary': 'Scrub every version of a row and the profile versions whose trace names it.',
         'fields': {
             'org': {'required': False, 'default': None},
             'namespace': {'required': False, 'default': None},
@@ -2417,6 +2464,60 @@ OPS: dict[str, dict[str, Any]] = {
             'required': ['json_schema'],
         },
     },
+    'subject.export': {
+        'role': 'viewer',
+        'kind': 'read',
+        'listed': False,
+        'mcp': False,
+        'http_method': 'POST',
+        'path': '/v1/subject.export',
+        'summary': (
+            "The user's data package: rows with versions, blocks, profiles, agent states by "
+            'field.'
+        ),
+        'fields': {
+            'org': {'required': False, 'default': None},
+            'namespace': {'required': False, 'default': None},
+            'user_id': {'required': False, 'default': '-'},
+            'handles': {'required': False, 'computed': True},
+        },
+        'input_schema': {
+            'type': 'object',
+            'properties': {
+                'org': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The tenant.',
+                },
+                'namespace': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The namespace the op reads or writes.',
+                },
+                'user_id': {
+                    'type': 'string',
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The end user; '-' for none.",
+                },
+                'handles': {
+                    'type': 'array',
+                    'maxItems': 20,
+                    'description': (
+                        "The customer's other handles (email, international phone, customer "
+                        'id) whose agent states are theirs too; the user id is always one. '
+                        'Never stored.'
+                    ),
+                    'items': {'type': 'string', 'minLength': 1, 'maxLength': 256},
+                },
+            },
+        },
+    },
     'token.create': {
         'role': 'admin',
         'kind': 'write',
@@ -2703,6 +2804,59 @@ OPS: dict[str, dict[str, Any]] = {
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The agent run (task scope); '-' for none.",
+                },
+            },
+        },
+    },
+    'user.erase': {
+        'role': 'admin',
+        'kind': 'idempotent',
+        'listed': False,
+        'mcp': False,
+        'http_method': 'POST',
+        'path': '/v1/user.erase',
+        'summary': (
+            'Erase everything of one user of a namespace, with a census; answers the receipt.'
+        ),
+        'fields': {
+            'org': {'required': False, 'default': None},
+            'namespace': {'required': False, 'default': None},
+            'user_id': {'required': False, 'default': '-'},
+            'handles': {'required': False, 'computed': True},
+        },
+        'input_schema': {
+            'type': 'object',
+            'properties': {
+                'org': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The tenant.',
+                },
+                'namespace': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The namespace the op reads or writes.',
+                },
+                'user_id': {
+                    'type': 'string',
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The end user; '-' for none.",
+                },
+                'handles': {
+                    'type': 'array',
+                    'maxItems': 20,
+                    'description': (
+                        "The customer's other handles (email, international phone, customer "
+                        'id) whose agent states are theirs too; the user id is always one. '
+                        'Never stored.'
+                    ),
+                    'items': {'type': 'string', 'minLength': 1, 'maxLength': 256},
                 },
             },
         },

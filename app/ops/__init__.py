@@ -3,6 +3,7 @@
 from app.ops import (  # noqa: F401  (importing declares the ops)
     agent_state,
     context,
+    erasure,
     memory,
     namespace_config,
     profile,

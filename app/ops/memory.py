@@ -19,6 +19,7 @@ from typing import Any
 
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
+from app.attributes import with_attribute_tags
 from app.auth import READ_SCOPE_RANK, READ_SCOPES, effective_read_scope, row_visible
 from app.errors import AuthInsufficient, MemoryNotFound, ValidationFailed
 from app.registry import Call, op
@@ -457,11 +458,16 @@ def write_answer(written: Written) -> dict[str, Any]:
 def memory_set(call: Call) -> dict[str, Any]:
     """Write a memory row; every write is a new version."""
     a = call.args
+    tags = list(dict.fromkeys(a["tags"]))
+    if call.services.settings.memory_attribute_tagging:
+        # LOOM_MEMORY_ATTRIBUTE_TAGGING: add attribute:<name> for each protected attribute the
+        # value mentions (app/attributes.py, no model), so the profile folds leave the row out.
+        tags = with_attribute_tags(tags, a["value"])
     content = Content(
         memory_type=a["memory_type"],
         value=a["value"],
         confidence=a["confidence"],
-        tags=list(dict.fromkeys(a["tags"])),
+        tags=tags,
         label=a["label"],
         valid_at=None if a["valid_at"] is None else to_ns(a["valid_at"]),
         valid_to=None if a["valid_to"] is None else to_ns(a["valid_to"]),
@@ -742,14 +748,14 @@ def memory_unpin(call: Call) -> dict[str, Any]:
     args=MemoryTargetArgs, answer=MemoryRedactAnswer,
     example={**_WHO, "key": "invoice_currency"})
 def memory_redact(call: Call) -> dict[str, Any]:
-    """Scrub the value of every version of a row; the versions stay, without their content."""
+    """Scrub every version of a row and the profile versions whose trace names it."""
     location, memory_id = _write_target(call)
-    written, count = redact_row(
+    redacted = redact_row(
         memory_store(call), location, written_by=call.identity.agent, memory_id=memory_id
     )
     return {
-        "memory_id": written.row.memory_id,
-        "key": written.row.key,
+        "memory_id": redacted.written.row.memory_id,
+        "key": redacted.written.row.key,
         "redacted": True,
-        "versions_redacted": count,
+        "versions_redacted": redacted.versions,
     }

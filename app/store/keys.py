@@ -273,6 +273,81 @@ def worker_next_pass(name: str) -> str:
     return f"{PREFIX}:next-pass:{{{escape(name)}}}"
 
 
+# --- erasure and the data package --------------------------------------------------------------
+# An erasure is named by a keyed digest of (org, namespace, user_id), never by the raw id: its
+# record and receipt outlive the user's data. The glob helpers are for SCAN: the census looks for
+# anything left under the user's hash tag, whatever plane wrote it.
+
+_GLOB_SPECIALS = str.maketrans({c: "\\" + c for c in "\\*?[]^"})
+
+
+def glob_escape(text: str) -> str:
+    """``text`` matched literally inside a Redis SCAN/KEYS pattern."""
+    return text.translate(_GLOB_SPECIALS)
+
+
+def erasure(org: str, namespace: str, erasure_id: str) -> str:
+    """Hash: an erasure's progress and receipt (status, step, times, counts, census)."""
+    return f"{PREFIX}:erasure:{namespace_tag(org, namespace)}:{erasure_id}"
+
+
+def erasure_lock(org: str, namespace: str, erasure_id: str) -> str:
+    """Held (with a TTL) by the process running an erasure, so two runs never interleave."""
+    return f"{PREFIX}:erasure-lock:{namespace_tag(org, namespace)}:{erasure_id}"
+
+
+def user_pattern(org: str, namespace: str, user_id: str) -> str:
+    """Every key under the user's hash tag. Escaped components hold no brace, so the tag
+    appears in a key only as that key's own tag."""
+    return "*" + glob_escape(user_tag(org, namespace, user_id)) + "*"
+
+
+def memory_pointer_pattern(org: str, namespace: str) -> str:
+    """Every memory_id pointer of a namespace."""
+    return f"{PREFIX}:mem-at:{glob_escape(namespace_tag(org, namespace))}:*"
+
+
+def worker_state_pattern() -> str:
+    """Every worker's kept state (its scan lists and waits name users)."""
+    return f"{PREFIX}:worker-state:*"
+
+
+def prefix_of(key: str) -> str:
+    """A key's builder prefix: what precedes its hash tag (``loom:mem:`` ...)."""
+    return key.split("{", 1)[0]
+
+
+# --- profile consolidation (the consolidated_profile fold) -------------------------------------
+
+
+def consolidation_changed(org: str, namespace: str) -> str:
+    """Sorted set user_id -> changed_at (ns) of users whose sources moved since their last fold.
+
+    Fed next to ``profile_changed_users`` on every write, but cleared only by the fold, so the
+    two workers never consume each other's changes."""
+    return f"{PREFIX}:fold-changed:{namespace_tag(org, namespace)}"
+
+
+def fact_namespaces() -> str:
+    """Every (org, namespace) a source fact was written in (JSON ``[org, namespace]``)."""
+    return f"{PREFIX}:fact-namespaces"
+
+
+def consolidation_meta(org: str, namespace: str, user_id: str) -> str:
+    """What the last fold of a user read and wrote: fold digest, section hash, refusal mark."""
+    return f"{PREFIX}:fold-meta:{user_tag(org, namespace, user_id)}"
+
+
+def consolidation_expiry(org: str, namespace: str) -> str:
+    """Sorted set user_id -> the earliest valid_to (ns) among the facts their last fold read."""
+    return f"{PREFIX}:fold-expiry:{namespace_tag(org, namespace)}"
+
+
+def consolidation_cursor() -> str:
+    """The namespace (JSON ``[org, namespace]``) the last consolidation pass stopped at."""
+    return f"{PREFIX}:fold-cursor"
+
+
 def structured_parked(org: str, namespace: str) -> str:
     """Users whose build was refused or failed, scored by when they may be tried again; kept
     out of the changed-users index meanwhile, so they never crowd out users behind them."""

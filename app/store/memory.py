@@ -41,6 +41,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -359,34 +360,75 @@ n.written_by = ARGV[3]
 return done('OK', commit(n, ARGV[1], ARGV[4]), n)
 """
 
-# ARGV: 1 now, 2 written_by, 3 expected memory_id. Scrubs every version in place (no new
-# version: the history keeps its shape, without the text).
+# ARGV: 1 now, 2 written_by, 3 expected memory_id, 4 the number of derived rows. KEYS 11..:
+# per derived row, its row key and versions key. Scrubs every version of the row in place (no
+# new version: the history keeps its shape, without the text), and every profile version of a
+# derived row whose source_trace names the row's memory_id, the derived row's current fields
+# too when they do. Refused whole when the row or a derived row is locked, so a redact is all
+# or nothing and a retry reaches the same keys.
 _REDACT = _COMMON_LUA + r"""
 local r, err = target(ARGV[3])
 if err then return err end
 if r.locked == '1' then return {'LOCKED', r.memory_id} end
-local versions = redis.call('HGETALL', KEYS[2])
-local count = 0
-for i = 1, #versions, 2 do
-  local s = cjson.decode(versions[i + 1])
+local function names(trace, mid)
+  for token in string.gmatch(trace or '', '[^:,]+') do
+    if token == mid then return true end
+  end
+  return false
+end
+local function scrub(s)
   s.value = 'null'
   s.value_length = '4'
   s.content_sha256 = ''
   s.redacted = '1'
+end
+local derived = tonumber(ARGV[4])
+for d = 1, derived do
+  local flags = redis.call('HMGET', KEYS[9 + 2 * d], 'locked', 'key', 'memory_id')
+  if flags[1] == '1' then return {'DERIVED_LOCKED', flags[2] or '', flags[3] or ''} end
+end
+local versions = redis.call('HGETALL', KEYS[2])
+local count = 0
+for i = 1, #versions, 2 do
+  local s = cjson.decode(versions[i + 1])
+  scrub(s)
   redis.call('HSET', KEYS[2], versions[i], cjson.encode(s))
   count = count + 1
 end
-r.value = 'null'
-r.value_length = '4'
-r.content_sha256 = ''
-r.redacted = '1'
+scrub(r)
 r.redacted_by = ARGV[2]
 redis.call('HSET', KEYS[1], 'value', r.value, 'value_length', r.value_length,
   'content_sha256', '', 'redacted', '1', 'redacted_by', ARGV[2])
+local reached, rows = 0, 0
+for d = 1, derived do
+  local rk, vk = KEYS[9 + 2 * d], KEYS[10 + 2 * d]
+  local touched = false
+  local all = redis.call('HGETALL', vk)
+  for i = 1, #all, 2 do
+    local s = cjson.decode(all[i + 1])
+    if s.memory_type == 'profile' and names(s.source_trace, r.memory_id) then
+      scrub(s)
+      redis.call('HSET', vk, all[i], cjson.encode(s))
+      reached = reached + 1
+      touched = true
+    end
+  end
+  local current = redis.call('HMGET', rk, 'memory_type', 'source_trace')
+  if current[1] == 'profile' and names(current[2], r.memory_id) then
+    redis.call('HSET', rk, 'value', 'null', 'value_length', '4', 'content_sha256', '',
+      'redacted', '1', 'redacted_by', ARGV[2])
+    touched = true
+  end
+  if touched then rows = rows + 1 end
+end
 local moved = update_sources(KEYS[7], KEYS[8], KEYS[9], r.memory_id, nil, '', ARGV[1])
 local reply = done('OK', moved, r)
 reply[#reply + 1] = 'versions_redacted'
 reply[#reply + 1] = tostring(count)
+reply[#reply + 1] = 'derived_versions_redacted'
+reply[#reply + 1] = tostring(reached)
+reply[#reply + 1] = 'derived_rows_redacted'
+reply[#reply + 1] = tostring(rows)
 return reply
 """
 
@@ -978,21 +1020,74 @@ class MemoryStore:
         return self._finish(location, reply)
 
     def redact(
-        self, location: Location, *, written_by: str, memory_id: str = ""
-    ) -> tuple[Written, int]:
-        """Scrub the value of every version of the row; answers the row and the count."""
+        self,
+        location: Location,
+        *,
+        written_by: str,
+        memory_id: str = "",
+        derived: Sequence[Location] = (),
+    ) -> Redacted:
+        """Scrub the value of every version of the row, and of every profile version of the
+        ``derived`` rows whose trace names it; all or nothing."""
+        script_keys = location.script_keys()
+        for derived_location in derived:
+            script_keys += [derived_location.row_key(),
+                            keys.memory_versions(*derived_location.parts())]
         reply = self._redact(
-            keys=location.script_keys(),
-            args=[self.clock.now_ns(), written_by, memory_id],
+            keys=script_keys,
+            args=[self.clock.now_ns(), written_by, memory_id, len(derived)],
         )
+        if reply[0] == "DERIVED_LOCKED":
+            raise MemoryLocked(
+                f"profile row {reply[1]!r}, built from this row, is locked: unlock it, then "
+                "redact again",
+                key=reply[1],
+                memory_id=reply[2],
+            )
         if reply[0] != "OK":
             self._raise(location, reply)
         fields = _pairs(reply[2:])
         count = int(fields.pop("versions_redacted"))
+        derived_versions = int(fields.pop("derived_versions_redacted"))
+        derived_rows = int(fields.pop("derived_rows_redacted"))
         row = MemoryRow.from_fields(fields)
         written = Written(row, created=False, changed=True, sources_moved=reply[1] == "1")
         self._after_write(location, written, self.clock.now_ns())
-        return written, count
+        return Redacted(written, count, derived_rows, derived_versions)
+
+    def derived_rows(
+        self, location: Location, memory_id: str, *, unredacted_only: bool = False
+    ) -> list[Location]:
+        """The user's other rows with a profile version whose source_trace names
+        ``memory_id`` (as a whole ``:``/``,``-separated token). Reads every version of the
+        user's rows: a redact is rare and must reach them all."""
+        org, namespace, user_id = location.org, location.namespace, location.user_id
+        rows_key = keys.memory_keys(org, namespace, user_id)
+        found: list[Location] = []
+        after = "-"
+        while True:
+            members = self.redis.zrangebylex(rows_key, after, "+", start=0, num=100)
+            if not members:
+                return found
+            others = [
+                other
+                for other in (Location.from_member(org, namespace, user_id, m) for m in members)
+                if other != location
+            ]
+            pipe = self.redis.pipeline(transaction=False)
+            for other in others:
+                pipe.hvals(keys.memory_versions(*other.parts()))
+            for other, snapshots in zip(others, pipe.execute(), strict=True):
+                for snapshot in snapshots:
+                    version = json.loads(snapshot)
+                    if (
+                        version.get("memory_type") == PROFILE_TYPE
+                        and trace_names(version.get("source_trace", ""), memory_id)
+                        and not (unredacted_only and version.get("redacted") == "1")
+                    ):
+                        found.append(other)
+                        break
+            after = "(" + members[-1]
 
     def append(
         self,
@@ -1143,6 +1238,14 @@ class MemoryStore:
                 keys.profile_changed_users(location.org, location.namespace),
                 {location.user_id: changed_at},
             )
+            # The consolidation fold's own change list (cleared only by the fold, never by the
+            # structured worker) and the namespaces it visits: app/store/consolidation.py.
+            pipe.zadd(
+                keys.consolidation_changed(location.org, location.namespace),
+                {location.user_id: changed_at},
+            )
+            pipe.sadd(keys.fact_namespaces(),
+                      json.dumps([location.org, location.namespace]))
         pipe.execute()
 
 
@@ -1157,10 +1260,47 @@ def _text_of(row: MemoryRow) -> str | None:
     return row.value
 
 
+def trace_names(source_trace: str, memory_id: str) -> bool:
+    """Whether a source_trace names a memory id (``profile.fold:<label>:<id>,<id>``): as one of
+    its ``:``/``,``-separated tokens. ``profile.fold:<label>`` alone names none."""
+    return bool(memory_id) and memory_id in re.split(r"[:,]", source_trace)
+
+
+@dataclass(frozen=True, slots=True)
+class Redacted:
+    """A redact's outcome: the row, its versions scrubbed, and the derived profile rows and
+    versions it reached."""
+
+    written: Written
+    versions: int
+    derived_rows: int = 0
+    derived_versions: int = 0
+
+
 def redact_row(
     store: MemoryStore, location: Location, *, written_by: str, memory_id: str = ""
-) -> tuple[Written, int]:
-    """Scrub every version of one row. The reach into derived profiles whose trace names the
-    row (seed 000, Erasure) is a later issue: it extends this function, which every caller of
-    ``memory.redact`` goes through."""
-    return store.redact(location, written_by=written_by, memory_id=memory_id)
+) -> Redacted:
+    """Scrub every version of one row, and every profile version of the user whose
+    source_trace names it (seed 000, Erasure): the derived text goes with its source.
+
+    Refused whole (409 ``MEMORY_LOCKED``) when the row or one of those profile rows is locked.
+    The reach is found from the traces, which a redact leaves in place, so a retry after a
+    failure reaches the same profile keys. A profile version whose trace names no memory id
+    (``profile.fold:<label>`` alone) is not reached: it keeps its text until the user is erased.
+    """
+    row = store.read(location)
+    target = memory_id or (row.memory_id if row is not None else "")
+    derived = store.derived_rows(location, target) if target else []
+    result = store.redact(location, written_by=written_by, memory_id=memory_id, derived=derived)
+    # A profile row first written between the scan and the script (a build that read the row
+    # before the redact) is not among ``derived``. The row is no source now, so no later build
+    # names it: one more scan reaches what the first missed.
+    late = store.derived_rows(location, result.written.row.memory_id, unredacted_only=True)
+    if late:
+        again = store.redact(location, written_by=written_by, memory_id=memory_id, derived=late)
+        result = replace(
+            again,
+            derived_rows=result.derived_rows + again.derived_rows,
+            derived_versions=result.derived_versions + again.derived_versions,
+        )
+    return result

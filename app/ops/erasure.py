@@ -1,0 +1,163 @@
+"""Erasure and the data package: user.erase, erasure.status, subject.export.
+
+``user.erase`` (admin) runs the erasure saga of ``app.store.erasure`` for one user of a
+namespace, in the request: its job payload would name the user, and a queued job naming the
+user is one of the things an erasure removes. The answer is the receipt: counts per kind, the
+census, the times, never the user id. A receipt with status ``failed`` (the census found data,
+for example a row a racing build wrote) is retryable: calling user.erase again finishes it, and
+until then memory writes for the user are refused 409 ``USER_BEING_ERASED``. An erasure that ran
+in another process and stopped reads as ``interrupted``, retryable the same way.
+
+``erasure.status`` (admin) reads the receipt by the user id or by the receipt's
+``erasure_id``. ``subject.export`` is the data package, for an admin or for a token pinned to
+that user (an end user's own token). None of them is an MCP tool: erasure and export are
+governance acts done from code, the console or the ``flask loom`` commands, never by a model.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from marshmallow import fields, validate
+
+from app.errors import AuthInsufficient, IdentityIncomplete, ValidationFailed
+from app.registry import Call, op
+from app.schemas.common import Answer, IdentityArgs, IdentityText
+from app.store.erasure import KINDS, MAX_HANDLES, ErasureStore
+
+_WHO = {"namespace": "support", "user_id": "u-42"}
+
+
+class UserArgs(IdentityArgs):
+    """org, namespace and the user: these ops act on everything of one user."""
+
+    class Meta:
+        exclude = ("agent", "session_id", "run_id")
+
+
+def _handles_field() -> fields.List:
+    return fields.List(
+        IdentityText(),
+        load_default=list,
+        validate=validate.Length(max=MAX_HANDLES),
+        metadata={
+            "description": "The customer's other handles (email, international phone, "
+            "customer id) whose agent states are theirs too; the user id is always one. "
+            "Never stored."
+        },
+    )
+
+
+class UserEraseArgs(UserArgs):
+    handles = _handles_field()
+
+
+class ErasureStatusArgs(UserArgs):
+    erasure_id = fields.String(
+        load_default=None,
+        validate=validate.Regexp(r"^[0-9a-f]{64}$", error="must be a receipt's erasure_id"),
+        metadata={"description": "The receipt's id; or give user_id instead."},
+    )
+
+
+class SubjectExportArgs(UserArgs):
+    handles = _handles_field()
+
+
+class CensusAnswer(Answer):
+    clean = fields.Boolean()
+    found = fields.Dict(keys=fields.String(), values=fields.Integer())
+    checked_at = fields.String(allow_none=True)
+
+
+class ErasureReceipt(Answer):
+    erasure_id = fields.String(metadata={"description": "A keyed hash: not the user id."})
+    status = fields.String(
+        metadata={"description": "running, done, failed (retryable) or interrupted "
+                  "(retryable)."}
+    )
+    retryable = fields.Boolean()
+    step = fields.String(metadata={"description": "The last step finished."})
+    attempts = fields.Integer()
+    started_at = fields.String(allow_none=True)
+    finished_at = fields.String(allow_none=True)
+    updated_at = fields.String(allow_none=True)
+    counts = fields.Dict(
+        keys=fields.String(), values=fields.Integer(),
+        metadata={"description": "What the erasure removed: " + ", ".join(KINDS) + "."},
+    )
+    census = fields.Nested(CensusAnswer, allow_none=True)
+    aof_rewrite = fields.String(
+        metadata={"description": "off, scheduled or failed (LOOM_ERASURE_REWRITE_AOF)."}
+    )
+    error = fields.String()
+
+
+class SubjectExport(Answer):
+    format = fields.String()
+    org = fields.String()
+    namespace = fields.String()
+    user_id = fields.String()
+    exported_at = fields.String()
+    memory_rows = fields.List(fields.Dict(), metadata={"description": "Rows with versions."})
+    profile_sections = fields.List(fields.Dict())
+    structured_profile = fields.Dict(allow_none=True)
+    working_memory = fields.List(fields.Dict())
+    agent_states = fields.List(fields.Dict(), metadata={"description": "By declared field."})
+    profile_reads = fields.List(fields.Dict())
+    counts = fields.Dict(keys=fields.String(), values=fields.Integer())
+
+
+def _store(call: Call) -> ErasureStore:
+    return call.services.store(ErasureStore)
+
+
+def _named_user(call: Call) -> str:
+    user_id = call.identity.user_id
+    if user_id == "-":
+        raise IdentityIncomplete("user_id is required: the user whose data this is",
+                                 field="user_id")
+    return user_id
+
+
+@op("user.erase", role="admin", kind="idempotent", listed=False, mcp=False,
+    args=UserEraseArgs, answer=ErasureReceipt, needs_agent=False, example=_WHO)
+def user_erase(call: Call) -> dict[str, Any]:
+    """Erase everything of one user of a namespace, with a census; answers the receipt."""
+    identity = call.identity
+    return _store(call).erase(
+        identity.org, identity.namespace, _named_user(call),
+        actor=call.principal.actor, handles=call.args["handles"],
+    )
+
+
+@op("erasure.status", role="admin", kind="read", listed=False, mcp=False,
+    args=ErasureStatusArgs, answer=ErasureReceipt, needs_agent=False, example=_WHO)
+def erasure_status(call: Call) -> dict[str, Any]:
+    """Read an erasure's receipt, by user_id or erasure_id: progress, counts, census, times."""
+    identity = call.identity
+    given = call.args["erasure_id"]
+    store = _store(call)
+    if given is None:
+        given = store.erasure_id(identity.org, identity.namespace, _named_user(call))
+    elif identity.user_id != "-" and given != store.erasure_id(
+        identity.org, identity.namespace, identity.user_id
+    ):
+        raise ValidationFailed({"erasure_id": ["is not the erasure of this user_id"]})
+    return store.status(identity.org, identity.namespace, given)
+
+
+@op("subject.export", role="viewer", kind="read", listed=False, mcp=False,
+    args=SubjectExportArgs, answer=SubjectExport, needs_agent=False, example=_WHO)
+def subject_export(call: Call) -> dict[str, Any]:
+    """The user's data package: rows with versions, blocks, profiles, agent states by field."""
+    principal, identity = call.principal, call.identity
+    user_id = _named_user(call)
+    if principal.session_id:
+        raise AuthInsufficient("a data package spans the user's sessions; a token bound to "
+                               "one session cannot read it", field="session_id")
+    if not principal.reaches_role("admin") and principal.read_user_id != user_id:
+        raise AuthInsufficient("subject.export needs the admin role or a token pinned to "
+                               "this user", required_role="admin")
+    return _store(call).export(identity.org, identity.namespace, user_id,
+                               handles=call.args["handles"])

@@ -55,7 +55,7 @@ from app.store.consolidation import (
 )
 from app.store.lease import LeaseLost, LeaseStore
 from app.store.memory import DEFAULT_PROFILE_CHAR_LIMIT, Content, MemoryRow, MemoryStore
-from app.store.memory import _Conflict as SectionWrittenMeanwhile
+from app.store.memory import VersionMoved as SectionWrittenMeanwhile
 from app.store.usage import UsageStore
 from jobs.context import services
 from jobs.provider import (

@@ -16,11 +16,15 @@ regenerate ``loom/ops_manifest.py``. ``loom.mcp_server`` is the MCP server (need
 from loom import errors
 from loom._version import __version__
 from loom.agent import Agent
+from loom.agent_state import DELETE, AgentState, AgentStateWritten
 from loom.errors import LoomAPIError, LoomConnectionError, LoomError, LoomTimeout
 from loom.planes import Rendered
 
 __all__ = [
+    "DELETE",
     "Agent",
+    "AgentState",
+    "AgentStateWritten",
     "LoomAPIError",
     "LoomConnectionError",
     "LoomError",

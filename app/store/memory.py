@@ -738,7 +738,7 @@ class SourceDigest:
         return self.next_expiry is not None and self.next_expiry <= now_ns
 
 
-class _Conflict(Exception):
+class VersionMoved(Exception):
     """A compare-and-swap lost to another writer; the caller re-reads and tries again."""
 
 
@@ -1162,7 +1162,7 @@ class MemoryStore:
         while True:
             try:
                 return attempt()
-            except _Conflict:
+            except VersionMoved:
                 # Another writer landed between our read and our write: read again. The jitter
                 # keeps eight writers that lost together from colliding again in step.
                 tries += 1
@@ -1176,7 +1176,7 @@ class MemoryStore:
         status = reply[0]
         key = location.key
         if status == "CONFLICT":
-            raise _Conflict()
+            raise VersionMoved()
         if status == "LOCKED":
             raise MemoryLocked(
                 f"row {key!r} is locked: only memory.unlock writes to it",

@@ -26,13 +26,12 @@ namespaces or two kinds gives unrelated digests. Pure module: no Redis, no Flask
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from app.errors import ValidationFailed
+from app.keyed import keyed_digest
 
 SCOPE_KINDS = ("conversation", "task", "object", "subject")
 MAX_SCOPE_ID_LENGTH = 1024
@@ -119,27 +118,10 @@ def canonical_scope(scope: Any, namespace: str) -> tuple[str, str]:
     return kind, canonical_scope_id(kind, scope.get("id"), namespace)
 
 
-def _encode(parts: tuple[bytes, ...]) -> bytes:
-    # Each part is preceded by its length (4 bytes, big-endian): the encoding is injective.
-    return b"".join(len(p).to_bytes(4, "big") + p for p in parts)
-
-
 def scope_digest(secret: bytes, org: str, namespace: str, kind: str, canonical_id: str) -> str:
     """HMAC-SHA256 (hex) of one scope under the install's secret; what Loom stores and indexes."""
-    if not isinstance(secret, (bytes, bytearray)) or not secret:
-        # A programming or deployment error, not bad input: never digest under an empty key.
-        raise ValueError("scope digests need a non-empty secret (bytes)")
     kind = _check_kind(kind)
-    message = _encode(
-        (
-            _DIGEST_PURPOSE,
-            org.encode("utf-8"),
-            namespace.encode("utf-8"),
-            kind.encode("utf-8"),
-            canonical_id.encode("utf-8"),
-        )
-    )
-    return hmac.new(bytes(secret), message, hashlib.sha256).hexdigest()
+    return keyed_digest(secret, _DIGEST_PURPOSE, org, namespace, kind, canonical_id)
 
 
 def subject_digest(

@@ -58,6 +58,7 @@ from app.object_types import (
 from app.pii import mask_value
 from app.scope_ids import canonical_scope_id, scope_digest, subject_digest
 from app.store import keys
+from app.store.batching import batches, pairs
 from app.store.namespace_config import NamespaceConfig, NamespaceConfigStore
 
 if TYPE_CHECKING:
@@ -346,7 +347,7 @@ class AgentStateStore:
             if reply[0] == "OK":
                 return PutResult(True, version)
             # Another write (or the sweep) got in between: start again from what it stored.
-            raw = _pairs(reply[1])
+            raw = pairs(reply[1])
         raise WriteContended(
             f"the state kept changing under {MAX_ATTEMPTS} attempts; try again",
             retry_after=1,
@@ -657,7 +658,8 @@ class AgentStateStore:
 
         # 2. Fields past their own retention, in states that live on: rewritten without them,
         # version and dates unchanged (what a reader is served does not change).
-        for batch in _batches(key for key, _score in self.redis.zscan_iter(expiry_key)):
+        for batch in batches((key for key, _score in self.redis.zscan_iter(expiry_key)),
+                             SWEEP_BATCH):
             for key, raw in self._hashes(batch):
                 if raw:
                     counts["fields_removed"] += self._strip_expired_fields(
@@ -667,7 +669,7 @@ class AgentStateStore:
         # 3. Subject index entries past their expiry.
         subjects_key = keys.agent_state_subjects(org, namespace)
         subjects = [member for member, _score in self.redis.zscan_iter(subjects_key)]
-        for batch in _batches(subjects):
+        for batch in batches(subjects, SWEEP_BATCH):
             pipe = self.redis.pipeline(transaction=False)
             for digest in batch:
                 pipe.zremrangebyscore(
@@ -731,17 +733,4 @@ def _apply(
     return body, written
 
 
-def _pairs(flat: list[str]) -> dict[str, str]:
-    return dict(zip(flat[::2], flat[1::2], strict=True))
-
-
-def _batches(items: Iterable[str], size: int = SWEEP_BATCH) -> Iterable[list[str]]:
-    batch: list[str] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
 

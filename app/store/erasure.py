@@ -46,8 +46,6 @@ declared field, as one JSON-ready document.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import secrets
 import time
@@ -61,9 +59,11 @@ from redis.exceptions import ResponseError, WatchError
 
 from app.clock import iso_from_ns
 from app.errors import ErasureNotFound, ErasureRunning, ValidationFailed
+from app.keyed import keyed_digest
 from app.store import keys
 from app.store.activity import RETENTION_DAYS, ActivityStore
 from app.store.agent_state import AgentStateStore
+from app.store.batching import batches
 from app.store.identity import Identity
 from app.store.memory import PROFILE_TYPE, MemoryRow
 from app.store.namespace_config import AuditLog
@@ -218,22 +218,8 @@ return redis.call('DEL', KEYS[1])
 
 def erasure_id(secret: str, org: str, namespace: str, user_id: str) -> str:
     """HMAC-SHA256 (hex) of (org, namespace, user_id): what names the erasure's record."""
-    if not secret:
-        raise ValueError("erasure ids need the install's secret key")
-    parts = (_PURPOSE, org.encode(), namespace.encode(), user_id.encode())
-    message = b"".join(len(p).to_bytes(4, "big") + p for p in parts)
-    return hmac.new(secret.encode("utf-8"), message, hashlib.sha256).hexdigest()
+    return keyed_digest(secret.encode("utf-8"), _PURPOSE, org, namespace, user_id)
 
-
-def _batches(items: Iterable[Any], size: int = BATCH) -> Iterator[list[Any]]:
-    batch: list[Any] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) >= size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
 
 
 def _text(value: Any) -> str:
@@ -549,7 +535,7 @@ class ErasureStore:
 
     def _drop_keys(self, run: _Run, found: Iterable[str]) -> None:
         """Delete keys of the user's slot, counting what they held on the marker."""
-        for batch in _batches(k for k in found if k != run.marker):
+        for batch in batches((k for k in found if k != run.marker), BATCH):
             reply = self._drop(keys=[run.marker, *batch],
                                args=[*(kind_of(k) for k in batch), PROFILE_KEY])
             if reply and reply[0] == "NOMARK":
@@ -571,7 +557,7 @@ class ErasureStore:
         # Pointers first: the id index still lists every row's memory_id until it is dropped.
         removed = 0
         ids = (mid for mid, _ in self.redis.hscan_iter(keys.memory_ids(*user), count=500))
-        for batch in _batches(ids):
+        for batch in batches(ids, BATCH):
             pointers = [keys.memory_pointer(run.org, run.namespace, mid) for mid in batch]
             values = self.redis.mget(pointers)
             doomed = [p for p, v in zip(pointers, values, strict=True)
@@ -623,7 +609,8 @@ class ErasureStore:
         pattern = "*" + keys.glob_escape(keys.namespace_tag(org, namespace)) + "*"
         total = 0
         for kind in ("set", "zset"):
-            for batch in _batches(self.redis.scan_iter(match=pattern, count=1000, _type=kind)):
+            for batch in batches(self.redis.scan_iter(match=pattern, count=1000, _type=kind),
+                                 BATCH):
                 pipe = self.redis.pipeline(transaction=False)
                 for key in batch:
                     if kind == "set" and remove:
@@ -695,7 +682,7 @@ class ErasureStore:
         namespace's pointers: what the user's own indexes may have lost)."""
         found = []
         pattern = keys.memory_pointer_pattern(run.org, run.namespace)
-        for batch in _batches(self.redis.scan_iter(match=pattern, count=1000), 500):
+        for batch in batches(self.redis.scan_iter(match=pattern, count=1000), 500):
             values = self.redis.mget(batch)
             found += [k for k, v in zip(batch, values, strict=True)
                       if _pointer_user(v) == run.user_id]
@@ -738,7 +725,7 @@ class ErasureStore:
             rest = _text(raw)[len(_RQ_JOB_PREFIX):]
             if rest and ":" not in rest:  # not rq:job:<id>:dependents and the like
                 ids.append(rest)
-        for batch in _batches(ids):
+        for batch in batches(ids, BATCH):
             try:
                 jobs = Job.fetch_many(batch, connection=connection)
             except Exception:  # noqa: BLE001 - one unreadable hash: read them one by one

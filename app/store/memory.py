@@ -63,6 +63,7 @@ from app.errors import (
     WriteContended,
 )
 from app.store import keys
+from app.store.batching import pairs
 from app.store.lua import VERSION_LUA
 
 if TYPE_CHECKING:
@@ -742,9 +743,6 @@ class VersionMoved(Exception):
     """A compare-and-swap lost to another writer; the caller re-reads and tries again."""
 
 
-def _pairs(flat: Sequence[str]) -> dict[str, str]:
-    return dict(zip(flat[::2], flat[1::2], strict=True))
-
 
 # --------------------------------------------------------------------------------------------
 # The store
@@ -1046,7 +1044,7 @@ class MemoryStore:
             )
         if reply[0] != "OK":
             self._raise(location, reply)
-        fields = _pairs(reply[2:])
+        fields = pairs(reply[2:])
         count = int(fields.pop("versions_redacted"))
         derived_versions = int(fields.pop("derived_versions_redacted"))
         derived_rows = int(fields.pop("derived_rows_redacted"))
@@ -1212,7 +1210,7 @@ class MemoryStore:
         status = reply[0]
         if status not in ("OK", "CREATED", "NOOP"):
             self._raise(location, reply)
-        row = MemoryRow.from_fields(_pairs(reply[2:]))
+        row = MemoryRow.from_fields(pairs(reply[2:]))
         written = Written(
             row,
             created=status == "CREATED",

@@ -289,14 +289,14 @@ OPS: dict[str, dict[str, Any]] = {
             'user_id': {'required': False, 'default': '-'},
             'session_id': {'required': False, 'default': '-'},
             'run_id': {'required': False, 'default': '-'},
-            'query': {'required': False, 'default': ''},
             'format': {'required': False, 'default': 'xml'},
-            'session_block': {'required': False, 'default': None},
-            'working_memory_chars': {'required': False, 'default': 16384},
-            'profile_chars': {'required': False, 'default': 16384},
             'labels': {'required': False, 'default': None},
             'scope': {'required': False, 'default': 'namespace'},
             'read_scope': {'required': False, 'default': None},
+            'query': {'required': False, 'default': ''},
+            'session_block': {'required': False, 'default': None},
+            'working_memory_chars': {'required': False, 'default': 16384},
+            'profile_chars': {'required': False, 'default': 16384},
         },
         'input_schema': {
             'type': 'object',
@@ -343,6 +343,29 @@ OPS: dict[str, dict[str, Any]] = {
                     'maxLength': 256,
                     'description': "The agent run (task scope); '-' for none.",
                 },
+                'format': {'type': 'string', 'default': 'xml', 'enum': ['xml', 'markdown']},
+                'labels': {
+                    'type': ['array', 'null'],
+                    'default': None,
+                    'maxItems': 100,
+                    'description': 'If set, render only these labels, in this order.',
+                    'items': {'type': 'string', 'minLength': 1, 'maxLength': 512},
+                },
+                'scope': {
+                    'type': 'string',
+                    'default': 'namespace',
+                    'enum': ['namespace', 'this_agent'],
+                    'description': "namespace: every agent's sections; this_agent: the caller's.",
+                },
+                'read_scope': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'enum': ['namespace', 'own_user', 'own_session', None],
+                    'description': (
+                        'How far the read reaches across users and session_ids; left out, the '
+                        "token's ceiling."
+                    ),
+                },
                 'query': {
                     'type': 'string',
                     'default': '',
@@ -352,7 +375,6 @@ OPS: dict[str, dict[str, Any]] = {
                         "answer's notes say so)."
                     ),
                 },
-                'format': {'type': 'string', 'default': 'xml', 'enum': ['xml', 'markdown']},
                 'session_block': {
                     'type': ['string', 'null'],
                     'default': None,
@@ -380,31 +402,6 @@ OPS: dict[str, dict[str, Any]] = {
                     'description': (
                         'Character budget of the profile section (default 16384, 0 to 262144); '
                         'sections that do not fit are dropped whole.'
-                    ),
-                },
-                'labels': {
-                    'type': ['array', 'null'],
-                    'default': None,
-                    'maxItems': 100,
-                    'description': 'If set, only these profile labels, in this order.',
-                    'items': {'type': 'string', 'minLength': 1, 'maxLength': 512},
-                },
-                'scope': {
-                    'type': 'string',
-                    'default': 'namespace',
-                    'enum': ['namespace', 'this_agent'],
-                    'description': (
-                        "Profile sections of every agent (namespace) or the caller's "
-                        '(this_agent).'
-                    ),
-                },
-                'read_scope': {
-                    'type': ['string', 'null'],
-                    'default': None,
-                    'enum': ['namespace', 'own_user', 'own_session', None],
-                    'description': (
-                        'How far the read reaches across users and session_ids; left out, the '
-                        "token's ceiling."
                     ),
                 },
             },

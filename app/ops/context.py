@@ -28,11 +28,11 @@ from typing import Any, TypeVar
 from marshmallow import Schema, ValidationError, fields, validate
 
 from app.auth import row_visible
-from app.ops.memory import KeyText, read_scope_field, read_scope_for, record_profile_read
-from app.ops.profile import RENDER_MAX_LABELS, render_sections, sections_in_scope
+from app.ops.memory import read_scope_for, record_profile_read
+from app.ops.profile import ProfileRenderArgs, render_sections, sections_in_scope
 from app.ops.working_memory import BLOCK_KEY_MAX, render_blocks
 from app.registry import Call, op
-from app.schemas.common import Answer, IdentityArgs, StrictInt
+from app.schemas.common import Answer, StrictInt
 from app.store.identity import Identity
 from app.store.working_memory import Block, WorkingMemoryStore
 
@@ -65,7 +65,9 @@ def _budget(description: str) -> StrictInt:
     )
 
 
-class ContextPackArgs(IdentityArgs):
+class ContextPackArgs(ProfileRenderArgs):
+    """profile.render's fields (format, labels, scope, read_scope), and the pack's own."""
+
     query = fields.String(
         load_default="",
         validate=validate.Length(max=QUERY_MAX),
@@ -74,7 +76,6 @@ class ContextPackArgs(IdentityArgs):
             "(the answer's notes say so)."
         },
     )
-    format = fields.String(load_default="xml", validate=validate.OneOf(["xml", "markdown"]))
     session_block = fields.String(
         load_default=None,
         validate=[validate.Length(max=BLOCK_KEY_MAX), _session_note],
@@ -91,21 +92,6 @@ class ContextPackArgs(IdentityArgs):
         "Character budget of the profile section (default 16384, 0 to 262144); sections "
         "that do not fit are dropped whole."
     )
-    labels = fields.List(
-        KeyText(),
-        load_default=None,
-        validate=validate.Length(max=RENDER_MAX_LABELS),
-        metadata={"description": "If set, only these profile labels, in this order."},
-    )
-    scope = fields.String(
-        load_default="namespace",
-        validate=validate.OneOf(["namespace", "this_agent"]),
-        metadata={
-            "description": "Profile sections of every agent (namespace) or the caller's "
-            "(this_agent)."
-        },
-    )
-    read_scope = read_scope_field()
 
 
 class PackItem(Schema):

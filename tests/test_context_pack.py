@@ -261,10 +261,10 @@ def test_the_profile_section_is_what_profile_render_renders(client):
 def test_a_pack_counts_as_a_profile_read(app_factory):
     clock = FrozenClock()
     client = app_factory(clock=clock).test_client()
-    pack(client, {"X-Loom-Client": "claude-desktop/1.2"}, query="q")
+    pack(client, {"X-Loom-Client": "desktop-client/1.2"}, query="q")
     entries = ok(client, "profile.activity", **USER)["entries"]
     assert [(e["agent"], e["client"], e["op"]) for e in entries] == [
-        ("triage-bot", "claude-desktop/1.2", "context.pack")]
+        ("triage-bot", "desktop-client/1.2", "context.pack")]
     assert entries[0]["last_read_at"] == "2027-01-15T08:00:00Z"
 
 

@@ -414,7 +414,7 @@ def test_reads_are_recorded_per_agent_and_client(app_factory):
     client = app_factory(clock=clock).test_client()
     written = ok(client, "profile.set", label="persona", value="v", user_id="u-42")
     assert activity(client) == []  # writes are not reads
-    ok(client, "profile.render", {"X-Loom-Client": "claude-desktop/1.2"}, user_id="u-42")
+    ok(client, "profile.render", {"X-Loom-Client": "desktop-client/1.2"}, user_id="u-42")
     clock.advance(5)
     got = ok(client, "memory.get", {"User-Agent": "cursor/0.4"},
              memory_id=written["memory_id"], user_id="u-42", agent="ide-bot")
@@ -427,12 +427,12 @@ def test_reads_are_recorded_per_agent_and_client(app_factory):
     entries = activity(client)
     assert [(e["agent"], e["client"], e["op"]) for e in entries] == [
         ("ide-bot", "cursor/0.4", "memory.get"),
-        ("triage-bot", "claude-desktop/1.2", "profile.render"),
+        ("triage-bot", "desktop-client/1.2", "profile.render"),
     ]
     assert entries[0]["last_read_at"] == "2027-01-15T08:00:05Z"
     # Another read by the same agent and client moves its one entry to the front.
     clock.advance(5)
-    ok(client, "profile.render", {"X-Loom-Client": "claude-desktop/1.2"}, user_id="u-42")
+    ok(client, "profile.render", {"X-Loom-Client": "desktop-client/1.2"}, user_id="u-42")
     entries = activity(client)
     assert [e["agent"] for e in entries] == ["triage-bot", "ide-bot"]
     assert ok(client, "profile.activity", user_id="u-7")["entries"] == []

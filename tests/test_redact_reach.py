@@ -175,3 +175,35 @@ def test_a_redact_racing_lock_and_unlock_is_all_or_nothing(world):
         outcomes[str(result["status"])] = outcomes.get(str(result["status"]), 0) + 1
     assert sum(outcomes.values()) == 12
 
+
+
+def test_an_append_that_read_before_a_redact_does_not_write_the_text_back(app):
+    """The append reads the section, a redact scrubs it, then the append writes: the write
+    must see the scrub (compare-and-swap on the content hash too) and read again."""
+    from app.store.memory import Location, MemoryStore
+
+    services = app.extensions["loom"]
+    client = app.test_client()
+    who = {"namespace": "support", "agent": "bot", "user_id": "u-1"}
+    client.post("/v1/profile.set", json={**who, "label": "notes", "value": "SECRET-TEXT"})
+    store = services.store(MemoryStore)
+    location = Location("default", "support", "u-1", "bot", "-", "notes")
+    real_read = store.read
+    state = {"redacted": False}
+
+    def read_then_redact(where):
+        row = real_read(where)
+        if not state["redacted"]:
+            state["redacted"] = True
+            store.redact(location, written_by="admin")
+        return row
+
+    store.read = read_then_redact  # the redact lands between the append's read and its write
+    try:
+        store.append(location, "more", "\n", written_by="bot")
+    finally:
+        store.read = real_read
+    versions = client.post("/v1/memory.history", json={**who, "key": "notes"}).get_json()
+    assert "SECRET-TEXT" not in str(versions)
+    current = client.post("/v1/memory.get", json={**who, "key": "notes"}).get_json()
+    assert current["memory"]["value"] == "more"

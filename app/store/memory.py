@@ -1111,9 +1111,10 @@ class MemoryStore:
             else:
                 content = Content(memory_type=memory_type, value=addition, actor=written_by)
                 expected = "-"
-            return self.set(
+            return self._swap(
                 location,
                 content,
+                row,
                 written_by=written_by,
                 default_char_limit=default_char_limit,
                 expected_version=expected,
@@ -1141,15 +1142,32 @@ class MemoryStore:
                     label=location.key,
                 )
             content = replace(row.content(), value=text.replace(old, new), actor=written_by)
-            return self.set(
+            return self._swap(
                 location,
                 content,
+                row,
                 written_by=written_by,
                 expected_version=str(row.version),
                 required_type=memory_type,
             )
 
         return self._with_retries(attempt)
+
+    def _swap(
+        self, location: Location, content: Content, read: MemoryRow | None, **options: Any
+    ) -> Written:
+        """Write computed from ``read``, only if the row still holds what was read.
+
+        The version alone is not enough: a redact scrubs every version in place without a new
+        one, so the content hash is checked too, and a row scrubbed meanwhile is read again
+        rather than written back with the text the redact removed.
+        """
+        if read is not None and read.live and read.content_sha256:
+            options["if_match_sha256"] = read.content_sha256
+        try:
+            return self.set(location, content, **options)
+        except HashMismatch:
+            raise VersionMoved() from None
 
     # --- internals -----------------------------------------------------------------------
 

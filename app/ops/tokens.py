@@ -1,5 +1,8 @@
 """token.create / token.revoke / token.list: admin ops that mint and retire API tokens.
 
+They are not MCP tools: credentials are minted from code, the console or the CLI, never by a
+model.
+
 A new token never reaches above the token that minted it: its role, org, namespace, read
 scope, pinned user, bound session, agent, scopes and expiry are each the same as or narrower
 than the creator's.
@@ -130,7 +133,7 @@ def _in_reach(principal: Principal, claims: dict[str, Any]) -> bool:
 
 
 @op("token.create", role="admin", kind="write", listed=False,
-    args=TokenCreateArgs, answer=TokenCreated, needs_agent=False, needs_namespace=False,
+    args=TokenCreateArgs, answer=TokenCreated, needs_agent=False, needs_namespace=False, mcp=False,
     example={"namespace": "support", "role": "writer", "label": "triage service"})
 def token_create(call: Call) -> dict[str, Any]:
     """Mint a token; its secret is answered once and only its keyed hash is kept."""
@@ -140,7 +143,7 @@ def token_create(call: Call) -> dict[str, Any]:
 
 
 @op("token.revoke", role="admin", kind="idempotent", listed=False,
-    args=TokenIdArgs, answer=TokenRevoked, needs_agent=False, needs_namespace=False,
+    args=TokenIdArgs, answer=TokenRevoked, needs_agent=False, needs_namespace=False, mcp=False,
     example={"token_id": "0123456789abcdef"})
 def token_revoke(call: Call) -> dict[str, Any]:
     """Revoke a token; it fails on its next use."""
@@ -155,7 +158,7 @@ def token_revoke(call: Call) -> dict[str, Any]:
 
 
 @op("token.list", role="admin", kind="read", listed=False,
-    args=TokenListArgs, answer=TokenList, needs_agent=False, needs_namespace=False,
+    args=TokenListArgs, answer=TokenList, needs_agent=False, needs_namespace=False, mcp=False,
     example={})
 def token_list(call: Call) -> dict[str, Any]:
     """List the org's tokens (claims and state, never secrets or hashes)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -173,7 +174,25 @@ def _document(op: Op, view: Callable[..., Any]) -> Callable[..., Any]:
         if op.example:
             content["example"] = op.example
         doc["requestBody"] = {"required": True, "content": {"application/json": content}}
+    else:
+        doc["parameters"] = _get_parameters(op)
     return Blueprint.doc(**doc)(view)
+
+
+def _get_parameters(op: Op) -> list[dict[str, Any]]:
+    """A GET op's inputs: its path segments, and every other field as a query parameter."""
+    in_path = set(re.findall(r"<(?:\w+:)?(\w+)>", op.http_path))
+    parameters = []
+    for name, field in op.args().load_fields.items():
+        key = field.data_key or name
+        parameters.append({
+            "name": key,
+            "in": "path" if key in in_path else "query",
+            "required": key in in_path or field.required,
+            "schema": {"type": "string"},
+            "description": field.metadata.get("description", ""),
+        })
+    return parameters
 
 
 def register_ops(app: Flask, api: Api, registry: OpRegistry, services: Services) -> None:

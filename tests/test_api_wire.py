@@ -103,6 +103,9 @@ def test_openapi_documents_every_op_from_the_registry(client):
         if declared.http_method == "POST":
             body_schema = operation["requestBody"]["content"]["application/json"]["schema"]
             assert "$ref" in body_schema
+        if declared.http_method == "GET":
+            documented = {p["name"] for p in operation["parameters"]}
+            assert set(declared.args().load_fields) <= documented
     schemas = spec["components"]["schemas"]
     set_args = schemas["WorkingMemorySetArgs"]["properties"]
     assert {"org", "namespace", "agent", "block_key", "content", "char_limit"} <= set(set_args)

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.store import keys
+from app.store.lua import CLEAR_UNLESS_CHANGED_SINCE
 from app.store.memory import Location, MemoryRow
 
 if TYPE_CHECKING:
@@ -41,15 +42,6 @@ SECTION_KEY = "consolidated_profile"
 WORKER = "worker:profile_consolidation"
 TRACE_PREFIX = f"profile.fold:{SECTION_KEY}:"
 FOLD_TYPES = frozenset({"preference", "decision"})
-
-# KEYS: 1 changed users. ARGV: 1 user, 2 read-at score. A user changed again since stays.
-_CLEAR_CHANGED = r"""
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if score and tonumber(score) <= tonumber(ARGV[2]) then
-  return redis.call('ZREM', KEYS[1], ARGV[1])
-end
-return 0
-"""
 
 
 def section_location(org: str, namespace: str, user_id: str) -> Location:
@@ -105,7 +97,7 @@ class ConsolidationStore:
     def __init__(self, services: Services) -> None:
         self.redis = services.redis
         self.clock = services.clock
-        self._clear_changed = self.redis.register_script(_CLEAR_CHANGED)
+        self._clear_changed = self.redis.register_script(CLEAR_UNLESS_CHANGED_SINCE)
 
     # --- which users ---------------------------------------------------------------------
 

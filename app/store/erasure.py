@@ -65,6 +65,7 @@ from app.store.activity import RETENTION_DAYS, ActivityStore
 from app.store.agent_state import AgentStateStore
 from app.store.batching import batches
 from app.store.identity import Identity
+from app.store.lua import RELEASE_IF_HELD, RENEW_IF_HELD
 from app.store.memory import PROFILE_TYPE, MemoryRow
 from app.store.namespace_config import AuditLog
 from app.store.structured import PROFILE_KEY
@@ -203,17 +204,6 @@ end
 return 1
 """
 
-# KEYS: 1 lock. ARGV: 1 token, 2 ttl ms.
-_RENEW = r"""
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-"""
-
-_RELEASE = r"""
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-return redis.call('DEL', KEYS[1])
-"""
 
 
 def erasure_id(secret: str, org: str, namespace: str, user_id: str) -> str:
@@ -406,8 +396,8 @@ class ErasureStore:
         self.audit = AuditLog(services)
         self._drop = self.redis.register_script(_DROP)
         self._add = self.redis.register_script(_ADD)
-        self._renew = self.redis.register_script(_RENEW)
-        self._release = self.redis.register_script(_RELEASE)
+        self._renew = self.redis.register_script(RENEW_IF_HELD)
+        self._release = self.redis.register_script(RELEASE_IF_HELD)
 
     # --- naming and reading -------------------------------------------------------------------
 

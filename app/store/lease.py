@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.store import keys
+from app.store.lua import RELEASE_IF_HELD, RENEW_IF_HELD
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -24,17 +25,6 @@ redis.call('SET', KEYS[1], ARGV[1] .. '|' .. token, 'PX', ARGV[2])
 return token
 """
 
-# KEYS: lease. ARGV: holder|token, ttl ms. Extends only the holder's own lease.
-_RENEW = r"""
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-"""
-
-_RELEASE = r"""
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-return redis.call('DEL', KEYS[1])
-"""
 
 
 class LeaseLost(Exception):
@@ -68,8 +58,8 @@ class LeaseStore:
     def __init__(self, services: Services) -> None:
         self.redis = services.redis
         self._acquire = self.redis.register_script(_ACQUIRE)
-        self._renew = self.redis.register_script(_RENEW)
-        self._release = self.redis.register_script(_RELEASE)
+        self._renew = self.redis.register_script(RENEW_IF_HELD)
+        self._release = self.redis.register_script(RELEASE_IF_HELD)
 
     def acquire(self, name: str, holder: str, ttl_seconds: float) -> Lease | None:
         ttl_ms = max(1, int(ttl_seconds * 1000))

@@ -30,3 +30,27 @@ local function next_version(last, now)
   return candidate
 end
 """
+
+
+# KEYS: 1 a sorted set of users scored by change time. ARGV: 1 user, 2 read-at score.
+# Removes the user only when no change came after the read, so a newer change stays listed.
+CLEAR_UNLESS_CHANGED_SINCE = r"""
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if score and tonumber(score) <= tonumber(ARGV[2]) then
+  return redis.call('ZREM', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
+# KEYS: 1 a lock or lease. ARGV: 1 the holder's value, 2 ttl ms. Only the holder extends it.
+RENEW_IF_HELD = r"""
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+# KEYS: 1 a lock or lease. ARGV: 1 the holder's value. Only the holder releases it.
+RELEASE_IF_HELD = r"""
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+return redis.call('DEL', KEYS[1])
+"""

@@ -64,7 +64,7 @@ from app.errors import (
 )
 from app.store import keys
 from app.store.batching import pairs
-from app.store.lua import VERSION_LUA
+from app.store.lua import CLEAR_UNLESS_CHANGED_SINCE, VERSION_LUA
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -465,15 +465,6 @@ redis.call('HSET', KEYS[2], 'digest', digest, 'count', tostring(count), 'changed
 return #due
 """
 
-# KEYS: 1 changed users. ARGV: 1 user, 2 built-at score. Leaves a user changed again since.
-_CLEAR_CHANGED = r"""
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if score and tonumber(score) <= tonumber(ARGV[2]) then
-  return redis.call('ZREM', KEYS[1], ARGV[1])
-end
-return 0
-"""
-
 
 # --------------------------------------------------------------------------------------------
 # Rows
@@ -758,7 +749,7 @@ class MemoryStore:
         self._delete_version = self.redis.register_script(_DELETE_VERSION)
         self._redact = self.redis.register_script(_REDACT)
         self._expire = self.redis.register_script(_EXPIRE)
-        self._clear_changed = self.redis.register_script(_CLEAR_CHANGED)
+        self._clear_changed = self.redis.register_script(CLEAR_UNLESS_CHANGED_SINCE)
 
     # --- reads ---------------------------------------------------------------------------
 

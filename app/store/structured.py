@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from app.profile_schema import null_profile
 from app.store import keys
 from app.store.identity import Identity
+from app.store.lua import CLEAR_UNLESS_CHANGED_SINCE
 from app.store.memory import Location, MemoryRow, SourceDigest
 from app.store.profile_schema import StoredSchema, parse_stored
 
@@ -134,15 +135,6 @@ end
 return #due
 """
 
-# KEYS: changed. ARGV: user, read_at_ns.
-_FORGET = r"""
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if score and tonumber(score) <= tonumber(ARGV[2]) then
-  return redis.call('ZREM', KEYS[1], ARGV[1])
-end
-return 0
-"""
-
 
 class StructuredStore:
     def __init__(self, services: Services) -> None:
@@ -150,7 +142,7 @@ class StructuredStore:
         self.clock = services.clock
         self._park = self.redis.register_script(_PARK)
         self._unpark = self.redis.register_script(_UNPARK)
-        self._forget = self.redis.register_script(_FORGET)
+        self._forget = self.redis.register_script(CLEAR_UNLESS_CHANGED_SINCE)
 
     def snapshot(self, identity: Identity) -> Snapshot:
         """One round trip: the schema, the profile row, its build record, the user's digest."""

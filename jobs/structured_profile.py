@@ -31,7 +31,12 @@ from app.services import Services
 from app.store.identity import Identity
 from app.store.lease import LeaseLost, LeaseStore
 from app.store.memory import Content, MemoryRow, MemoryStore
-from app.store.profile_schema import ProfileSchemaStore, StoredSchema
+from app.store.profile_schema import (
+    ProfileSchemaStore,
+    StoredSchema,
+    namespace_member,
+    split_namespace_member,
+)
 from app.store.structured import (
     PROFILE_KEY,
     WORKER,
@@ -83,15 +88,6 @@ class BuildResult:
         return cls(Outcome(data["outcome"]), data.get("fingerprint", ""),
                    int(data.get("model_calls", 0)), bool(data.get("wrote")),
                    data.get("detail", ""))
-
-
-def namespace_id(org: str, namespace: str) -> str:
-    return json.dumps([org, namespace], separators=(",", ":"))
-
-
-def split_namespace_id(ns_id: str) -> tuple[str, str]:
-    org, namespace = json.loads(ns_id)
-    return org, namespace
 
 
 # --- one build ---------------------------------------------------------------------------------
@@ -340,15 +336,10 @@ def _holder() -> str:
 
 
 def _namespaces(svc: Services) -> list[NamespaceInfo]:
-    schemas = svc.store(ProfileSchemaStore)
-    infos = []
-    for org, namespace in schemas.namespaces():
-        stored = schemas.get(org, namespace)
-        if stored is None:
-            continue
-        infos.append(NamespaceInfo(namespace_id(org, namespace), stored.sha,
-                                   parses=stored.doc is not None))
-    return infos
+    return [
+        NamespaceInfo(namespace_member(org, namespace), stored.sha, parses=stored.doc is not None)
+        for org, namespace, stored in svc.store(ProfileSchemaStore).all_schemas()
+    ]
 
 
 def _scan(
@@ -358,7 +349,7 @@ def _scan(
     """The users of a namespace behind, oldest change first: from the changed-users index,
     which every fact write and every schema change feeds, so a scan reads the changed users
     only, never all users."""
-    org, namespace = split_namespace_id(ns_id)
+    org, namespace = split_namespace_member(ns_id)
     structured = svc.store(StructuredStore)
     read_at = svc.clock.now_ns()
     structured.list_built_users_for_schema(org, namespace, schema_sha)
@@ -422,13 +413,13 @@ def _build_many(svc: Services, steps: list[BuildStep]) -> list[BuildResult]:
     if helpers <= 1 or len(steps) <= 1:
         results = []
         for step in steps:
-            org, namespace = split_namespace_id(step.namespace)
+            org, namespace = split_namespace_member(step.namespace)
             results.append(build_user(svc, org, namespace, step.user_id))
         return results
     queue = Queue(BUILDS, connection=connection)
     jobs = []
     for step in steps:
-        org, namespace = split_namespace_id(step.namespace)
+        org, namespace = split_namespace_member(step.namespace)
         jobs.append(queue.enqueue(build_user_job, org, namespace, step.user_id,
                                   job_timeout=int(svc.settings.llm_timeout_seconds * 3) + 30,
                                   result_ttl=600, failure_ttl=3600))
@@ -463,7 +454,7 @@ def _park_if_waiting(
         until = wait.refusal.refused_at + settings.refusal_retry_seconds
     else:
         return
-    org, namespace = split_namespace_id(step.namespace)
+    org, namespace = split_namespace_member(step.namespace)
     svc.store(StructuredStore).park(org, namespace, step.user_id, int(until * 1e9),
                                     svc.clock.now_ns())
 

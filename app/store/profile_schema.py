@@ -36,7 +36,13 @@ class StoredSchema:
 
 
 def namespace_member(org: str, namespace: str) -> str:
+    """(org, namespace) as one string any id round-trips through: a set member, a planner id."""
     return json.dumps([org, namespace], separators=(",", ":"))
+
+
+def split_namespace_member(member: str) -> tuple[str, str]:
+    org, namespace = json.loads(member)
+    return org, namespace
 
 
 def parse_stored(row: dict[str, str]) -> StoredSchema | None:
@@ -86,4 +92,17 @@ class ProfileSchemaStore:
 
     def namespaces(self) -> list[tuple[str, str]]:
         members = self.redis.smembers(keys.structured_namespaces())
-        return sorted(tuple(json.loads(member)) for member in members)  # type: ignore[misc]
+        return sorted(split_namespace_member(member) for member in members)
+
+    def all_schemas(self) -> list[tuple[str, str, StoredSchema]]:
+        """Every namespace with a schema, and the schema: two round trips however many."""
+        namespaces = self.namespaces()
+        pipe = self.redis.pipeline(transaction=False)
+        for org, namespace in namespaces:
+            pipe.hgetall(keys.profile_schema(org, namespace))
+        found = []
+        for (org, namespace), row in zip(namespaces, pipe.execute(), strict=True):
+            stored = parse_stored(row)
+            if stored is not None:
+                found.append((org, namespace, stored))
+        return found

@@ -26,6 +26,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from rq import Queue, Worker
+
+from app.errors import LoomError
 from app.profile_schema import max_tokens_for, null_profile, validate_answer
 from app.services import Services
 from app.store.identity import Identity
@@ -63,6 +66,7 @@ from jobs.provider import (
     parse_max_tokens_overrides,
     provider_from_settings,
 )
+from jobs.queues import BUILDS
 
 log = logging.getLogger("loom.jobs.structured_profile")
 
@@ -289,8 +293,6 @@ def _write(
         source_trace=TRACE_PREFIX + ",".join(read_ids),
         actor=WORKER,
     )
-    from app.errors import LoomError
-
     try:
         written = memory.set(
             location,
@@ -401,10 +403,6 @@ def _scan(
 
 def _build_many(svc: Services, steps: list[BuildStep]) -> list[BuildResult]:
     """Run the builds: as RQ jobs when other workers can take them, else here."""
-    from rq import Queue, Worker
-
-    from jobs.queues import BUILDS
-
     connection = svc.queue_redis
     try:
         helpers = Worker.count(queue=Queue(BUILDS, connection=connection))

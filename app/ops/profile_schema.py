@@ -9,6 +9,7 @@ from marshmallow import fields
 from app.profile_schema import validate_profile_schema
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs
+from app.store.namespace_config import AuditLog
 from app.store.profile_schema import ProfileSchemaStore
 
 SEED_EXAMPLE_SCHEMA = {
@@ -50,8 +51,6 @@ class ProfileSchemaCleared(Answer):
 
 
 def _audit(call: Call, action: str, old_sha: str, new_sha: str) -> None:
-    from app.store.namespace_config import AuditLog
-
     call.services.store(AuditLog).record(
         call.identity.org, call.identity.namespace, call.principal.actor, action,
         old_schema_sha256=old_sha, new_schema_sha256=new_sha,

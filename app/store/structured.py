@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from app.clock import iso_from_ns
 from app.profile_schema import null_profile
 from app.store import keys
 from app.store.identity import Identity
@@ -102,8 +103,6 @@ class Snapshot:
 def _answer(
     status: str, profile: dict[str, Any], row: MemoryRow | None, record: BuildRecord | None
 ) -> dict[str, Any]:
-    from app.clock import iso_from_ns
-
     version = row.version if row is not None else 0
     return {
         "status": status,

@@ -31,6 +31,8 @@ from loom.mcp_server import LoomMCP, parse_toolsets, select_tools, tool_name
 from loom.ops_manifest import OPS
 
 ROOT = Path(__file__).resolve().parents[1]
+# The SDK of this checkout, ahead of any copy pip installed.
+PYTHONPATH = os.pathsep.join([str(ROOT / "sdk"), str(ROOT)])
 WHO = {"namespace": "support", "agent": "triage-bot", "run_id": "run-7"}
 
 
@@ -42,7 +44,7 @@ def stdio_params(api_url: str, **env: str) -> StdioServerParameters:
     return StdioServerParameters(
         command=sys.executable,
         args=["-m", "loom.mcp_server", "stdio"],
-        env={"PYTHONPATH": str(ROOT), "LOOM_API_URL": api_url, **env},
+        env={"PYTHONPATH": PYTHONPATH, "LOOM_API_URL": api_url, **env},
         cwd=str(ROOT),
     )
 
@@ -52,7 +54,7 @@ class HttpMCP:
 
     def __init__(self, api_url: str, **env: str) -> None:
         self.port = free_port()
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "LOOM_API_URL": api_url, **env}
+        self.env = {**os.environ, "PYTHONPATH": PYTHONPATH, "LOOM_API_URL": api_url, **env}
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -318,7 +320,7 @@ def test_stdio_sends_the_env_key(recording_api):  # noqa: ANN001
 def test_console_script_and_procfile_run_this_module(capsys: pytest.CaptureFixture[str]):
     from loom import mcp_server
 
-    pyproject = (ROOT / "pyproject.toml").read_text()
+    pyproject = (ROOT / "sdk" / "pyproject.toml").read_text()
     assert 'loom-mcp = "loom.mcp_server:main"' in pyproject
     procfile = (ROOT / "Procfile").read_text().splitlines()
     line = next(line for line in procfile if line.startswith("mcp:"))

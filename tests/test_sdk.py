@@ -27,7 +27,8 @@ from requests.structures import CaseInsensitiveDict
 import app.errors as server_errors
 from app.local import free_port
 from app.registry import load_ops
-from loom import Agent, Rendered, __version__, errors, manifest
+from app import sdk_manifest as manifest
+from loom import Agent, Rendered, __version__, errors
 from loom.client import OpMethod
 from loom.ops_manifest import OPS
 from tests.support.wsgi_adapter import FlaskAdapter
@@ -323,9 +324,10 @@ def test_api_key_and_base_url_come_from_arguments_or_env(monkeypatch: pytest.Mon
         assert bot.transport.base_url == "http://127.0.0.1:8000"
 
 
-def test_sdk_version_matches_pyproject():
-    text = (ROOT / "pyproject.toml").read_text()
-    assert f'version = "{__version__}"' in text
+def test_sdk_version_is_the_one_its_distribution_reads():
+    text = (ROOT / "sdk" / "pyproject.toml").read_text()
+    assert 'path = "loom/_version.py"' in text
+    assert (ROOT / "sdk" / "loom" / "_version.py").read_text().count(f'"{__version__}"') == 1
 
 
 # --- the generic client -----------------------------------------------------------------------
@@ -465,7 +467,7 @@ def test_seed_example_against_gunicorn(live_server):  # noqa: ANN001
 def test_committed_manifest_equals_a_fresh_generation():
     fresh = manifest.render_manifest(manifest.build_manifest())
     assert manifest.MANIFEST_PATH.read_text() == fresh, (
-        "the op registry changed: run `python -m loom.manifest`"
+        "the op registry changed: run `python -m app.sdk_manifest`"
     )
 
 
@@ -507,7 +509,7 @@ def test_the_sdk_imports_neither_flask_nor_the_server():
     )
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": str(ROOT / "sdk"), "PATH": "/usr/bin:/bin"},
     )
     assert done.stdout.strip() == ""
 

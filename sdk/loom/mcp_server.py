@@ -1,7 +1,7 @@
 """Loom's MCP server: every Loom op as the MCP tool ``loom_<op with . as _>``.
 
 The tools, their input JSON Schemas and their listing come from the committed manifest
-(``loom/ops_manifest.py``), so this process imports neither Flask nor the server's code. A
+(``loom.ops_manifest``), so this process imports neither Flask nor the server's code. A
 tool call is a call of the HTTP API (``LOOM_API_URL``) through the SDK's transport, with the
 caller's token: ``LOOM_API_KEY``, or over Streamable HTTP the ``Authorization`` header the
 MCP client sent, when it sent one. Auth, validation and identity stay in the API; an API

@@ -9,8 +9,9 @@
         print(bot.working_memory.render(run_id="run-7"))
 
 Errors are ``loom.errors.LoomError`` subclasses (hierarchy in that module's docstring). The
-package imports neither Flask nor the server's code; ``loom.manifest`` does, only to
-regenerate ``loom/ops_manifest.py``. ``loom.mcp_server`` is the MCP server (needs ``mcp``).
+package imports neither Flask nor the server's code: ``loom.ops_manifest`` is generated from
+the server's registry and committed. ``loom.mcp_server`` is the MCP server (the ``mcp``
+extra: ``pip install 'loom[mcp]'``).
 """
 
 from loom import errors

@@ -1,7 +1,7 @@
 """``bot.client.<plane>.<op>(body)``: every op of the manifest as a method, built on demand.
 
 Nothing here is written per op. A plane and its methods are looked up in the committed
-manifest (``loom/ops_manifest.py``), so ``dir(bot.client.working_memory)`` lists the ops and
+manifest (``loom.ops_manifest``), so ``dir(bot.client.working_memory)`` lists the ops and
 their docstrings carry the summary and fields. A name the manifest lacks is resolved like this:
 
 - close to a known name (a typo such as ``working_memory.sett``): ``AttributeError`` naming

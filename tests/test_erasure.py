@@ -67,6 +67,7 @@ PLANTED = {
     "agent_states": 2,  # their subject scope's state, a conversation's state naming them
     "activity_entries": 2,  # two readers (agent, client)
     "jobs": 2,  # a queued build naming them, a failed one
+    "tokens": 1,  # an end user's token pinned to them
 }
 
 
@@ -185,6 +186,7 @@ def plant(world: World, user: str, mark: str) -> None:
     world.put_state("shop_guide", {"kind": "conversation", "id": f"conv-{user}"},
                     {"offer": f"{mark} offer"}, subject=user)
     enqueue_jobs(world.services, user)
+    world.post("token.create", role="viewer", read_user_id=user, label="end-user app")
 
 
 def everything(redis_url: str) -> str:
@@ -700,3 +702,132 @@ def test_a_retry_without_the_marker_keeps_the_counts_of_earlier_attempts(world):
     done = world.erase()
     assert done["status"] == "done"
     assert {k: done["counts"][k] for k in PLANTED} == PLANTED
+
+
+# --- agent state and tokens -----------------------------------------------------------------
+
+
+def test_agent_state_writes_naming_the_user_are_refused_while_it_runs(world):
+    plant(world, USER, "MARK-ERASED")
+    seen: dict[str, Any] = {}
+
+    def put(scope: dict[str, str], **extra: Any):
+        response = world.client.put("/v1/agent-state", json={
+            "namespace": NS, "agent": extra.pop("agent", "loyalty"), "scope": scope,
+            "body": extra.pop("body", {"tier": "gold"}), **extra})
+        return response.status_code, response.get_json()
+
+    def during(step: str, counts: dict[str, int]) -> None:
+        if step in ("mark", "agent_state", "sweep"):
+            seen[f"{step}-subject"] = put({"kind": "subject", "id": USER})
+            seen[f"{step}-handle"] = put({"kind": "subject", "id": "Sam@Example.com"})
+            seen[f"{step}-naming"] = put({"kind": "conversation", "id": f"conv-{step}"},
+                                         agent="shop_guide", body={"offer": "x"},
+                                         subject=USER)
+            seen[f"{step}-other"] = put({"kind": "subject", "id": OTHER})
+
+    receipt = world.store().erase(ORG, NS, USER, actor="test", handles=["sam@example.com"],
+                                  progress=during)
+    for step in ("mark", "agent_state", "sweep"):
+        for what in ("subject", "handle", "naming"):
+            status, out = seen[f"{step}-{what}"]
+            assert status == 409 and out["error"]["code"] == "USER_BEING_ERASED", (step, what)
+        assert seen[f"{step}-other"][0] == 200
+    assert receipt["status"] == "done", receipt["census"]
+    # Done: the markers are gone and writes naming the user start from nothing.
+    status, out = put({"kind": "subject", "id": USER})
+    assert status == 200 and out["version"] == 1
+    assert put({"kind": "subject", "id": "sam@example.com"})[0] == 200
+    assert not list(world.services.redis.scan_iter(match="*as-erasing*"))
+
+
+def test_a_failed_erasure_keeps_refusing_agent_state_writes(world):
+    late = keys.memory_row(ORG, NS, USER, "-", "-", "late")
+
+    def race(step: str, counts: dict[str, int]) -> None:
+        if step == "sweep":
+            world.services.redis.hset(late, mapping={"memory_type": "semantic", "key": "late"})
+
+    failed = world.store().erase(ORG, NS, USER, actor="test", progress=race)
+    assert failed["status"] == "failed"
+    response = world.client.put("/v1/agent-state", json={
+        "namespace": NS, "agent": "loyalty", "scope": {"kind": "subject", "id": USER},
+        "body": {"tier": "gold"}})
+    assert response.status_code == 409
+    assert world.erase()["status"] == "done"
+    assert world.put_state("loyalty", {"kind": "subject", "id": USER}, {"tier": "gold"})
+
+
+def test_the_user_tokens_are_revoked_and_keep_only_the_keyed_hash(world):
+    pinned = world.post("token.create", role="viewer", read_user_id=USER)
+    everywhere = world.post("token.create", namespace="*", role="viewer", read_user_id=USER)
+    elsewhere = world.post("token.create", namespace="other-ns", role="viewer",
+                           read_user_id=USER)
+    other = world.post("token.create", role="viewer", read_user_id=OTHER)
+    headers = {"Authorization": f"Bearer {pinned['token']}"}
+    assert world.call("memory.list", headers=headers, user_id=USER)[0] == 200
+
+    receipt = world.erase()
+
+    assert receipt["status"] == "done" and receipt["counts"]["tokens"] == 2
+    for created in (pinned, everywhere):
+        status, out = world.call("memory.list", user_id=USER,
+                                 headers={"Authorization": f"Bearer {created['token']}"})
+        assert status == 401, out
+    for created in (elsewhere, other):
+        status, _ = world.call("memory.list",
+                               headers={"Authorization": f"Bearer {created['token']}"},
+                               namespace=created["namespace"])
+        assert status == 200
+    claims = {row["token_id"]: row for row in world.post("token.list")["tokens"]}
+    assert claims[pinned["token_id"]]["read_user_id"] == f"erased:{receipt['erasure_id']}"
+    assert claims[pinned["token_id"]]["revoked"] is True
+    assert claims[elsewhere["token_id"]]["read_user_id"] == USER  # another namespace's user
+    assert world.erase()["counts"]["tokens"] == 0  # a second erasure finds none left
+
+
+def test_agent_state_writers_racing_the_erasure_leave_nothing_and_are_counted(world):
+    """Writers of the user's subject scope and of conversations naming them write until the
+    erasure refuses them; the first census is clean and the receipt counts each 200."""
+    stopped = threading.Barrier(7)
+    written: list[int] = [0] * 6
+    refused: list[str] = [""] * 6
+
+    def writer(n: int) -> None:
+        client = world.app.test_client()
+        i = 0
+        while True:
+            if n < 3:
+                body = {"agent": "loyalty", "scope": {"kind": "subject", "id": USER},
+                        "body": {"tier": f"t-{n}-{i}"}}
+            else:
+                body = {"agent": "shop_guide", "scope": {"kind": "conversation",
+                                                         "id": f"conv-{n}-{i}"},
+                        "body": {"offer": f"o-{n}-{i}"}, "subject": USER}
+            response = client.put("/v1/agent-state", json={"namespace": NS, **body})
+            if response.status_code != 200:
+                refused[n] = response.get_json()["error"]["code"]
+                break
+            written[n] += 1
+            i += 1
+        stopped.wait(30)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while min(written) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+    def hold(step: str, counts: dict[str, int]) -> None:
+        if step == "worker_state":
+            stopped.wait(30)
+
+    receipt = world.store().erase(ORG, NS, USER, actor="test", progress=hold)
+    for thread in threads:
+        thread.join(30)
+    assert refused == ["USER_BEING_ERASED"] * 6
+    assert receipt["status"] == "done", receipt["census"]
+    assert receipt["counts"]["agent_states"] == 1 + sum(written[3:])
+    response = world.client.get(f"/v1/profiles/{USER}/agent-state?namespace={NS}")
+    assert response.get_json()["count"] == 0

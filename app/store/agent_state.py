@@ -46,7 +46,13 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import NoScriptError
 
 from app.clock import iso_from_ns
-from app.errors import AgentStateConflict, FeatureDisabled, ValidationFailed, WriteContended
+from app.errors import (
+    AgentStateConflict,
+    FeatureDisabled,
+    UserBeingErased,
+    ValidationFailed,
+    WriteContended,
+)
 from app.object_types import (
     DEFAULT_RETENTION_DAYS,
     ObjectType,
@@ -74,9 +80,11 @@ SWEEP_BATCH = 500
 NOT_DECLARED_FIELD = "not_declared_field"
 OVER_CAP = "over_cap"
 
-# KEYS: state, scope's agents hash. ARGV: expected etag ('' = nothing stored), expiry ms (a
-# decimal string), agent, then the hash's field/value pairs.
+# KEYS: state, scope's agents hash, and for a subject scope the subject's erasure marker.
+# ARGV: expected etag ('' = nothing stored), expiry ms (a decimal string), agent, then the
+# hash's field/value pairs.
 _WRITE = r"""
+if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then return {'ERASING'} end
 local current = redis.call('HGET', KEYS[1], 'etag') or ''
 if current ~= ARGV[1] then
   return {'CONFLICT', redis.call('HGETALL', KEYS[1])}
@@ -256,13 +264,18 @@ class AgentStateStore:
     # --- reads ----------------------------------------------------------------------------------
 
     def _read(
-        self, org: str, namespace: str, state_key: str
+        self, org: str, namespace: str, state_key: str, erasing_marker: str | None = None
     ) -> tuple[NamespaceConfig, dict[str, str]]:
-        """The namespace config and one state's raw hash, in one round trip."""
+        """The namespace config and one state's raw hash, in one round trip; with a subject's
+        erasure marker, refuses (409) while that subject's erasure runs."""
         pipe = self.redis.pipeline(transaction=False)
         self.config.queue_read(pipe, org, namespace)
         pipe.hgetall(state_key)
-        config_reply, raw = pipe.execute()
+        if erasing_marker is not None:
+            pipe.exists(erasing_marker)
+        config_reply, raw, *erasing = pipe.execute()
+        if erasing and erasing[0]:
+            raise _being_erased()
         return self.config.decode(config_reply), raw
 
     @staticmethod
@@ -303,7 +316,11 @@ class AgentStateStore:
         digest = self.scope_digest(org, namespace, kind, canonical_id)
         named_subject = self._named_subject(org, namespace, kind, digest, subject)
         state_key = keys.agent_state(org, namespace, digest, agent)
-        config, raw = self._read(org, namespace, state_key)
+        # A write naming a customer whose erasure runs is refused (409), like the user's
+        # memory writes: checked with the read, then again where the write lands.
+        marker = (None if named_subject is None
+                  else keys.agent_state_subject_erasing(org, namespace, named_subject))
+        config, raw = self._read(org, namespace, state_key, marker)
         self._require_feature(config)
         object_type = state_type_for(config.types, agent)
         incoming = self._checked_body(object_type, kind, mode, if_version, body, config)
@@ -343,8 +360,18 @@ class AgentStateStore:
                 "subject": named_subject if named_subject is not None else current.subject,
                 "size": size,
             }
-            reply = self._store(org, namespace, digest, agent, current.etag, state)
+            reply = self._store(org, namespace, digest, agent, current.etag, state,
+                                marker if kind == "subject" else None)
+            if reply[0] == "ERASING":
+                self._unindex_entries(org, namespace, [
+                    (state_key, str(expires_ms), named_subject or "", True)])
+                raise _being_erased()
             if reply[0] == "OK":
+                if marker is not None and kind != "subject" and self.redis.exists(marker):
+                    # The subject's erasure began between the read and the write, in another
+                    # slot than this state's: what was just written names them, so it goes.
+                    self._erase_states(org, namespace, self._hashes([state_key]))
+                    raise _being_erased()
                 return PutResult(True, version)
             # Another write (or the sweep) got in between: start again from what it stored.
             raw = pairs(reply[1])
@@ -419,12 +446,15 @@ class AgentStateStore:
         agent: str,
         expected_etag: str,
         state: Mapping[str, Any],
+        erasing_marker: str | None = None,
     ) -> list[Any]:
         """The write round trip: index entries first (a live state is always indexed), then
-        the compare-and-set script."""
+        the compare-and-set script (which refuses while ``erasing_marker`` exists)."""
         state_key = keys.agent_state(org, namespace, digest, agent)
         expires = state["expires_at"]
         script_keys = [state_key, keys.agent_state_agents(org, namespace, digest)]
+        if erasing_marker is not None:
+            script_keys.append(erasing_marker)
         script_args: list[Any] = [expected_etag, expires, agent]
         for name, value in state.items():
             script_args += [name, value]
@@ -712,6 +742,12 @@ class AgentStateStore:
         reply = self._store(org, namespace, raw["scope"], raw["agent"], raw["etag"], rewritten)
         # A write got in first: it drops the expired fields itself.
         return len(state.expired_fields) if reply[0] == "OK" else 0
+
+
+def _being_erased() -> UserBeingErased:
+    return UserBeingErased(
+        "this customer is being erased; write again once the erasure is done"
+    )
 
 
 def _apply(

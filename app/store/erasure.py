@@ -3,8 +3,10 @@
 ``ErasureStore.erase`` is the saga of seed 000 ("Erasure") and seed 002 ("Retention and
 erasure") for (org, namespace, user_id). Its steps, in order:
 
-``mark``            create the user's erasure marker (``keys.user_erasing``): from here every
-                    memory write for the user (callers and workers) is refused 409
+``mark``            create the user's erasure marker (``keys.user_erasing``) and one per
+                    agent-state subject that is the user (``keys.agent_state_subject_erasing``):
+                    from here every memory, working-memory and profile write for the user and
+                    every agent-state write naming them (callers and workers) is refused 409
                     ``USER_BEING_ERASED``, so a build that raced the erasure cannot write a row.
 ``memory``          the memory_id pointers (namespace slot, found from the user's id index), then
                     every row with its versions (facts, profile sections, the structured
@@ -17,6 +19,8 @@ erasure") for (org, namespace, user_id). Its steps, in order:
                     ``subject`` (the user id as a subject handle, and any other handles given).
 ``jobs``            queued, failed, finished, deferred, scheduled and canceled RQ jobs whose
                     arguments name (org, namespace, user_id); a running job is left to the census.
+``tokens``          the tokens pinned to the user are revoked, their claims keeping the
+                    erasure id (a keyed hash) in place of the user id.
 ``worker_state``    the user's entries in what the workers keep between passes (scan lists,
                     waits), which live in no user's slot.
 ``sweep``           SCAN for anything still under the user's hash tag, and the namespace's
@@ -69,6 +73,7 @@ from app.store.lua import RELEASE_IF_HELD, RENEW_IF_HELD
 from app.store.memory import PROFILE_TYPE, MemoryRow
 from app.store.namespace_config import AuditLog
 from app.store.structured import PROFILE_KEY
+from app.store.tokens import TokenStore
 from app.store.working_memory import decode_block
 
 if TYPE_CHECKING:
@@ -85,6 +90,7 @@ KINDS = (
     "agent_states",
     "activity_entries",
     "jobs",
+    "tokens",
     "index_entries",
 )
 STEPS = (
@@ -94,6 +100,7 @@ STEPS = (
     "activity",
     "agent_state",
     "jobs",
+    "tokens",
     "worker_state",
     "sweep",
     "census",
@@ -502,6 +509,12 @@ class ErasureStore:
                     kind: int(n) for kind, n in saved.items() if kind in KINDS and int(n)
                 } or {"since": now})
         self.redis.hsetnx(run.marker, "since", now)
+        for _handle, digest in run.subjects:
+            self.redis.set(keys.agent_state_subject_erasing(run.org, run.namespace, digest), now)
+        # Remembered so that the end of a retry given other handles lifts every marker set.
+        marked = set(json.loads(self.redis.hget(run.record, "subjects_marked") or "[]"))
+        marked.update(digest for _handle, digest in run.subjects)
+        self.redis.hset(run.record, "subjects_marked", json.dumps(sorted(marked)))
 
     def _counts(self, run: _Run) -> dict[str, int]:
         counts = _zero()
@@ -637,6 +650,11 @@ class ErasureStore:
             deleted += 1
         self._count(run, jobs=deleted)
 
+    def _step_tokens(self, run: _Run) -> None:
+        revoked = self.services.store(TokenStore).revoke_pinned_to(
+            run.org, run.namespace, run.user_id, f"erased:{run.erasure_id}")
+        self._count(run, tokens=revoked)
+
     def _step_worker_state(self, run: _Run) -> None:
         self._count(run, index_entries=self._worker_state(run, remove=True))
 
@@ -659,6 +677,8 @@ class ErasureStore:
         found["agent_states"] += states
         found["index_entries"] += entries
         found["jobs"] += sum(1 for _job in self._jobs_about(run))
+        found["tokens"] += len(self.services.store(TokenStore).pinned_to(
+            run.org, run.namespace, run.user_id))
         found["index_entries"] += self._worker_state(run, remove=False)
         return Census(found, self.clock.now_ns())
 
@@ -819,6 +839,10 @@ class ErasureStore:
             "error": "",
         })
         self.redis.delete(run.marker)
+        marked = json.loads(self.redis.hget(run.record, "subjects_marked") or "[]")
+        for digest in marked:
+            self.redis.delete(keys.agent_state_subject_erasing(run.org, run.namespace, digest))
+        self.redis.hdel(run.record, "subjects_marked")
         self.audit.record(run.org, run.namespace, run.actor, "user.erase", status="done",
                           counts=counts)
         self.redis.hset(run.record, "aof_rewrite", self._rewrite_aof())

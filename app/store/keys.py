@@ -223,6 +223,12 @@ def agent_state_agents(org: str, namespace: str, scope_digest: str) -> str:
     return f"{PREFIX}:as-agents:{agent_state_tag(org, namespace, scope_digest)}"
 
 
+def agent_state_subject_erasing(org: str, namespace: str, subject_digest: str) -> str:
+    """Present while an erasure of the subject runs: writes naming the subject are refused.
+    In the slot of the subject's own scope, so a subject-scope write checks it atomically."""
+    return f"{PREFIX}:as-erasing:{agent_state_tag(org, namespace, subject_digest)}"
+
+
 def agent_state_subject(org: str, namespace: str, subject_digest: str) -> str:
     """Set of the state keys naming one subject (console view, erasure, data package)."""
     return f"{PREFIX}:as-subject:{namespace_tag(org, namespace)}:{subject_digest}"

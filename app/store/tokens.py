@@ -112,6 +112,37 @@ class TokenStore:
         revoked = self.redis.hsetnx(keys.token(token_id), "revoked_at", self.clock.now_ns())
         return bool(revoked)
 
+    def revoke_pinned_to(self, org: str, namespace: str, user_id: str, user_digest: str) -> int:
+        """Revoke every token of the org pinned to the user (in this namespace or all of them),
+        keeping ``user_digest`` in their claims in place of the user id; how many there were.
+
+        Idempotent: a row revoked and rewritten by an earlier attempt names the digest, so a
+        retry finds nothing left to do."""
+        done = 0
+        for row in self.pinned_to(org, namespace, user_id):
+            key = keys.token(row.token_id)
+
+            def rewrite(pipe: Any, key: str = key) -> None:
+                stored = pipe.hgetall(key)
+                current = json.loads(stored.get("claims") or "{}")
+                if current.get("read_user_id") != user_id:
+                    return
+                current["read_user_id"] = user_digest
+                pipe.multi()
+                pipe.hset(key, "claims", json.dumps(current, sort_keys=True))
+                pipe.hsetnx(key, "revoked_at", self.clock.now_ns())
+
+            self.redis.transaction(rewrite, key)
+            done += 1
+        return done
+
+    def pinned_to(self, org: str, namespace: str, user_id: str) -> list[TokenRow]:
+        """The org's tokens whose claims pin the user of this namespace (a token pinned in
+        every namespace reaches them too)."""
+        return [row for row in self.list(org)
+                if row.claims.get("read_user_id") == user_id
+                and row.claims.get("namespace") in (namespace, ANY, None)]
+
     def list(self, org: str) -> list[TokenRow]:
         token_ids = sorted(self.redis.smembers(keys.org_tokens(org)))
         pipe = self.redis.pipeline(transaction=False)

@@ -10,6 +10,7 @@ from flask import Flask
 from flask_smorest import Api
 
 from app.api import register_error_handlers, register_ops
+from app.console import register_console
 from app.registry import load_ops
 from app.services import Services
 from app.settings import load_settings
@@ -53,6 +54,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     )
     register_error_handlers(app)
     register_ops(app, api, load_ops(), services)
+    register_console(app)
 
     from app.cli import loom_cli
 

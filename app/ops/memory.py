@@ -563,22 +563,21 @@ def memory_list(call: Call) -> dict[str, Any]:
     limit = a["limit"]
     found: list[MemoryRow] = []
     cursor = ""
+    # Without tombstones, the live index skips them and, with a type, the other types: a page
+    # reads the rows it answers, and more only where scope or read_scope leave some out.
+    live_type = None if a["include_deleted"] else (a["memory_type"] or "")
     for _ in range(_LIST_MAX_BATCHES):
         batch, more = store.scan_rows(
             identity.org, identity.namespace, identity.user_id,
-            after=after, key_prefix=a["key_prefix"], batch=max(limit, 50),
+            after=after, key_prefix=a["key_prefix"], batch=limit - len(found),
+            live_type=live_type,
         )
-        rest = more
-        for position, (member, row) in enumerate(batch):
+        for member, row in batch:
             after = member
             if row is not None and _listed(row, a, scope, call):
                 found.append(row)
-                if len(found) == limit:
-                    # Rows may follow the last one answered: the rest of this batch, or more.
-                    rest = more or position < len(batch) - 1
-                    break
         if len(found) == limit:
-            cursor = _encode_cursor(after) if rest and after is not None else ""
+            cursor = _encode_cursor(after) if more and after is not None else ""
             break
         if not more:
             break

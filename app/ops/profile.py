@@ -4,9 +4,10 @@ A section is the memory row with ``memory_type='profile'`` and ``key=label`` in 
 (agent, user_id, session_id). set, append and replace are thin wrappers over the memory store
 that fix the type and a ``char_limit`` (8,192 characters of the value's canonical JSON by
 default). render reads every agent's sections in the namespace (``scope='namespace'``) or the
-caller's own, within the read scope, and every read of a profile is noted for
-``profile.activity``. get, list and delete of one section are ``memory.get``/``list``/``delete``
-with ``memory_type='profile'`` and the label as the key (the SDK's ``profile.get`` etc.).
+caller's own, within the read scope, through the section indexes so that it reads only the rows
+it renders; every read of a profile is noted for ``profile.activity``. get, list and delete of
+one section are ``memory.get``/``list``/``delete`` with ``memory_type='profile'`` and the label
+as the key (the SDK's ``profile.get`` etc.).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from app.store.memory import (
     PROFILE_TYPE,
     Content,
     MemoryRow,
+    SectionReach,
     Written,
     canonical_json,
 )
@@ -242,23 +244,46 @@ def render_sections(rows: list[MemoryRow], style: str) -> str:
     return "\n".join(parts)
 
 
+def section_reaches(
+    call: Call, read_scope: str, scope: str, labels: list[str] | None
+) -> list[SectionReach]:
+    """Which users' sections a render reads, and which of their sessions and labels: the
+    namespace-level ones (user ``-``) and the caller's always, other users' only at read scope
+    ``namespace`` and only those the namespace's indexes say hold what is asked."""
+    identity = call.identity
+    wanted = None if labels is None else tuple(dict.fromkeys(labels))
+    if read_scope == "own_session":
+        sessions = tuple(dict.fromkeys(["-", identity.session_id]))
+        reaches = [SectionReach("-", sessions, wanted)]
+        if identity.user_id != "-":
+            reaches.append(SectionReach(identity.user_id, (identity.session_id,), wanted))
+        return reaches
+    own = {"-": wanted, identity.user_id: wanted}
+    if read_scope == "namespace":
+        agent = identity.agent if scope == "this_agent" else None
+        others = memory_store(call).section_users(
+            identity.org, identity.namespace, wanted, agent
+        )
+        own = {**others, **own}
+    return [SectionReach(user_id, None, user_labels) for user_id, user_labels in own.items()]
+
+
 def sections_in_scope(
     call: Call, read_scope: str, scope: str, labels: list[str] | None
 ) -> list[MemoryRow]:
-    """The live sections a render reaches, in render order."""
+    """The live sections a render reaches, in render order. Reads the rows it can render and
+    no other (the section indexes, app/store/keys.py), so its cost follows its answer."""
     identity = call.identity
-    store = memory_store(call)
-    if read_scope == "namespace":
-        users = {"-", identity.user_id} | store.profile_users(identity.org, identity.namespace)
-    else:
-        users = {"-", identity.user_id}
+    agent = identity.agent if scope == "this_agent" else None
     now = call.services.clock.now_ns()
     rows = [
         row
-        for row in store.profile_rows(identity.org, identity.namespace, sorted(users))
-        if not row.redacted
-        and not row.expired(now)
-        and (scope == "namespace" or row.agent == identity.agent)
+        for row in memory_store(call).profile_sections(
+            identity.org, identity.namespace,
+            section_reaches(call, read_scope, scope, labels), agent,
+        )
+        if not row.expired(now)
+        and (agent is None or row.agent == agent)
         and row_visible(read_scope, identity, row.user_id, row.session_id)
     ]
     rows.sort(key=_order)

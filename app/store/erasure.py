@@ -569,6 +569,9 @@ class ErasureStore:
                 removed += self.redis.delete(*doomed)
         self._count(run, index_entries=removed)
         rows_key = keys.memory_keys(*user)
+        # The names the user's rows had, whose namespace label and agent indexes list the user.
+        names: set[str] = set()
+        writers: set[str] = set()
         after = "-"
         while True:
             members = self.redis.zrangebylex(rows_key, after, "+", start=0, num=BATCH)
@@ -577,6 +580,8 @@ class ErasureStore:
             found = []
             for member in members:
                 key, agent, session_id = member.split("\x00")
+                names.add(key)
+                writers.add(agent)
                 parts = (*user, agent, session_id, key)
                 found += [keys.memory_row(*parts), keys.memory_versions(*parts),
                           keys.memory_version_order(*parts)]
@@ -585,23 +590,33 @@ class ErasureStore:
         self._drop_keys(run, [
             rows_key,
             keys.memory_ids(*user),
-            keys.profile_rows(*user),
+            keys.profile_sections(*user),
+            keys.memory_live(*user),
             keys.profile_sources(*user),
             keys.profile_source_digest(*user),
             keys.profile_source_expiry(*user),
             keys.structured_meta(*user),
         ])
-        self._count(run, index_entries=self._remove_namespace_entries(run))
+        self._count(run, index_entries=self._remove_namespace_entries(run, names, writers))
 
-    def _remove_namespace_entries(self, run: _Run) -> int:
+    def _remove_namespace_entries(self, run: _Run, labels: set[str], agents: set[str]) -> int:
         """The user's entries in the memory plane's namespace indexes (changed users, users
-        with sections, users with a structured profile); the sweep finds any other plane's."""
+        with sections, users with a structured profile, users per section label and per
+        section writer); the sweep finds any other plane's, and any an earlier try lost."""
         org, namespace, user_id = run.user
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.zrem(keys.profile_changed_users(org, namespace), user_id)
-        pipe.srem(keys.profile_users(org, namespace), user_id)
-        pipe.srem(keys.structured_users(org, namespace), user_id)
-        return sum(pipe.execute())
+        indexes = [
+            keys.profile_users(org, namespace),
+            keys.structured_users(org, namespace),
+            *(keys.profile_label_users(org, namespace, label) for label in sorted(labels)),
+            *(keys.profile_agent_users(org, namespace, agent) for agent in sorted(agents)),
+        ]
+        removed = self.redis.zrem(keys.profile_changed_users(org, namespace), user_id)
+        for batch in batches(indexes, BATCH):
+            pipe = self.redis.pipeline(transaction=False)
+            for index in batch:
+                pipe.srem(index, user_id)
+            removed += sum(pipe.execute())
+        return removed
 
     def _namespace_sets(self, run: _Run, *, remove: bool) -> int:
         """The user as a member of any set or sorted set of the namespace's slot: the user

@@ -150,14 +150,34 @@ def user_erasing(org: str, namespace: str, user_id: str) -> str:
     return f"{PREFIX}:erasing:{user_tag(org, namespace, user_id)}"
 
 
-def profile_rows(org: str, namespace: str, user_id: str) -> str:
-    """Set of the row keys of a user's live profile sections, so a render needs no SCAN."""
-    return f"{PREFIX}:profile-rows:{user_tag(org, namespace, user_id)}"
+def memory_live(org: str, namespace: str, user_id: str) -> str:
+    """Sorted set (all scores 0) of a user's live rows, each twice: ``memory_type NUL key NUL
+    agent NUL session_id`` and ``NUL key NUL agent NUL session_id``, so a ``memory.list`` page
+    with or without a type reads the rows of its page and no other."""
+    return f"{PREFIX}:mem-live:{user_tag(org, namespace, user_id)}"
+
+
+def profile_sections(org: str, namespace: str, user_id: str) -> str:
+    """Sorted set (all scores 0) of a user's renderable profile sections (live, not redacted),
+    each three times so that a render finds its rows by a range: ``l NUL label NUL agent NUL
+    session_id``, ``a NUL agent NUL label NUL session_id``, ``s NUL session_id NUL label NUL
+    agent``."""
+    return f"{PREFIX}:profile-sections:{user_tag(org, namespace, user_id)}"
 
 
 def profile_users(org: str, namespace: str) -> str:
     """Set of the users of a namespace that have (or had) profile sections."""
     return f"{PREFIX}:profile-users:{namespace_tag(org, namespace)}"
+
+
+def profile_label_users(org: str, namespace: str, label: str) -> str:
+    """Set of the users of a namespace that have (or had) a section with this label."""
+    return f"{PREFIX}:profile-label-users:{namespace_tag(org, namespace)}:{escape(label)}"
+
+
+def profile_agent_users(org: str, namespace: str, agent: str) -> str:
+    """Set of the users of a namespace that have (or had) a section written by this agent."""
+    return f"{PREFIX}:profile-agent-users:{namespace_tag(org, namespace)}:{escape(agent)}"
 
 
 def profile_sources(org: str, namespace: str, user_id: str) -> str:

@@ -129,11 +129,43 @@ def new_memory_id() -> str:
 # Lua
 
 # The shared part of every write script. KEYS: 1 row, 2 versions, 3 version order, 4 the user's
-# rows, 5 memory_id -> row key, 6 live profile rows, 7 sources, 8 digest, 9 source expiry,
-# 10 the user's erasure marker.
+# rows, 5 memory_id -> row key, 6 renderable profile sections, 7 sources, 8 digest, 9 source
+# expiry, 10 the user's erasure marker, 11 live rows.
 _COMMON_LUA = VERSION_LUA + r"""
 local ZERO = string.rep('0', 40)
 local SOURCE_TYPES = {semantic = true, preference = true, decision = true}
+local NUL = string.char(0)
+
+-- The section's three entries in the user's section index (keys.profile_sections).
+local function section_members(key, agent, session_id)
+  return {
+    'l' .. NUL .. key .. NUL .. agent .. NUL .. session_id,
+    'a' .. NUL .. agent .. NUL .. key .. NUL .. session_id,
+    's' .. NUL .. session_id .. NUL .. key .. NUL .. agent,
+  }
+end
+
+local function index_section(key, agent, session_id, renderable)
+  local members = section_members(key, agent, session_id)
+  if renderable then
+    redis.call('ZADD', KEYS[6], 0, members[1], 0, members[2], 0, members[3])
+  else
+    redis.call('ZREM', KEYS[6], members[1], members[2], members[3])
+  end
+end
+
+-- The row's entries in the user's live rows (keys.memory_live); old_type is the type it had
+-- before this write (nil for a new row), whose entry goes when the type changes.
+local function index_live(r, old_type, member)
+  if old_type and old_type ~= r.memory_type then
+    redis.call('ZREM', KEYS[11], old_type .. NUL .. member)
+  end
+  if r.deleted == '1' then
+    redis.call('ZREM', KEYS[11], r.memory_type .. NUL .. member, NUL .. member)
+  else
+    redis.call('ZADD', KEYS[11], 0, r.memory_type .. NUL .. member, 0, NUL .. member)
+  end
+end
 
 local function load_row()
   local flat = redis.call('HGETALL', KEYS[1])
@@ -213,7 +245,8 @@ local function update_sources(src, dig, exp, mid, entry, valid_to, at)
 end
 
 -- Write r as the row's next version; returns whether the user's source digest moved.
-local function commit(r, now, member)
+-- old_type: the row's memory_type before the write (nil for a new row).
+local function commit(r, now, member, old_type)
   local last = r.version
   if last == '' then last = nil end
   r.version = next_version(last, now)
@@ -225,11 +258,9 @@ local function commit(r, now, member)
   redis.call('ZADD', KEYS[3], 0, padded)
   redis.call('ZADD', KEYS[4], 0, member)
   redis.call('HSET', KEYS[5], r.memory_id, KEYS[1])
-  if r.memory_type == 'profile' and r.deleted ~= '1' then
-    redis.call('SADD', KEYS[6], KEYS[1])
-  else
-    redis.call('SREM', KEYS[6], KEYS[1])
-  end
+  index_section(r.key, r.agent, r.session_id,
+    r.memory_type == 'profile' and r.deleted ~= '1' and r.redacted ~= '1')
+  index_live(r, old_type, member)
   local entry = source_entry(r, now)
   local valid_to = ''
   if entry then valid_to = r.valid_to or '' end
@@ -279,6 +310,7 @@ if ARGV[5] ~= '' then
   if current ~= ARGV[5] then return {'MISMATCH', current} end
 end
 local created = false
+local old_type = r and r.memory_type
 if not r then
   created = true
   r = {memory_id = ARGV[2], pinned = '0', locked = '0', version = '', created_at = ''}
@@ -294,7 +326,7 @@ end
 r.deleted = '0'
 r.redacted = '0'
 r.written_by = ARGV[8]
-local moved = commit(r, ARGV[1], ARGV[3])
+local moved = commit(r, ARGV[1], ARGV[3], old_type)
 if created then return done('CREATED', moved, r) end
 return done('OK', moved, r)
 """
@@ -311,7 +343,7 @@ end
 if r[ARGV[2]] == ARGV[3] then return done('NOOP', false, r) end
 r[ARGV[2]] = ARGV[3]
 r.written_by = ARGV[4]
-return done('OK', commit(r, ARGV[1], ARGV[5]), r)
+return done('OK', commit(r, ARGV[1], ARGV[5], r.memory_type), r)
 """
 
 # ARGV: 1 now, 2 written_by, 3 rows-set member, 4 expected memory_id, 5 source_trace.
@@ -326,7 +358,7 @@ r.value_length = '4'
 r.content_sha256 = ''
 r.source_trace = ARGV[5]
 r.written_by = ARGV[2]
-return done('OK', commit(r, ARGV[1], ARGV[3]), r)
+return done('OK', commit(r, ARGV[1], ARGV[3], r.memory_type), r)
 """
 
 # ARGV: 1 now, 2 padded version to remove, 3 written_by, 4 rows-set member, 5 expected
@@ -358,10 +390,10 @@ n.pinned = r.pinned
 n.locked = r.locked
 n.source_trace = ARGV[6]
 n.written_by = ARGV[3]
-return done('OK', commit(n, ARGV[1], ARGV[4]), n)
+return done('OK', commit(n, ARGV[1], ARGV[4], r.memory_type), n)
 """
 
-# ARGV: 1 now, 2 written_by, 3 expected memory_id, 4 the number of derived rows. KEYS 11..:
+# ARGV: 1 now, 2 written_by, 3 expected memory_id, 4 the number of derived rows. KEYS 12..:
 # per derived row, its row key and versions key. Scrubs every version of the row in place (no
 # new version: the history keeps its shape, without the text), and every profile version of a
 # derived row whose source_trace names the row's memory_id, the derived row's current fields
@@ -385,7 +417,7 @@ local function scrub(s)
 end
 local derived = tonumber(ARGV[4])
 for d = 1, derived do
-  local flags = redis.call('HMGET', KEYS[9 + 2 * d], 'locked', 'key', 'memory_id')
+  local flags = redis.call('HMGET', KEYS[10 + 2 * d], 'locked', 'key', 'memory_id')
   if flags[1] == '1' then return {'DERIVED_LOCKED', flags[2] or '', flags[3] or ''} end
 end
 local versions = redis.call('HGETALL', KEYS[2])
@@ -400,9 +432,11 @@ scrub(r)
 r.redacted_by = ARGV[2]
 redis.call('HSET', KEYS[1], 'value', r.value, 'value_length', r.value_length,
   'content_sha256', '', 'redacted', '1', 'redacted_by', ARGV[2])
+-- A redacted section renders nothing: it leaves the section index until it is written again.
+index_section(r.key, r.agent, r.session_id, false)
 local reached, rows = 0, 0
 for d = 1, derived do
-  local rk, vk = KEYS[9 + 2 * d], KEYS[10 + 2 * d]
+  local rk, vk = KEYS[10 + 2 * d], KEYS[11 + 2 * d]
   local touched = false
   local all = redis.call('HGETALL', vk)
   for i = 1, #all, 2 do
@@ -414,10 +448,12 @@ for d = 1, derived do
       touched = true
     end
   end
-  local current = redis.call('HMGET', rk, 'memory_type', 'source_trace')
+  local current = redis.call('HMGET', rk, 'memory_type', 'source_trace', 'key', 'agent',
+    'session_id')
   if current[1] == 'profile' and names(current[2], r.memory_id) then
     redis.call('HSET', rk, 'value', 'null', 'value_length', '4', 'content_sha256', '',
       'redacted', '1', 'redacted_by', ARGV[2])
+    index_section(current[3], current[4], current[5], false)
     touched = true
   end
   if touched then rows = rows + 1 end
@@ -490,6 +526,20 @@ class Location:
         key, agent, session_id = member.split(NUL)
         return cls(org, namespace, user_id, agent, session_id, key)
 
+    @classmethod
+    def from_section_member(
+        cls, org: str, namespace: str, user_id: str, member: str
+    ) -> Location:
+        """The row behind an entry of the user's section index (keys.profile_sections)."""
+        family, first, second, third = member.split(NUL)
+        if family == "l":
+            key, agent, session_id = first, second, third
+        elif family == "a":
+            agent, key, session_id = first, second, third
+        else:
+            session_id, key, agent = first, second, third
+        return cls(org, namespace, user_id, agent, session_id, key)
+
     def row_key(self) -> str:
         return keys.memory_row(*self.parts())
 
@@ -502,11 +552,12 @@ class Location:
             keys.memory_version_order(*parts),
             keys.memory_keys(*user),
             keys.memory_ids(*user),
-            keys.profile_rows(*user),
+            keys.profile_sections(*user),
             keys.profile_sources(*user),
             keys.profile_source_digest(*user),
             keys.profile_source_expiry(*user),
             keys.user_erasing(*user),
+            keys.memory_live(*user),
         ]
 
     def pointer_value(self) -> str:
@@ -514,6 +565,47 @@ class Location:
 
     def parts(self) -> tuple[str, str, str, str, str, str]:
         return (self.org, self.namespace, self.user_id, self.agent, self.session_id, self.key)
+
+
+def _prefix_range(*parts: str) -> tuple[bytes, bytes]:
+    """The lex range of the index entries that start with these components."""
+    prefix = (NUL.join(parts) + NUL).encode()
+    return b"[" + prefix, b"[" + prefix + b"\xff"
+
+
+def _exact_range(*parts: str) -> tuple[bytes, bytes]:
+    member = b"[" + NUL.join(parts).encode()
+    return member, member
+
+
+@dataclass(frozen=True, slots=True)
+class SectionReach:
+    """One user's part of a render: the sessions it reaches (None: all of them) and the
+    labels (None: all of them)."""
+
+    user_id: str
+    sessions: tuple[str, ...] | None = None
+    labels: tuple[str, ...] | None = None
+
+    def ranges(self, agent: str | None) -> list[tuple[bytes, bytes]]:
+        """The ranges of the user's section index that hold exactly what this reach wants
+        (by ``agent`` when given), but for a session's unlabelled sections by any agent."""
+        labels = self.labels
+        if self.sessions is None:
+            if labels is None:
+                return [_prefix_range("a", agent) if agent is not None else _prefix_range("l")]
+            if agent is None:
+                return [_prefix_range("l", label) for label in labels]
+            return [_prefix_range("l", label, agent) for label in labels]
+        found = []
+        for session_id in self.sessions:
+            if labels is None:
+                found.append(_prefix_range("s", session_id))
+            elif agent is None:
+                found += [_prefix_range("s", session_id, label) for label in labels]
+            else:
+                found += [_exact_range("s", session_id, label, agent) for label in labels]
+        return found
 
 
 def _optional_ns(raw: str | None) -> int | None:
@@ -806,21 +898,30 @@ class MemoryStore:
         after: str | None = None,
         key_prefix: str = "",
         batch: int = 50,
+        live_type: str | None = None,
     ) -> tuple[list[tuple[str, MemoryRow | None]], bool]:
-        """One batch of the user's rows in key order, after the member ``after``.
+        """One batch of the user's rows in key order, after the member ``after``
+        (``key NUL agent NUL session_id``).
 
-        Answers (member, row) pairs (row None when it vanished meanwhile) and whether the
-        batch was full, so that more rows may follow.
+        ``live_type`` None walks every row, tombstones too; a type walks the live rows of that
+        type, and ``""`` the live rows of any type (keys.memory_live), so tombstones and other
+        types cost nothing. Reads ``batch`` rows at most and answers (member, row) pairs (row
+        None when it vanished meanwhile) and whether more rows follow.
         """
-        prefix = key_prefix.encode()
-        low = b"(" + after.encode() if after is not None else b"[" + prefix
-        high = b"[" + prefix + b"\xff" if key_prefix else b"+"
-        members = self.redis.zrangebylex(
-            keys.memory_keys(org, namespace, user_id), low, high, start=0, num=batch
-        )
+        if live_type is None:
+            index, head = keys.memory_keys(org, namespace, user_id), ""
+        else:
+            index, head = keys.memory_live(org, namespace, user_id), live_type + NUL
+        prefix = (head + key_prefix).encode()
+        low = b"(" + (head + after).encode() if after is not None else b"[" + prefix
+        high = b"[" + prefix + b"\xff" if prefix else b"+"
+        # One entry past the batch says whether more follow, without reading its row.
+        members = self.redis.zrangebylex(index, low, high, start=0, num=batch + 1)
+        more = len(members) > batch
+        members = [m[len(head):] for m in members[:batch]]
         locations = [Location.from_member(org, namespace, user_id, m) for m in members]
         rows = self._read_many(locations)
-        return list(zip(members, rows, strict=True)), len(members) == batch
+        return list(zip(members, rows, strict=True)), more
 
     def history(
         self, location: Location, *, before: int | None = None, limit: int = 20
@@ -837,20 +938,65 @@ class MemoryStore:
         rows = [MemoryRow.from_fields(json.loads(s)) for s in snapshots if s is not None]
         return rows, more
 
-    def profile_rows(self, org: str, namespace: str, user_ids: Iterable[str]) -> list[MemoryRow]:
-        """The live profile sections of these users (two round trips, no SCAN)."""
-        users = list(dict.fromkeys(user_ids))
+    def profile_sections(
+        self, org: str, namespace: str, reaches: Iterable[SectionReach], agent: str | None = None
+    ) -> list[MemoryRow]:
+        """The renderable sections (live, not redacted) that ``reaches`` name, written by
+        ``agent`` when it is given, in no particular order.
+
+        Two round trips whatever the namespace holds: one pipeline of ranges over the users'
+        section indexes, then one of the rows those ranges found. No row outside the ranges is
+        read; the one filter left to Python (the agent of a session's unlabelled sections) is
+        on index entries, not rows.
+        """
+        queries: list[tuple[str, bytes, bytes]] = []
+        for reach in reaches:
+            queries += [(reach.user_id, low, high) for low, high in reach.ranges(agent)]
+        if not queries:
+            return []
         pipe = self.redis.pipeline(transaction=False)
-        for user_id in users:
-            pipe.smembers(keys.profile_rows(org, namespace, user_id))
-        row_keys = sorted({k for members in pipe.execute() for k in members})
-        if not row_keys:
+        for user_id, low, high in queries:
+            pipe.zrangebylex(keys.profile_sections(org, namespace, user_id), low, high)
+        locations: dict[str, Location] = {}
+        for (user_id, _, _), members in zip(queries, pipe.execute(), strict=True):
+            for member in members:
+                location = Location.from_section_member(org, namespace, user_id, member)
+                if agent is None or location.agent == agent:
+                    locations.setdefault(location.row_key(), location)
+        if not locations:
             return []
         return [
             row
-            for row in self.read_row_keys(row_keys)
-            if row.live and row.memory_type == PROFILE_TYPE
+            for row in self.read_row_keys(list(locations))
+            if row.live and not row.redacted and row.memory_type == PROFILE_TYPE
         ]
+
+    def section_users(
+        self, org: str, namespace: str, labels: Sequence[str] | None, agent: str | None
+    ) -> dict[str, tuple[str, ...] | None]:
+        """The namespace's users that may hold sections with these labels (None: any) by this
+        agent (None: any), each with the labels it may hold (None: any). One round trip over
+        the namespace's label and agent indexes; an entry may outlive its sections (it is only
+        a hint), never the other way round."""
+        if labels is None:
+            if agent is None:
+                return dict.fromkeys(self.profile_users(org, namespace))
+            return dict.fromkeys(
+                self.redis.smembers(keys.profile_agent_users(org, namespace, agent))
+            )
+        wanted = list(dict.fromkeys(labels))
+        pipe = self.redis.pipeline(transaction=False)
+        for label in wanted:
+            label_users = keys.profile_label_users(org, namespace, label)
+            if agent is None:
+                pipe.smembers(label_users)
+            else:
+                pipe.sinter(label_users, keys.profile_agent_users(org, namespace, agent))
+        held: dict[str, list[str]] = {}
+        for label, users in zip(wanted, pipe.execute(), strict=True):
+            for user_id in users:
+                held.setdefault(user_id, []).append(label)
+        return {user_id: tuple(found) for user_id, found in held.items()}
 
     def profile_users(self, org: str, namespace: str) -> set[str]:
         return self.redis.smembers(keys.profile_users(org, namespace))
@@ -1240,6 +1386,12 @@ class MemoryStore:
         )
         if written.row.memory_type == PROFILE_TYPE:
             pipe.sadd(keys.profile_users(location.org, location.namespace), location.user_id)
+            pipe.sadd(keys.profile_label_users(location.org, location.namespace, location.key),
+                      location.user_id)
+            pipe.sadd(
+                keys.profile_agent_users(location.org, location.namespace, location.agent),
+                location.user_id,
+            )
         if written.sources_moved:
             pipe.zadd(
                 keys.profile_changed_users(location.org, location.namespace),

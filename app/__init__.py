@@ -9,6 +9,7 @@ from typing import Any
 from flask import Flask
 from flask_smorest import Api
 
+from app import log_ids
 from app.api import register_error_handlers, register_ops
 from app.console import register_console
 from app.registry import load_ops
@@ -44,6 +45,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.json.compact = True  # type: ignore[attr-defined]
     logging.getLogger("loom").setLevel(logging.INFO)
+    log_ids.install(settings.secret_key)
 
     services = Services(settings, redis_client=redis_client, clock=clock)
     app.extensions["loom"] = services

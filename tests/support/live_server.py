@@ -16,8 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class LiveServer:
-    def __init__(self, env: dict[str, str], workers: int = 2) -> None:
+    def __init__(self, env: dict[str, str], workers: int = 2,
+                 extra_args: tuple[str, ...] = ()) -> None:
         self.port = free_port()
+        self.extra_args = extra_args
         self.env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
         self.workers = workers
         self.process: subprocess.Popen[bytes] | None = None
@@ -33,6 +35,7 @@ class LiveServer:
                 "--bind", f"127.0.0.1:{self.port}",
                 "--workers", str(self.workers),
                 "--worker-class", "sync",
+                *self.extra_args,
             ],
             cwd=ROOT,
             env=self.env,

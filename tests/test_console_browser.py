@@ -1,0 +1,284 @@
+"""The console in a real browser: headless Chromium (the OS package) driven by Playwright,
+against gunicorn serving the app with auth on.
+
+Each page is saved as a screenshot under the test's temporary folder, at 1280x800 and at a
+phone's width, and checked to be a rendered page of that width (not an error or blank image).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import requests
+
+from tests.console_support import AGENT, NS, SECRET_OFFER, agent_state_calls
+from tests.support.live_server import LiveServer
+
+pytestmark = pytest.mark.slow
+
+ADMIN = "install-admin-token-for-browser-tests"
+CHROMIUM = os.environ.get("LOOM_CHROMIUM", "/usr/bin/chromium")
+LAUNCH_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--no-first-run",
+]
+DESKTOP = {"width": 1280, "height": 800}
+PHONE = {"width": 390, "height": 844}
+
+sync_api = pytest.importorskip("playwright.sync_api")
+
+
+def _chromium_or_skip() -> str:
+    found = shutil.which(CHROMIUM) or (CHROMIUM if os.path.exists(CHROMIUM) else None)
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{CHROMIUM} is missing: .ci/run installs the chromium package")
+        pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def server(redis_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    flush = redis.Redis.from_url(redis_server_url)
+    flush.flushdb()
+    env = {
+        "REDIS_URL": redis_server_url,
+        "LOOM_SECRET_KEY": "browser-test-secret",
+        "LOOM_DATA_DIR": str(tmp_path_factory.mktemp("data")),
+        "LOOM_AUTH": "on",
+        "LOOM_ADMIN_TOKEN": ADMIN,
+    }
+    try:
+        with LiveServer(env) as live:
+            yield live
+    finally:
+        flush.flushdb()
+        flush.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    executable = _chromium_or_skip()
+    with sync_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=executable, args=LAUNCH_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport=DESKTOP)
+    opened = context.new_page()
+    opened.set_default_timeout(15_000)
+    try:
+        yield opened
+    finally:
+        context.close()
+
+
+def call(server: Any, op: str, token: str = ADMIN, method: str = "POST", path: str = "",
+         **body: Any) -> dict[str, Any]:
+    response = requests.request(
+        method, server.url + (path or f"/v1/{op}"), json=body, timeout=10,
+        headers={"Authorization": f"Bearer {token}", "X-Loom-Client": "desktop-app"},
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def mint(server: Any, **claims: Any) -> str:
+    return call(server, "token.create", **claims)["token"]
+
+
+def sign_in(page: Any, server: Any, token: str) -> None:
+    page.goto(server.url + "/console/")
+    assert "/console/sign-in" in page.url
+    page.get_by_label("Loom token").fill(token)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(server.url + "/console/")
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    return struct.unpack(">II", header[16:24])
+
+
+def shoot(page: Any, folder: Path, name: str) -> None:
+    """A full-page screenshot at desktop and phone width, each checked for its size, and the
+    phone layout checked to need no sideways scrolling."""
+    for label, viewport in (("desktop", DESKTOP), ("phone", PHONE)):
+        page.set_viewport_size(viewport)
+        path = folder / f"{name}-{label}.png"
+        page.screenshot(path=str(path), full_page=True)
+        width, height = png_size(path)
+        assert width == viewport["width"] and height >= viewport["height"], (name, label)
+        assert path.stat().st_size > 8_000, f"{path.name} looks blank"
+        overflow = page.evaluate(
+            "document.scrollingElement.scrollWidth - document.documentElement.clientWidth")
+        assert overflow <= 0, f"{name} scrolls sideways at {label} width by {overflow}px"
+    page.set_viewport_size(DESKTOP)
+
+
+def test_a_writer_edits_the_persona_and_profile_render_serves_it(page, server, tmp_path):
+    call(server, "profile.set", namespace=NS, agent=AGENT, label="persona", value="Terse.")
+    writer = mint(server, namespace=NS, role="writer", label="browser writer")
+    page.goto(server.url + "/console/")
+    shoot(page, tmp_path, "sign-in")
+    # The sign-in form is reachable from the keyboard alone.
+    for _ in range(10):
+        page.keyboard.press("Tab")
+        if page.evaluate("document.activeElement.id") == "token":
+            break
+    assert page.evaluate("document.activeElement.id") == "token"
+    page.keyboard.type(writer)
+    page.keyboard.press("Enter")
+    page.wait_for_url(server.url + "/console/")
+    shoot(page, tmp_path, "home")
+    # The token reaches one namespace, so home links to it.
+    page.get_by_role("link", name=NS, exact=True).click()
+    page.wait_for_url(f"{server.url}/console/ns/{NS}")
+    shoot(page, tmp_path, "namespace")
+    page.get_by_role("link", name="Edit persona").click()
+    shoot(page, tmp_path, "section")
+    page.get_by_label("Text").fill("Terse. Cite ticket ids.")
+    page.get_by_role("button", name="Save section").click()
+    page.wait_for_url(f"{server.url}/console/ns/{NS}")
+    rendered = call(server, "profile.render", namespace=NS, agent="any-client")["rendered"]
+    assert rendered == '<profile label="persona">Terse. Cite ticket ids.</profile>'
+
+
+def test_an_edit_from_a_stale_page_shows_the_conflict_and_the_current_text(
+        page, server, tmp_path):
+    call(server, "profile.set", namespace=NS, agent=AGENT, label="tone", value="Warm.")
+    sign_in(page, server, mint(server, namespace=NS, role="writer"))
+    page.goto(f"{server.url}/console/ns/{NS}/section?agent={AGENT}&label=tone")
+    call(server, "profile.set", namespace=NS, agent=AGENT, label="tone", value="Formal.")
+    page.get_by_label("Text").fill("Cheerful.")
+    page.get_by_role("button", name="Save section").click()
+    assert "changed since you opened it" in page.locator("#save-error").inner_text()
+    assert page.locator("#current-text").inner_text() == "Formal."
+    assert page.get_by_label("Text").input_value() == "Cheerful."
+    shoot(page, tmp_path, "section-conflict")
+    got = call(server, "memory.get", namespace=NS, agent=AGENT, key="tone")
+    assert got["memory"]["value"] == "Formal."
+
+
+def test_a_viewer_is_refused_an_edit(page, server, tmp_path):
+    call(server, "profile.set", namespace=NS, agent=AGENT, label="motto", value="Be brief.")
+    sign_in(page, server, mint(server, namespace=NS, role="viewer"))
+    page.goto(f"{server.url}/console/ns/{NS}/section?agent={AGENT}&label=motto")
+    page.get_by_label("Text").fill("Be long.")
+    page.get_by_role("button", name="Save section").click()
+    assert "needs the writer role" in page.locator("#save-error").inner_text()
+    shoot(page, tmp_path, "viewer-refused")
+    got = call(server, "memory.get", namespace=NS, agent=AGENT, key="motto")
+    assert got["memory"]["value"] == "Be brief."
+
+
+def test_a_form_posted_without_its_csrf_token_is_refused(page, server, tmp_path):
+    call(server, "profile.set", namespace=NS, agent=AGENT, label="greeting", value="Hello.")
+    sign_in(page, server, mint(server, namespace=NS, role="writer"))
+    page.goto(f"{server.url}/console/ns/{NS}/section?agent={AGENT}&label=greeting")
+    page.get_by_label("Text").fill("Howdy.")
+    page.evaluate("document.querySelectorAll('input[name=csrf_token]')"
+                  ".forEach((field) => field.remove())")
+    page.get_by_role("button", name="Save section").click()
+    assert "without its security token (CSRF)" in page.get_by_role("alert").inner_text()
+    shoot(page, tmp_path, "csrf-refused")
+    got = call(server, "memory.get", namespace=NS, agent=AGENT, key="greeting")
+    assert got["memory"]["value"] == "Hello."
+
+
+def test_the_user_page_shows_agent_state_metadata_not_content_and_reads_stay_private(
+        page, server, tmp_path):
+    user_id = "u-states"
+    call(server, "profile.set", namespace=NS, agent=AGENT, user_id=user_id, label="likes",
+         value="Green tea.")
+    call(server, "working_memory.set", namespace=NS, agent=AGENT, user_id=user_id,
+         block_key="state", content="cursor: ticket 4812")
+    for method, path, body in agent_state_calls(user_id):
+        call(server, "", method=method, path=path, **body)
+    reader = mint(server, namespace=NS, role="viewer", scopes=["agent_state"])
+    sign_in(page, server, reader)
+    page.goto(f"{server.url}/console/ns/{NS}/user?user_id={user_id}")
+    states = call(server, "", method="GET",
+                  path=f"/v1/profiles/{user_id}/agent-state?namespace={NS}")["states"]
+    row = page.locator("#agent-states tbody tr").first.locator("td")
+    assert row.nth(3).inner_text() == str(states[0]["size_bytes"])
+    assert row.nth(4).inner_text() == str(states[0]["version"])
+    assert SECRET_OFFER not in page.content()
+    page.locator("#scope-agent").fill(AGENT)
+    page.get_by_role("button", name="Show blocks").click()
+    assert "cursor: ticket 4812" in page.locator("#blocks").inner_text()
+    shoot(page, tmp_path, "user")
+    # Two console page loads read the profile; none of them is in profile.activity.
+    activity = call(server, "profile.activity", namespace=NS, agent=AGENT, user_id=user_id)
+    assert activity["entries"] == []
+    call(server, "profile.render", namespace=NS, agent=AGENT, user_id=user_id)
+    activity = call(server, "profile.activity", namespace=NS, agent=AGENT, user_id=user_id)
+    assert [entry["client"] for entry in activity["entries"]] == ["desktop-app"]
+
+
+def test_an_admin_erases_a_user_and_sees_the_receipt(page, server, tmp_path):
+    user_id = "u-erased"
+    call(server, "profile.set", namespace=NS, agent=AGENT, user_id=user_id, label="likes",
+         value="Coffee.")
+    call(server, "memory.set", namespace=NS, agent=AGENT, user_id=user_id, key="city",
+         value="Lives in Lyon", memory_type="semantic")
+    sign_in(page, server, ADMIN)
+    page.goto(f"{server.url}/console/ns/{NS}/user?user_id={user_id}")
+    page.get_by_role("link", name="Erase this user…").click()
+    shoot(page, tmp_path, "erase")
+    page.get_by_label("Type the user id").fill(user_id)
+    page.get_by_role("button", name="Erase this user").click()
+    page.wait_for_url("**/erasures/**")
+    page.locator("#erasure-status", has_text="done").wait_for()
+    assert "Clean: nothing of the user was found" in page.locator("#census").inner_text()
+    counts = page.locator("#counts").inner_text()
+    assert "memory_rows" in counts
+    assert user_id not in page.content()
+    shoot(page, tmp_path, "erasure-receipt")
+    got = call(server, "memory.get", namespace=NS, agent=AGENT, user_id=user_id, key="city")
+    assert not got["found"]
+
+
+def test_an_admin_mints_and_revokes_a_token(page, server, tmp_path):
+    sign_in(page, server, ADMIN)
+    page.get_by_role("link", name="Tokens").click()
+    page.get_by_label("Label (what it is for)").fill("support dashboard")
+    page.get_by_label("Role").select_option("viewer")
+    page.get_by_label("Namespace (empty").fill(NS)
+    page.get_by_role("button", name="Mint token").click()
+    secret = page.locator("#new-secret").input_value()
+    assert secret.startswith("loom_")
+    shoot(page, tmp_path, "tokens")
+    call(server, "profile.render", token=secret, namespace=NS, agent=AGENT)
+    page.goto(server.url + "/console/tokens")
+    assert secret not in page.content()
+    token_id = secret.split("_")[1]
+    page.get_by_role("button", name=f"Revoke {token_id}").click()
+    assert page.locator("#token-table").get_by_text("revoked").count() >= 1
+    refused = requests.post(server.url + "/v1/profile.render", timeout=10,
+                            json={"namespace": NS, "agent": AGENT},
+                            headers={"Authorization": f"Bearer {secret}"})
+    assert refused.status_code == 401
+    page.get_by_role("button", name="Sign out").click()
+    page.goto(server.url + "/console/tokens")
+    assert "/console/sign-in" in page.url
+
+
+def test_unknown_user_is_a_page_with_an_error_in_words(page, server, tmp_path):
+    sign_in(page, server, mint(server, namespace=NS, role="writer"))
+    page.goto(f"{server.url}/console/ns/elsewhere")
+    assert "outside this token's reach" in page.get_by_role("alert").first.inner_text()
+    shoot(page, tmp_path, "refused")

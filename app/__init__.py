@@ -12,6 +12,7 @@ from flask_smorest import Api
 from app import log_ids
 from app.api import register_error_handlers, register_ops
 from app.console import register_console
+from app.operate import register_operations
 from app.registry import load_ops
 from app.services import Services
 from app.settings import load_settings
@@ -57,6 +58,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     register_error_handlers(app)
     register_ops(app, api, load_ops(), services)
     register_console(app)
+    register_operations(app, services)
 
     from app.cli import loom_cli
 

@@ -22,6 +22,7 @@ from flask_smorest import Api, Blueprint
 from marshmallow import Schema, ValidationError
 from werkzeug.exceptions import HTTPException
 
+from app import logs, metrics
 from app.auth import Principal, resolve_identity
 from app.errors import (
     AuthInsufficient,
@@ -111,6 +112,7 @@ def run_op(
         )
     args = load_args(op.args, body)
     identity = resolve_identity(op, principal, args)
+    logs.bind(org=identity.org, namespace=identity.namespace)
     result = op.handler(Call(op, args, identity, principal, services, client))
     known = _known_fields(op.args)
     result["ignored_args"] = [name for name in body if name not in known]
@@ -196,15 +198,18 @@ def _get_parameters(op: Op) -> list[dict[str, Any]]:
 
 
 def register_ops(app: Flask, api: Api, registry: OpRegistry, services: Services) -> None:
+    ops_by_endpoint = app.extensions.setdefault("loom_ops_by_endpoint", {})
     for plane, ops in registry.planes().items():
         blueprint = Blueprint(plane, __name__, description=f"The {plane} plane")
         for declared in ops:
             view = _document(declared, make_view(declared, services))
+            endpoint = declared.name.replace(".", "_")
             blueprint.route(
                 declared.http_path,
                 methods=[declared.http_method],
-                endpoint=declared.name.replace(".", "_"),
+                endpoint=endpoint,
             )(view)
+            ops_by_endpoint[f"{plane}.{endpoint}"] = declared.name
         api.register_blueprint(blueprint)
 
 
@@ -245,7 +250,8 @@ def register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(Exception)
     def handle_unexpected(error: Exception) -> Response:
-        log.exception("unexpected error on %s", request.path)
+        metrics.note_exception(error)
+        log.exception("unexpected error on %s", request.url_rule or "an unmatched route")
         internal = LoomError("internal error; it has been logged")
         internal.code = "INTERNAL_ERROR"
         internal.status = 500

@@ -129,6 +129,9 @@ def main() -> int:
     # The Procfile names gunicorn and python: they must be this environment's, not the system's.
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     env.setdefault("LOOM_API_URL", f"http://127.0.0.1:{env['PORT']}")
+    if sys.stdout.isatty():
+        # honcho pipes each process's output, so auto would pick JSON for a person's terminal.
+        env.setdefault("LOOM_LOG_FORMAT", "text")
     server = None
     if not env.get("REDIS_URL"):
         port = int(env.get("LOOM_LOCAL_REDIS_PORT", "6390"))

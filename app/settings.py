@@ -183,6 +183,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("LOOM_API_URL", "http://127.0.0.1:8000", _text,
             "Where the MCP server sends its calls."),
     Setting("LOOM_API_KEY", "", _text, "Token the MCP server sends when its caller gives none."),
+    Setting("LOOM_LOG_FORMAT", "auto", _choice("auto", "json", "text"),
+            "json: one JSON object a line; text: for a terminal; auto: text on a terminal, "
+            "else json."),
+    Setting("LOOM_METRICS_TOKEN", "", _text,
+            "With auth on, a token that may read /metrics (besides the install's admin token)."),
+    Setting("LOOM_METRICS_MAX_ORGS", "100", _int_range(1, 100000),
+            "Most orgs given their own label in the model metrics; the rest count as _other."),
+    Setting("LOOM_READY_TIMEOUT_SECONDS", "1", _positive_float,
+            "How long /readyz waits for each Redis to answer before it reports 503."),
 )
 
 _BY_ATTR = {setting.attr: setting for setting in SETTINGS}

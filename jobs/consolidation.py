@@ -56,6 +56,7 @@ from app.store.consolidation import (
 from app.store.lease import LeaseLost, LeaseStore
 from app.store.memory import DEFAULT_PROFILE_CHAR_LIMIT, Content, MemoryRow, MemoryStore
 from app.store.memory import VersionMoved as SectionWrittenMeanwhile
+from app.store.metrics import record_pass
 from app.store.usage import UsageStore
 from jobs.context import services
 from jobs.provider import (
@@ -342,7 +343,8 @@ def run_pass(svc: Services | None = None, holder: str | None = None) -> dict[str
     if lease is None:
         return {"skipped": "another pass holds the lease"}
     folds = svc.store(ConsolidationStore)
-    deadline = time.monotonic() + interval / 2
+    started = time.monotonic()
+    deadline = started + interval / 2
     tally = _Tally()
     try:
         rotation = _rotation(folds.namespaces(), folds.cursor())
@@ -368,6 +370,7 @@ def run_pass(svc: Services | None = None, holder: str | None = None) -> dict[str
             if resume_at is not None:
                 break
         folds.set_cursor(resume_at)
+        record_pass(svc, LEASE, time.monotonic() - started)
         return {"namespaces": len(rotation), "visited": tally.visits,
                 "model_calls": tally.model_calls, "outcomes": tally.outcomes}
     except LeaseLost:

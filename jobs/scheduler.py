@@ -15,6 +15,7 @@ from typing import Any
 
 from rq_scheduler import Scheduler
 
+from app.logs import configure_logging
 from app.settings import Settings, load_settings
 from jobs.queues import queue_connection
 
@@ -79,6 +80,7 @@ def register(scheduler: Scheduler, definitions: list[Periodic]) -> list[str]:
 
 def main() -> int:
     settings = load_settings()
+    configure_logging(settings.log_format)
     connection = queue_connection(settings)
     scheduler = Scheduler(connection=connection, interval=5)
     register(scheduler, periodic_jobs(settings))

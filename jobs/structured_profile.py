@@ -34,6 +34,7 @@ from app.services import Services
 from app.store.identity import Identity
 from app.store.lease import LeaseLost, LeaseStore
 from app.store.memory import Content, MemoryRow, MemoryStore
+from app.store.metrics import record_pass
 from app.store.profile_schema import (
     ProfileSchemaStore,
     StoredSchema,
@@ -82,16 +83,23 @@ class BuildResult:
     model_calls: int = 0
     wrote: bool = False
     detail: str = ""
+    short: bool = False  # written from fewer facts than it counted
+
+    @property
+    def metric_outcome(self) -> str:
+        """The outcome as /metrics counts it: a short build apart from a whole one."""
+        return "short" if self.outcome == Outcome.BUILT and self.short else str(self.outcome)
 
     def to_dict(self) -> dict[str, Any]:
         return {"outcome": str(self.outcome), "fingerprint": self.fingerprint,
-                "model_calls": self.model_calls, "wrote": self.wrote, "detail": self.detail}
+                "model_calls": self.model_calls, "wrote": self.wrote, "detail": self.detail,
+                "short": self.short}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BuildResult:
         return cls(Outcome(data["outcome"]), data.get("fingerprint", ""),
                    int(data.get("model_calls", 0)), bool(data.get("wrote")),
-                   data.get("detail", ""))
+                   data.get("detail", ""), bool(data.get("short")))
 
 
 # --- one build ---------------------------------------------------------------------------------
@@ -317,7 +325,7 @@ def _write(
     )
     memory.clear_changed(identity.org, identity.namespace, identity.user_id, read_at)
     svc.store(UsageStore).add(identity.org, identity.namespace, builds=1)
-    return BuildResult(Outcome.BUILT, model_calls=model_calls, wrote=True)
+    return BuildResult(Outcome.BUILT, model_calls=model_calls, wrote=True, short=short)
 
 
 def build_user_job(org: str, namespace: str, user_id: str) -> dict[str, Any]:
@@ -472,6 +480,7 @@ def run_pass(
     lease = leases.acquire(LEASE, holder, planner_settings.max_pass_seconds)
     if lease is None:
         return {"skipped": "another pass holds the lease"}
+    started = time.monotonic()
     try:
         generation, raw = leases.load_state(LEASE)
         stored = None
@@ -513,6 +522,11 @@ def run_pass(
         new_state.generation = holder
         leases.save_state(lease, new_state.to_json())
         leases.set_next_pass_due(lease, svc.clock.now() + delay)
+        record_pass(svc, LEASE, time.monotonic() - started,
+                    [result.metric_outcome for result in results])
+        log.info("structured_profile: pass built %d of %d users in %.3f s with %d model calls",
+                 sum(1 for r in results if r.outcome == Outcome.BUILT), len(results),
+                 time.monotonic() - started, calls)
         return {
             "namespaces": len(infos),
             "built": [(step.namespace, step.user_id, str(r.outcome))

@@ -1,13 +1,57 @@
-"""``python -m jobs.worker``: an RQ worker on Loom's queues (scale by running more of them)."""
+"""``python -m jobs.worker``: an RQ worker on Loom's queues (scale by running more of them).
+
+Its log lines are Loom's (``LOOM_LOG_FORMAT``), and every line written while a job runs
+carries the job's id and function. RQ's own lines leave out the job's arguments: a build's
+arguments are a user id, which no log line may hold.
+"""
 
 from __future__ import annotations
 
+import logging
 import sys
+from typing import Any
 
-from rq import Worker
+import redis
+from rq import Queue, Worker
+from rq.job import Job
 
+from app import logs
 from app.settings import load_settings
 from jobs.queues import ALL_QUEUES, queue, queue_connection
+
+log = logging.getLogger("loom.jobs.worker")
+
+
+def job_function(job: Job) -> str:
+    """The job's function for logs and metrics: Loom's own by name, anything else as other."""
+    try:
+        name = job.func_name
+    except Exception:  # noqa: BLE001 - a job that cannot be read is still logged
+        return "other"
+    return name if name.startswith("jobs.") else "other"
+
+
+class LoomWorker(Worker):
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        # Bound before the fork: the work horse inherits the context, and the worker's own
+        # lines about the job (started, OK, failed) carry it too.
+        with logs.bound_to(job_id=job.id, function=job_function(job), queue=queue.name):
+            super().execute_job(job, queue)
+
+
+def count_job_error(job: Job, exc_type: type[BaseException], exc_value: BaseException,
+                    traceback: Any) -> bool:
+    """An RQ exception handler: count the failure for /metrics, then let RQ go on."""
+    from app.store.metrics import JobMetricsStore
+    from jobs.context import services
+
+    kind = "redis" if isinstance(exc_value, redis.RedisError) else "other"
+    try:
+        services().store(JobMetricsStore).add(
+            "loom_job_errors_total", {"function": job_function(job), "error": kind})
+    except redis.RedisError:
+        log.warning("could not count a job error: Redis is not answering")
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,8 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     burst = "--burst" in args
     names = [name for name in args if not name.startswith("--")] or list(ALL_QUEUES)
     settings = load_settings()
+    logs.configure_logging(settings.log_format)
     connection = queue_connection(settings)
-    worker = Worker([queue(name, connection) for name in names], connection=connection)
+    worker = LoomWorker([queue(name, connection) for name in names], connection=connection,
+                        log_job_description=False, exception_handlers=[count_job_error])
     worker.work(burst=burst, with_scheduler=False)
     return 0
 

@@ -85,6 +85,21 @@ def worker_state(name: str) -> str:
     return f"{PREFIX}:worker-state:{{{escape(name)}}}"
 
 
+def worker_lease_acquired(name: str) -> str:
+    """When the lease's current token was taken (the holder's age on /metrics)."""
+    return f"{PREFIX}:lease-at:{{{escape(name)}}}"
+
+
+def job_metrics() -> str:
+    """The counters and histograms the worker and scheduler processes add to, for /metrics."""
+    return f"{PREFIX}:metrics:{{metrics}}"
+
+
+def job_metrics_orgs() -> str:
+    """The orgs given their own label in the job metrics (at most LOOM_METRICS_MAX_ORGS)."""
+    return f"{PREFIX}:metrics-orgs:{{metrics}}"
+
+
 def usage(org: str, namespace: str) -> str:
     """The namespace's cost ledger: model calls, tokens, builds, skips, refusals, failures."""
     return f"{PREFIX}:usage:{namespace_tag(org, namespace)}"

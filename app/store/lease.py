@@ -17,11 +17,12 @@ from app.store.lua import RELEASE_IF_HELD, RENEW_IF_HELD
 if TYPE_CHECKING:
     from app.services import Services
 
-# KEYS: lease, generation counter. ARGV: holder, ttl ms.
+# KEYS: lease, generation counter, acquired-at. ARGV: holder, ttl ms, now (seconds).
 _ACQUIRE = r"""
 if redis.call('EXISTS', KEYS[1]) == 1 then return false end
 local token = redis.call('INCR', KEYS[2])
 redis.call('SET', KEYS[1], ARGV[1] .. '|' .. token, 'PX', ARGV[2])
+redis.call('HSET', KEYS[3], 'token', token, 'at', ARGV[3])
 return token
 """
 
@@ -57,6 +58,7 @@ class Lease:
 class LeaseStore:
     def __init__(self, services: Services) -> None:
         self.redis = services.redis
+        self.clock = services.clock
         self._acquire = self.redis.register_script(_ACQUIRE)
         self._renew = self.redis.register_script(RENEW_IF_HELD)
         self._release = self.redis.register_script(RELEASE_IF_HELD)
@@ -64,8 +66,9 @@ class LeaseStore:
     def acquire(self, name: str, holder: str, ttl_seconds: float) -> Lease | None:
         ttl_ms = max(1, int(ttl_seconds * 1000))
         token = self._acquire(
-            keys=[keys.worker_lease(name), keys.worker_lease_generation(name)],
-            args=[holder, ttl_ms],
+            keys=[keys.worker_lease(name), keys.worker_lease_generation(name),
+                  keys.worker_lease_acquired(name)],
+            args=[holder, ttl_ms, repr(self.clock.now())],
         )
         if token is None:
             return None
@@ -77,6 +80,18 @@ class LeaseStore:
 
     def release(self, lease: Lease) -> None:
         self._release(keys=[keys.worker_lease(lease.name)], args=[lease.value])
+
+    def holder_age(self, name: str) -> float | None:
+        """Seconds since the current holder took the lease; None while nobody holds it."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.get(keys.worker_lease(name))
+        pipe.hmget(keys.worker_lease_acquired(name), ["token", "at"])
+        value, (token, at) = pipe.execute()
+        if not value or token is None or at is None:
+            return None
+        if value.rpartition("|")[2] != str(token):
+            return None
+        return max(0.0, self.clock.now() - float(at))
 
     def next_pass_due(self, name: str) -> float | None:
         raw = self.redis.get(keys.worker_next_pass(name))

@@ -1,7 +1,8 @@
 """The cost ledger per namespace, and each org's switch for model calls.
 
 Counters are HINCRBY on one hash per namespace, so a worker adds a build's cost in one round
-trip; ``usage.get`` reads it back whole.
+trip; ``usage.get`` reads it back whole. Model calls and tokens are also added, by org, to
+the job metrics that ``/metrics`` shows.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.store import keys
+from app.store.metrics import JobMetricsStore
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -24,9 +26,18 @@ COUNTERS = (
 )
 
 
+# The ledger's counters that /metrics also shows, by org rather than by namespace.
+METRIC_BY_COUNTER = {
+    "model_calls": "loom_model_calls_total",
+    "prompt_tokens": "loom_model_prompt_tokens_total",
+    "completion_tokens": "loom_model_completion_tokens_total",
+}
+
+
 class UsageStore:
     def __init__(self, services: Services) -> None:
         self.redis = services.redis
+        self._services = services
 
     def add(self, org: str, namespace: str, **counts: int) -> None:
         unknown = set(counts) - set(COUNTERS)
@@ -38,6 +49,10 @@ class UsageStore:
             if amount:
                 pipe.hincrby(key, name, amount)
         pipe.execute()
+        by_org = {METRIC_BY_COUNTER[name]: amount for name, amount in counts.items()
+                  if name in METRIC_BY_COUNTER}
+        if any(by_org.values()):
+            self._services.store(JobMetricsStore).add_by_org(org, by_org)
 
     def get(self, org: str, namespace: str) -> dict[str, int]:
         row = self.redis.hgetall(keys.usage(org, namespace))

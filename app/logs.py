@@ -1,0 +1,163 @@
+"""Loom's log lines: one JSON object a line (or plain text for a terminal), in every process.
+
+``configure_logging`` puts one handler on the root logger of the web, worker and scheduler
+processes, so Loom's own INFO lines and RQ's reach the same output in the same shape. The
+fields a request or a job binds with ``bind`` (``request_id``, ``op``, ``org``, ``namespace``,
+``job_id``, ``function``) ride on every line written while it runs; they live in a context
+variable, so a thread or a forked RQ work horse sees only its own.
+
+What may appear: ops, orgs, namespaces, statuses, durations, job ids and function names.
+What never does: a user, session or scope id, a token or a secret. A line that must point at
+one user names ``user_digest``, the keyed hash from ``user_digest()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextvars import ContextVar
+from typing import Any
+
+from app.keyed import keyed_digest
+
+LOG_FORMATS = ("auto", "json", "text")
+
+# The fields that ``bind`` and ``extra=`` may set, in the order a JSON line lists them.
+CONTEXT_FIELDS = (
+    "request_id",
+    "op",
+    "status",
+    "duration_ms",
+    "org",
+    "namespace",
+    "job_id",
+    "function",
+    "queue",
+    "user_digest",
+)
+
+_context: ContextVar[dict[str, Any] | None] = ContextVar("loom_log_context", default=None)
+
+
+def bound() -> dict[str, Any]:
+    return dict(_context.get() or {})
+
+
+def bind(**fields: Any) -> None:
+    """Add fields to every line this request or job writes from now on."""
+    unknown = set(fields) - set(CONTEXT_FIELDS)
+    if unknown:
+        raise ValueError(f"not a log field: {sorted(unknown)}")
+    _context.set({**(_context.get() or {}), **{k: v for k, v in fields.items() if v is not None}})
+
+
+def clear() -> None:
+    _context.set(None)
+
+
+@contextlib.contextmanager
+def bound_to(**fields: Any) -> Iterator[None]:
+    """Bind fields for the length of a block, then restore what was bound before."""
+    token = _context.set({**(_context.get() or {}), **fields})
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+def user_digest(secret: str, org: str, namespace: str, user_id: str) -> str:
+    """A short keyed hash naming one user in a log line without the raw id."""
+    return keyed_digest(secret.encode(), b"loom-log-user", org, namespace, user_id)[:16]
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object a line: time, level, logger, message, then the bound fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": _iso_time(record.created),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        context = bound()
+        for name in CONTEXT_FIELDS:
+            value = getattr(record, name, None)
+            if value is None:
+                value = context.get(name)
+            if value is not None:
+                line[name] = value
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            line["exc"] = record.exc_text
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """A terminal's line: time, level, logger, message, then the bound fields as key=value."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        context = bound()
+        pairs = []
+        for name in CONTEXT_FIELDS:
+            value = getattr(record, name, None)
+            if value is None:
+                value = context.get(name)
+            if value is not None:
+                pairs.append(f"{name}={value}")
+        return text + (" " + " ".join(pairs) if pairs else "")
+
+
+def _iso_time(created: float) -> str:
+    seconds = int(created)
+    millis = int((created - seconds) * 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+
+
+def resolve_format(value: str, stream: Any = None) -> str:
+    """``auto``: text when the output is a terminal, JSON otherwise (a deploy's log pipe)."""
+    if value != "auto":
+        return value
+    stream = stream if stream is not None else sys.stderr
+    try:
+        return "text" if stream.isatty() else "json"
+    except (AttributeError, ValueError):
+        return "json"
+
+
+def make_formatter(log_format: str) -> logging.Formatter:
+    return JsonFormatter() if resolve_format(log_format) == "json" else TextFormatter()
+
+
+_MARK = "_loom_handler"
+
+
+def configure_logging(log_format: str | None = None, level: int = logging.INFO) -> None:
+    """One stderr handler on the root logger, in the chosen format; idempotent.
+
+    Called by every process at start. RQ adds its own handlers only when the hierarchy has
+    none, so with this in place its lines come out in Loom's format too.
+    """
+    chosen = log_format or os.environ.get("LOOM_LOG_FORMAT", "auto").strip().lower() or "auto"
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, _MARK, False):
+            root.removeHandler(handler)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(make_formatter(chosen))
+    setattr(handler, _MARK, True)
+    root.addHandler(handler)
+    root.setLevel(level)
+    logging.getLogger("loom").setLevel(level)
+    # werkzeug's own request lines repeat Loom's access line in another shape.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)

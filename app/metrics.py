@@ -1,0 +1,261 @@
+"""What ``GET /metrics`` exposes, in the Prometheus text format.
+
+Three sources, gathered into one fresh registry per scrape:
+
+- **the web processes**: prometheus_client instruments (requests by op and status, latency by
+  op, Redis errors, 503s, rate-limited requests). Under gunicorn, ``gunicorn.conf.py`` sets
+  ``PROMETHEUS_MULTIPROC_DIR`` before any worker imports this module, so every worker writes
+  its values to files there and ``MultiProcessCollector`` adds them up at scrape time, whichever
+  worker answers; ``child_exit`` marks a dead worker's files.
+- **the worker and scheduler processes**: they add to counters kept in Redis
+  (``app.store.metrics``), read back here in one round trip: passes, pass duration, builds by
+  outcome, model calls and tokens by org.
+- **the queues, read at scrape time**: depth and oldest job age per queue, failed jobs,
+  workers alive, the lease holders' age, whether a scheduler runs.
+
+Label values are bounded: ``op`` is a registry op or one of a few route names, ``status`` an
+HTTP status, ``org`` at most ``LOOM_METRICS_MAX_ORGS`` orgs plus ``_other``, ``outcome``,
+``queue``, ``pass`` and ``lease`` fixed lists.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import defaultdict
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import redis
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from app.store.metrics import JobMetricsStore, Labels
+
+if TYPE_CHECKING:
+    from app.services import Services
+
+log = logging.getLogger("loom.metrics")
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+# The _created series double every counter's size and multiprocess mode drops them anyway.
+disable_created_metrics()
+
+# Created once per process into a private registry: never the global default one, so tests
+# and embedded uses do not see prometheus_client's process collectors twice.
+WEB_REGISTRY = CollectorRegistry(auto_describe=True)
+REQUESTS = Counter("loom_http_requests", "HTTP requests answered, by op and status.",
+                   ["op", "status"], registry=WEB_REGISTRY)
+LATENCY = Histogram("loom_http_request_duration_seconds", "Time to answer a request, by op.",
+                    ["op"], buckets=LATENCY_BUCKETS, registry=WEB_REGISTRY)
+REDIS_ERRORS = Counter("loom_redis_errors", "Redis errors met while answering, by process.",
+                       ["process"], registry=WEB_REGISTRY)
+UNAVAILABLE = Counter("loom_http_unavailable", "Requests answered 503, by op.", ["op"],
+                      registry=WEB_REGISTRY)
+RATE_LIMITED = Counter("loom_http_rate_limited", "Requests refused by the rate limit (429), "
+                       "by op.", ["op"], registry=WEB_REGISTRY)
+
+# What the worker and scheduler add to in Redis: name -> (kind, help, label names).
+JOB_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "loom_passes_total": ("counter", "Worker passes that ran, by pass.", ("pass",)),
+    "loom_pass_duration_seconds": ("histogram", "Wall time of a pass, by pass.", ("pass",)),
+    "loom_builds_total": ("counter", "Structured-profile builds, by outcome (built, short, "
+                          "unchanged, refused, cut_off, failed).", ("outcome",)),
+    "loom_model_calls_total": ("counter", "Model calls made, by org.", ("org",)),
+    "loom_model_prompt_tokens_total": ("counter", "Prompt tokens the model counted, by org.",
+                                       ("org",)),
+    "loom_model_completion_tokens_total": ("counter", "Completion tokens the model counted, "
+                                           "by org.", ("org",)),
+    "loom_job_errors_total": ("counter", "RQ jobs that raised, by function and error kind "
+                              "(redis, other).", ("function", "error")),
+}
+
+
+def multiprocess_dir() -> str | None:
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+def observe_request(op: str, status: int, seconds: float) -> None:
+    REQUESTS.labels(op=op, status=str(status)).inc()
+    LATENCY.labels(op=op).observe(seconds)
+    if status == 503:
+        UNAVAILABLE.labels(op=op).inc()
+    elif status == 429:
+        RATE_LIMITED.labels(op=op).inc()
+
+
+def note_exception(error: BaseException, process: str = "web") -> None:
+    if isinstance(error, redis.RedisError):
+        REDIS_ERRORS.labels(process=process).inc()
+
+
+def render(services: Services) -> bytes:
+    registry = CollectorRegistry()
+    # First: a Redis error met while reading it is then counted in this same scrape.
+    registry.register(JobsCollector(services))
+    directory = multiprocess_dir()
+    if directory:
+        from prometheus_client import multiprocess
+
+        multiprocess.MultiProcessCollector(registry, path=directory)
+    else:
+        registry.register(WEB_REGISTRY)
+    return generate_latest(registry)
+
+
+class JobsCollector:
+    """The worker-side counters and the queue gauges, read from Redis at scrape time."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._guarded(self._job_metrics)
+        yield from self._guarded(self._queue_metrics)
+        yield from self._guarded(self._lease_metrics)
+
+    def _guarded(self, source: Any) -> Iterator[Metric]:
+        try:
+            families = list(source())
+        except redis.RedisError as error:
+            # One Redis down must not hide the web's own metrics: leave its families out.
+            note_exception(error)
+            log.warning("metrics: %s skipped: %s", source.__name__, error)
+            return
+        yield from families
+
+    def _job_metrics(self) -> Iterator[Metric]:
+        values = self.services.store(JobMetricsStore).read()
+        by_name: dict[str, dict[Labels, float]] = defaultdict(dict)
+        for (name, labels), value in values.items():
+            by_name[name][labels] = value
+        for name, (kind, doc, label_names) in JOB_METRICS.items():
+            if kind == "counter":
+                family = CounterMetricFamily(name, doc, labels=list(label_names))
+                for labels, value in sorted(by_name.get(name, {}).items()):
+                    family.add_metric(_values(labels, label_names), value)
+                yield family
+            else:
+                yield _histogram(name, doc, label_names, by_name)
+
+    def _queue_metrics(self) -> Iterator[Metric]:
+        from rq import Queue, Worker
+        from rq.registry import FailedJobRegistry
+        from rq_scheduler import Scheduler
+
+        from jobs.queues import ALL_QUEUES
+
+        connection = self.services.queue_redis
+        depth = GaugeMetricFamily("loom_queue_depth", "Jobs waiting, by queue.",
+                                  labels=["queue"])
+        oldest = GaugeMetricFamily("loom_queue_oldest_job_age_seconds",
+                                   "Age of the oldest waiting job, by queue (0: none waits).",
+                                   labels=["queue"])
+        failed = GaugeMetricFamily("loom_queue_failed_jobs", "Jobs in the failed registry, "
+                                   "by queue.", labels=["queue"])
+        workers = GaugeMetricFamily("loom_workers_alive", "RQ workers listening, by queue.",
+                                    labels=["queue"])
+        now = datetime.now(UTC)
+        for name in ALL_QUEUES:
+            queue = Queue(name, connection=connection)
+            depth.add_metric([name], queue.count)
+            oldest.add_metric([name], _oldest_age(queue, now))
+            failed.add_metric([name], FailedJobRegistry(queue=queue).count)
+            workers.add_metric([name], Worker.count(queue=queue))
+        yield from (depth, oldest, failed, workers)
+        alive = GaugeMetricFamily("loom_schedulers_alive",
+                                  "rq-scheduler processes whose heartbeat is current.")
+        alive.add_metric([], _schedulers_alive(connection))
+        yield alive
+        scheduled = GaugeMetricFamily("loom_scheduled_jobs", "Jobs rq-scheduler holds.")
+        scheduled.add_metric([], connection.zcard(Scheduler.scheduled_jobs_key))
+        yield scheduled
+
+    def _lease_metrics(self) -> Iterator[Metric]:
+        from app.store.lease import LeaseStore
+        from jobs.consolidation import LEASE as CONSOLIDATION_LEASE
+        from jobs.structured_profile import LEASE as STRUCTURED_LEASE
+
+        leases = self.services.store(LeaseStore)
+        held = GaugeMetricFamily("loom_lease_held", "1 while a pass holds the lease.",
+                                 labels=["lease"])
+        age = GaugeMetricFamily("loom_lease_holder_age_seconds",
+                                "Seconds since the current holder took the lease (0: free).",
+                                labels=["lease"])
+        for name in (STRUCTURED_LEASE, CONSOLIDATION_LEASE):
+            seconds = leases.holder_age(name)
+            held.add_metric([name], 0 if seconds is None else 1)
+            age.add_metric([name], seconds or 0.0)
+        yield held
+        yield age
+
+
+def _values(labels: Labels, label_names: tuple[str, ...]) -> list[str]:
+    found = dict(labels)
+    return [found.get(name, "") for name in label_names]
+
+
+def _histogram(name: str, doc: str, label_names: tuple[str, ...],
+               by_name: dict[str, dict[Labels, float]]) -> Metric:
+    family = HistogramMetricFamily(name, doc, labels=list(label_names))
+    series: dict[tuple[str, ...], dict[str, Any]] = defaultdict(
+        lambda: {"buckets": {}, "sum": 0.0})
+    for labels, value in by_name.get(name + "_bucket", {}).items():
+        found = dict(labels)
+        le = found.pop("le", "+Inf")
+        key = tuple(found.get(n, "") for n in label_names)
+        series[key]["buckets"][le] = value
+    for labels, value in by_name.get(name + "_sum", {}).items():
+        series[tuple(_values(labels, label_names))]["sum"] = value
+    for key, data in sorted(series.items()):
+        buckets = sorted(data["buckets"].items(),
+                         key=lambda item: float("inf") if item[0] == "+Inf" else float(item[0]))
+        if not buckets or buckets[-1][0] != "+Inf":
+            continue  # a half-written observation: wait for the next scrape
+        family.add_metric(list(key), buckets=buckets, sum_value=data["sum"])
+    return family
+
+
+def _schedulers_alive(connection: Any) -> int:
+    """rq-scheduler keeps one key per process, expiring unless its heartbeat renews it, and
+    marks it with a death time when the process stops cleanly."""
+    from rq_scheduler import Scheduler
+
+    alive = 0
+    for key in connection.scan_iter(match=Scheduler.redis_scheduler_namespace_prefix + "*",
+                                    count=100):
+        if not connection.hexists(key, "death"):
+            alive += 1
+    return alive
+
+
+def _oldest_age(queue: Any, now: datetime) -> float:
+    job_ids = queue.get_job_ids(0, 0)
+    if not job_ids:
+        return 0.0
+    job = queue.fetch_job(job_ids[0])
+    if job is None or job.enqueued_at is None:
+        return 0.0
+    enqueued = job.enqueued_at
+    if enqueued.tzinfo is None:
+        enqueued = enqueued.replace(tzinfo=UTC)
+    return max(0.0, (now - enqueued).total_seconds())

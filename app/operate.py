@@ -1,0 +1,182 @@
+"""What an operator polls and reads: ``/healthz``, ``/readyz``, ``/metrics``, the request id,
+one access line per request, and the RQ dashboard under ``/rq``.
+
+None of these routes is an op: they are not in the registry, the OpenAPI document or MCP.
+``/healthz`` and ``/readyz`` need no token. With auth on, ``/metrics`` takes the install's
+admin token or ``LOOM_METRICS_TOKEN``, and ``/rq`` the install's admin token (Bearer, or the
+password of HTTP Basic so that a browser can sign in): both show every org's work.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+from flask import Flask, Response, current_app, g, request
+
+from app import logs, metrics
+from app.services import Services
+from app.store.health import ReadinessProbe
+
+access_log = logging.getLogger("loom.access")
+
+REQUEST_ID_HEADER = "X-Request-Id"
+# A client's request id is echoed and logged: keep it short and free of anything that could
+# forge a second log line.
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
+
+# Routes that are not ops get a fixed label, so a scan of random paths cannot grow /metrics.
+_ROUTE_LABELS = {
+    "healthz": "healthz",
+    "readyz": "readyz",
+    "metrics": "metrics",
+    "api-docs": "openapi",
+    "rq_dashboard": "rq",
+    "console": "console",
+    "static": "console",
+}
+
+
+def request_op_label(app: Flask) -> str:
+    endpoint = request.endpoint
+    if endpoint is None:
+        return "unmatched"
+    op = app.extensions["loom_ops_by_endpoint"].get(endpoint)
+    if op is not None:
+        return op
+    head = endpoint.split(".", 1)[0]
+    return _ROUTE_LABELS.get(head, "other")
+
+
+def _request_id() -> str:
+    given = request.headers.get(REQUEST_ID_HEADER, "")
+    if _REQUEST_ID.fullmatch(given):
+        return given
+    return uuid.uuid4().hex
+
+
+def register_operations(app: Flask, services: Services) -> None:
+    app.extensions.setdefault("loom_ops_by_endpoint", {})
+
+    @app.before_request
+    def start_request() -> None:
+        g.loom_started = time.perf_counter()
+        g.loom_request_id = _request_id()
+        logs.clear()
+        logs.bind(request_id=g.loom_request_id, op=request_op_label(app))
+
+    @app.after_request
+    def finish_request(response: Response) -> Response:
+        started = g.get("loom_started")
+        request_id = g.get("loom_request_id") or _request_id()
+        response.headers[REQUEST_ID_HEADER] = request_id
+        if started is None:
+            return response
+        seconds = time.perf_counter() - started
+        op = request_op_label(app)
+        metrics.observe_request(op, response.status_code, seconds)
+        if op not in ("healthz", "readyz"):
+            # Polled every second by a load balancer: a line each would drown the rest.
+            access_log.info(
+                "%s %s %s", request.method, op, response.status_code,
+                extra={"status": response.status_code,
+                       "duration_ms": round(seconds * 1000, 3)},
+            )
+        return response
+
+    @app.teardown_request
+    def forget_request(_error: BaseException | None) -> None:
+        logs.clear()
+
+    @app.get("/healthz")
+    def healthz() -> Any:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    def readyz() -> Any:
+        checks = services.store(ReadinessProbe).check()
+        answer: dict[str, Any] = {part.part: part.detail for part in checks}
+        failing = [part.part for part in checks if not part.ok]
+        if not failing:
+            return {"status": "ready", "checks": answer}
+        names = ", ".join(failing)
+        body = {
+            "error": {
+                "code": "NOT_READY",
+                "message": f"not ready: {names} did not answer",
+                "failing": failing,
+                "checks": answer,
+            }
+        }
+        return body, 503, {"Retry-After": "1"}
+
+    def metrics_view() -> Any:
+        refusal = _refuse_unless(services, allow_metrics_token=True)
+        if refusal is not None:
+            return refusal
+        return Response(metrics.render(services), mimetype=None,
+                        headers={"Content-Type": metrics.CONTENT_TYPE})
+
+    app.add_url_rule("/metrics", endpoint="metrics", view_func=metrics_view, methods=["GET"])
+
+    mount_dashboard(app, services)
+
+
+def _bearer(header: str) -> str:
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def _matches(given: str, expected: str) -> bool:
+    return bool(given and expected) and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def _refuse_unless(
+    services: Services, allow_metrics_token: bool = False, basic: bool = False
+) -> Response | None:
+    """None when the caller may see every org's operations; else the refusal to send."""
+    settings = services.settings
+    if settings.auth == "off":
+        return None
+    given = _bearer(request.headers.get("Authorization", ""))
+    if not given and basic and request.authorization is not None:
+        given = request.authorization.password or ""
+    allowed = [settings.admin_token]
+    if allow_metrics_token:
+        allowed.append(settings.metrics_token)
+    if any(_matches(given, expected) for expected in allowed):
+        return None
+    status, code = (403, "AUTH_INSUFFICIENT") if given else (401, "AUTH_REQUIRED")
+    message = ("this token may not read every org's operations" if given
+               else "auth is on: send the install's admin token")
+    response = current_app.json.response({"error": {"code": code, "message": message}})
+    response.status_code = status
+    if basic and status == 401:
+        response.headers["WWW-Authenticate"] = 'Basic realm="Loom queues"'
+    return response
+
+
+DASHBOARD_PREFIX = "/rq"
+
+
+def mount_dashboard(app: Flask, services: Services) -> None:
+    """rq-dashboard's blueprint under ``/rq``, on the queue's Redis, behind the admin token."""
+    import rq_dashboard
+    from rq_dashboard.web import setup_rq_connection
+
+    app.config.setdefault("RQ_DASHBOARD_REDIS_URL", services.settings.queue_redis_url)
+    app.config.setdefault("RQ_DASHBOARD_POLL_INTERVAL", 2500)
+    # rq-dashboard keeps its connection on the app object.
+    if services.settings.queue_redis_url:
+        setup_rq_connection(app)
+    app.register_blueprint(rq_dashboard.blueprint, url_prefix=DASHBOARD_PREFIX)
+
+    @app.before_request
+    def guard_dashboard() -> Response | None:
+        if request.blueprint != rq_dashboard.blueprint.name:
+            return None
+        return _refuse_unless(services, basic=True)

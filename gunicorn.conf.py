@@ -1,0 +1,59 @@
+"""gunicorn's configuration, read from the working directory by ``gunicorn wsgi:app``.
+
+Metrics: every worker writes its prometheus_client values to ``PROMETHEUS_MULTIPROC_DIR`` so
+that a scrape answered by any worker adds up all of them. The directory is set here, in the
+master, before any worker imports prometheus_client (a fresh temporary one when the
+environment names none), emptied before the first fork, and a dead worker's files are marked
+in ``child_exit``, as prometheus_client's multiprocess mode asks.
+
+Logs: gunicorn's own lines take Loom's format (``LOOM_LOG_FORMAT``).
+"""
+
+from __future__ import annotations
+
+import os as _os
+import shutil as _shutil
+import tempfile as _tempfile
+
+if not _os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    _os.environ["PROMETHEUS_MULTIPROC_DIR"] = _tempfile.mkdtemp(prefix="loom-metrics-")
+    _made_metrics_dir = True
+else:
+    _made_metrics_dir = False
+
+from gunicorn.glogging import Logger as _GunicornLogger  # noqa: E402
+
+from app.logs import make_formatter as _make_formatter  # noqa: E402
+
+
+class _LoomGunicornLogger(_GunicornLogger):
+    """gunicorn's logger with its handlers in Loom's log format."""
+
+    def setup(self, cfg):  # noqa: ANN001, ANN201
+        super().setup(cfg)
+        formatter = _make_formatter(_os.environ.get("LOOM_LOG_FORMAT", "auto").strip().lower()
+                                    or "auto")
+        for log in (self.error_log, self.access_log):
+            for handler in log.handlers:
+                handler.setFormatter(formatter)
+
+
+logger_class = _LoomGunicornLogger
+
+
+def on_starting(server):  # noqa: ANN001, ANN201
+    directory = _os.environ["PROMETHEUS_MULTIPROC_DIR"]
+    # Values left by an earlier run would be added to this one's.
+    _shutil.rmtree(directory, ignore_errors=True)
+    _os.makedirs(directory, exist_ok=True)
+
+
+def child_exit(server, worker):  # noqa: ANN001, ANN201
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server):  # noqa: ANN001, ANN201
+    if _made_metrics_dir:
+        _shutil.rmtree(_os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)

@@ -37,7 +37,6 @@ _ROUTE_LABELS = {
     "api-docs": "openapi",
     "rq_dashboard": "rq",
     "console": "console",
-    "static": "console",
 }
 
 

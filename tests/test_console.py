@@ -400,3 +400,36 @@ def test_pages_are_never_cached_or_framed_and_assets_are_local(client, writer):
     assert client.get(assets[0]).status_code == 200
     missing = client.get("/console/no/such/page")
     assert missing.status_code == 404 and "no page at this address" in text(missing)
+
+
+def test_the_receipt_page_reloads_while_the_erasure_runs_and_a_second_erase_follows_it(client):
+    from app.store.erasure import PROGRESS
+
+    api(client, "profile.set", namespace=NS, agent=AGENT, user_id=USER, label="likes",
+        value="Tea.")
+    console = Console(client)
+    console.sign_in(ADMIN_TOKEN)
+    console.get(f"/console/ns/{NS}/erase?user_id={USER}")
+    seen: list[tuple[str, str | None, str]] = []
+
+    def during(step: str, counts: dict[str, int]) -> None:
+        if seen:
+            return
+        # While the saga runs, a second erase from the console is sent to its receipt.
+        again = console.post(f"/console/ns/{NS}/erase", {"user_id": USER, "confirm": USER})
+        assert again.status_code == 302
+        receipt = client.get(again.headers["Location"])
+        seen.append((text(receipt), receipt.headers.get("Refresh"), step))
+
+    reset = PROGRESS.set(during)
+    try:
+        erased = console.post(f"/console/ns/{NS}/erase", {"user_id": USER, "confirm": USER})
+    finally:
+        PROGRESS.reset(reset)
+    [(page, refresh, step)] = seen
+    assert 'id="erasure-status">running<' in page
+    assert refresh == "1"
+    assert f"step {step}" in page
+    done = client.get(erased.headers["Location"])
+    assert 'id="erasure-status">done<' in text(done)
+    assert "Refresh" not in done.headers

@@ -28,7 +28,14 @@ from flask import (
 from app.auth import ANY, Principal
 from app.console import bp, csrf_matches, csrf_token, run
 from app.console.explain import structured_reason
-from app.errors import AuthInvalid, AuthRequired, HashMismatch, LoomError, SchemaRuleViolation
+from app.errors import (
+    AuthInvalid,
+    AuthRequired,
+    ErasureRunning,
+    HashMismatch,
+    LoomError,
+    SchemaRuleViolation,
+)
 from app.ops.profile_schema import SEED_EXAMPLE_SCHEMA
 
 # How many pages of 100 rows a listing reads before it says the rest is not shown.
@@ -516,8 +523,12 @@ def erase(principal: Principal, namespace: str) -> Any:
     if not user_id or confirmation != user_id:
         return _page("erase.html", 422, namespace=namespace, user_id=user_id,
                      error="Nothing was erased: type the user id exactly as shown to confirm.")
+    who = {"namespace": namespace, "user_id": user_id}
     try:
-        receipt = run("user.erase", {"namespace": namespace, "user_id": user_id}, principal)
+        receipt = run("user.erase", who, principal)
+    except ErasureRunning:
+        # Already under way (another tab, the CLI, a worker): follow that erasure instead.
+        receipt = run("erasure.status", who, principal)
     except LoomError as error:
         return _page("erase.html", error.status, namespace=namespace, user_id=user_id,
                      error=f"Not erased: {describe(error)}")

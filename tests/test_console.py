@@ -433,3 +433,16 @@ def test_the_receipt_page_reloads_while_the_erasure_runs_and_a_second_erase_foll
     done = client.get(erased.headers["Location"])
     assert 'id="erasure-status">done<' in text(done)
     assert "Refresh" not in done.headers
+
+
+def test_the_user_page_lists_working_memory_scopes_and_opens_one(client, writer):
+    api(client, "working_memory.set", namespace=NS, agent=AGENT, user_id=USER,
+        session_id="s-9", block_key="state", content="step 3 done")
+    console = Console(client)
+    console.sign_in(writer)
+    page = text(console.get(f"/console/ns/{NS}/user?user_id={USER}"))
+    table = page.split('id="scopes"', 1)[1].split("</table>", 1)[0]
+    assert f"<td>{AGENT}</td><td>s-9</td><td>-</td><td>1</td>" in table
+    assert "step 3 done" not in page
+    link = re.search(r'href="([^"]+)">Show<', table).group(1).replace("&amp;", "&")
+    assert "step 3 done" in text(console.get(link))

@@ -488,6 +488,8 @@ def user(principal: Principal, namespace: str) -> Any:
         "session_id": request.args.get("session_id", "").strip() or "-",
         "run_id": request.args.get("run_id", "").strip() or "-",
     }
+    listed_scopes, scopes_error = _try("working_memory.scopes",
+                                       {"namespace": namespace, "user_id": user_id}, principal)
     blocks: dict[str, Any] = {}
     blocks_error = ""
     if scope["agent"]:
@@ -506,6 +508,7 @@ def user(principal: Principal, namespace: str) -> Any:
         activity=activity, activity_error=activity_error,
         states=states, states_error=states_error,
         scope=scope, blocks=blocks, blocks_error=blocks_error, known_agents=known_agents,
+        scopes=listed_scopes.get("scopes", []), scopes_error=scopes_error,
         new_section={"agent": principal.agent or "", "label": "", "value": ""},
     )
 

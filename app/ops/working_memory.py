@@ -79,6 +79,22 @@ class WorkingMemoryRenderArgs(IdentityArgs):
     limit = StrictInt(load_default=20, validate=validate.Range(min=1, max=100))
 
 
+class WorkingMemoryScopesArgs(IdentityArgs):
+    class Meta:
+        exclude = ("session_id", "run_id")
+
+
+class WorkingMemoryScope(Schema):
+    agent = fields.String()
+    session_id = fields.String()
+    run_id = fields.String()
+    block_count = fields.Integer()
+
+
+class WorkingMemoryScopes(Answer):
+    scopes = fields.List(fields.Nested(WorkingMemoryScope))
+
+
 class WorkingMemoryWrite(Answer):
     block_key = fields.String()
     version = fields.Integer()
@@ -202,3 +218,19 @@ def working_memory_render(call: Call) -> dict[str, Any]:
         "total_chars": sum(len(block.content) for block in blocks),
     }
 
+
+
+@op("working_memory.scopes", role="viewer", kind="read", listed=False, mcp=False,
+    args=WorkingMemoryScopesArgs, answer=WorkingMemoryScopes, needs_agent=False,
+    example={"namespace": "support", "user_id": "u-42"})
+def working_memory_scopes(call: Call) -> dict[str, Any]:
+    """List a user's working-memory scopes (agent, session, run) and block counts; no content."""
+    identity, principal = call.identity, call.principal
+    scopes = _store(call).scope_summaries(identity.org, identity.namespace, identity.user_id)
+    # A token that fixes an agent or a session sees only its own scopes.
+    visible = [
+        scope for scope in scopes
+        if principal.agent in (None, scope.agent)
+        and principal.session_id in (None, scope.session_id)
+    ]
+    return {"scopes": [scope.as_answer() for scope in visible]}

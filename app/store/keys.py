@@ -9,6 +9,8 @@ collide with another split of the same characters.
 
 from __future__ import annotations
 
+from urllib.parse import unquote
+
 PREFIX = "loom"
 
 # '%' first so escapes never escape each other; '{' and '}' would end the hash tag; '/' and
@@ -43,6 +45,13 @@ def working_memory_scope(
         f"{PREFIX}:wm:{user_tag(org, namespace, user_id)}:"
         f"{escape(agent)}:{escape(session_id)}:{escape(run_id)}"
     )
+
+
+def working_memory_scope_parts(scope_key: str) -> tuple[str, str, str]:
+    """(agent, session_id, run_id) of a key ``working_memory_scope`` built."""
+    # escape() writes only %XX escapes, which unquote undoes.
+    agent, session_id, run_id = scope_key.split("}:", 1)[1].split(":")
+    return unquote(agent), unquote(session_id), unquote(run_id)
 
 
 def working_memory_scopes(org: str, namespace: str, user_id: str) -> str:

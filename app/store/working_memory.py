@@ -142,6 +142,18 @@ class Block:
 
 
 @dataclass(frozen=True, slots=True)
+class ScopeSummary:
+    agent: str
+    session_id: str
+    run_id: str
+    block_count: int
+
+    def as_answer(self) -> dict[str, Any]:
+        return {"agent": self.agent, "session_id": self.session_id, "run_id": self.run_id,
+                "block_count": self.block_count}
+
+
+@dataclass(frozen=True, slots=True)
 class BlockWrite:
     block_key: str
     version: int
@@ -280,3 +292,20 @@ class WorkingMemoryStore:
 
     def scopes_of_user(self, org: str, namespace: str, user_id: str) -> set[str]:
         return self.redis.smembers(keys.working_memory_scopes(org, namespace, user_id))
+
+    def scope_summaries(self, org: str, namespace: str, user_id: str) -> list[ScopeSummary]:
+        """The user's live scopes with their block counts, in (agent, session, run) order:
+        one SMEMBERS and one pipelined HLEN per scope, no content read."""
+        scope_keys = sorted(self.scopes_of_user(org, namespace, user_id))
+        if not scope_keys:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for key in scope_keys:
+            pipe.hlen(key)
+        summaries = [
+            ScopeSummary(*keys.working_memory_scope_parts(key), block_count=count)
+            for key, count in zip(scope_keys, pipe.execute(), strict=True)
+            if count
+        ]
+        summaries.sort(key=lambda summary: (summary.agent, summary.session_id, summary.run_id))
+        return summaries

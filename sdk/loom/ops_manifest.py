@@ -3244,6 +3244,57 @@ OPS: dict[str, dict[str, Any]] = {
             'required': ['old'],
         },
     },
+    'working_memory.scopes': {
+        'role': 'viewer',
+        'kind': 'read',
+        'listed': False,
+        'mcp': False,
+        'http_method': 'POST',
+        'path': '/v1/working_memory.scopes',
+        'summary': (
+            "List a user's working-memory scopes (agent, session, run) and block counts; no "
+            'content.'
+        ),
+        'fields': {
+            'org': {'required': False, 'default': None},
+            'namespace': {'required': False, 'default': None},
+            'agent': {'required': False, 'default': None},
+            'user_id': {'required': False, 'default': '-'},
+        },
+        'input_schema': {
+            'type': 'object',
+            'properties': {
+                'org': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The tenant.',
+                },
+                'namespace': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The namespace the op reads or writes.',
+                },
+                'agent': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The writing or reading agent.',
+                },
+                'user_id': {
+                    'type': 'string',
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The end user; '-' for none.",
+                },
+            },
+        },
+    },
     'working_memory.set': {
         'role': 'writer',
         'kind': 'idempotent',

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 
 class Clock:
@@ -29,6 +29,14 @@ class FrozenClock(Clock):
         self._ns += int(seconds * 1e9)
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def iso_from_ns(ns: int) -> str:
-    """ISO 8601 in UTC with microseconds, the form every answer uses for a time."""
-    return datetime.fromtimestamp(ns / 1e9, tz=UTC).isoformat().replace("+00:00", "Z")
+    """ISO 8601 in UTC with microseconds, the form every answer uses for a time.
+
+    Integer arithmetic only: a version read as a time is exact to the microsecond (the
+    nanoseconds below it are cut, never rounded through a float into the next microsecond).
+    """
+    moment = _EPOCH + timedelta(microseconds=ns // 1000)
+    return moment.isoformat().replace("+00:00", "Z")

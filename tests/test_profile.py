@@ -91,11 +91,13 @@ def test_the_default_cap_is_measured_on_canonical_json_with_non_ascii(client):
 def test_char_limit_set_kept_and_refused(client):
     out = ok(client, "profile.set", label="l", value="abc", char_limit=10)
     assert out["char_limit"] == 10
-    assert ok(client, "profile.set", label="l", value="12345678")["char_limit"] == 10  # kept
-    status, out = call(client, "profile.set", label="l", value="123456789")
+    assert ok(client, "profile.set", label="l", value="12345678", char_limit=10)["char_limit"] == 10
+    status, out = call(client, "profile.set", label="l", value="123456789", char_limit=10)
     assert status == 422 and out["error"]["value_length"] == 11
     assert out["error"]["char_limit"] == 10
     assert section(client, "l") == "12345678"
+    # Left out, the seed's default (8,192) applies.
+    assert ok(client, "profile.set", label="l", value="123456789")["char_limit"] == 8192
     assert ok(client, "profile.set", label="l", value="x" * 20, char_limit=30)["char_limit"] == 30
 
 

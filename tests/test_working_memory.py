@@ -77,10 +77,10 @@ def test_default_limit_counts_characters_not_bytes(client):
     assert status == 422 and out["error"]["value_length"] == 4097
 
 
-def test_set_without_char_limit_keeps_the_blocks_cap(client):
+def test_set_without_char_limit_gives_the_default_cap(client):
     call(client, "set", content="a", char_limit=16384)
     status, out = call(client, "set", content="b" * 5000)
-    assert status == 200 and out["char_limit"] == 16384
+    assert status == 422 and out["error"]["char_limit"] == 4096
     status, out = call(client, "set", content="c", char_limit=100)
     assert out["char_limit"] == 100
 

@@ -23,7 +23,13 @@ from app.attributes import with_attribute_tags
 from app.auth import READ_SCOPE_RANK, READ_SCOPES, effective_read_scope, row_visible
 from app.errors import AuthInsufficient, MemoryNotFound, ValidationFailed
 from app.registry import Call, op
-from app.schemas.common import Answer, IdentityArgs, StrictFloat, StrictInt
+from app.schemas.common import (
+    Answer,
+    IdentityArgs,
+    StrictFloat,
+    StrictInt,
+    no_control_characters,
+)
 from app.store.activity import ActivityStore
 from app.store.memory import (
     DEFAULT_PROFILE_CHAR_LIMIT,
@@ -51,11 +57,6 @@ _WHO = {"namespace": "support", "agent": "triage-bot", "user_id": "u-42"}
 # Fields
 
 
-def _no_control_characters(value: str) -> None:
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
-        raise ValidationError("must not contain control characters")
-
-
 def _not_a_delete_version_trace(value: str) -> None:
     if value.startswith(DELETE_VERSION_TRACE):
         raise ValidationError(
@@ -68,7 +69,7 @@ class KeyText(fields.String):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(
-            validate=[validate.Length(min=1, max=KEY_MAX), _no_control_characters], **kwargs
+            validate=[validate.Length(min=1, max=KEY_MAX), no_control_characters], **kwargs
         )
 
 
@@ -140,7 +141,7 @@ class MemorySetArgs(IdentityArgs):
     )
     confidence = StrictFloat(load_default=1.0, validate=validate.Range(min=0, max=1))
     tags = fields.List(
-        fields.String(validate=[validate.Length(min=1, max=TAG_MAX), _no_control_characters]),
+        fields.String(validate=[validate.Length(min=1, max=TAG_MAX), no_control_characters]),
         load_default=list,
         validate=validate.Length(max=TAGS_MAX),
         metadata={"description": "about:other, attribute:<name>, forget, or free tags."},
@@ -153,7 +154,7 @@ class MemorySetArgs(IdentityArgs):
     valid_at = _moment("When the fact became true; dates it for profile builds.")
     valid_to = _moment("When the fact stops being true.")
     duplicate_of = fields.String(
-        load_default="", validate=[validate.Length(max=64), _no_control_characters]
+        load_default="", validate=[validate.Length(max=64), no_control_characters]
     )
     provenance = fields.String(
         load_default="stated", validate=validate.OneOf(["stated", "derived"])
@@ -186,7 +187,7 @@ class MemoryTargetArgs(IdentityArgs):
     key = KeyText(load_default=None, metadata={"description": "The row's key."})
     memory_id = fields.String(
         load_default=None,
-        validate=[validate.Length(min=1, max=64), _no_control_characters],
+        validate=[validate.Length(min=1, max=64), no_control_characters],
         metadata={"description": "The row's id, from any identity that can see it."},
     )
     memory_type = memory_type_field(
@@ -238,7 +239,7 @@ class MemoryDeleteVersionArgs(MemoryTargetArgs):
 class MemoryListArgs(IdentityArgs):
     memory_type = memory_type_field(load_default=None)
     key_prefix = fields.String(
-        load_default="", validate=[validate.Length(max=KEY_MAX), _no_control_characters]
+        load_default="", validate=[validate.Length(max=KEY_MAX), no_control_characters]
     )
     scope = fields.String(
         load_default="namespace",

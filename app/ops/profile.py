@@ -52,11 +52,11 @@ class ProfileSetArgs(IdentityArgs):
     )
     value = fields.String(required=True, metadata={"description": "The section's whole text."})
     char_limit = StrictInt(
-        load_default=None,
+        load_default=DEFAULT_PROFILE_CHAR_LIMIT,
         validate=validate.Range(min=1, max=MAX_CHAR_LIMIT),
         metadata={
             "description": "The section's size cap on the JSON-encoded value (default 8192); "
-            "left out, an existing section keeps its cap."
+            "a set without it gives the section the default cap."
         },
     )
     source_trace = source_trace_field()

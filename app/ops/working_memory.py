@@ -7,7 +7,7 @@ from typing import Any
 from marshmallow import Schema, fields, validate
 
 from app.registry import Call, op
-from app.schemas.common import Answer, IdentityArgs, StrictInt
+from app.schemas.common import Answer, IdentityArgs, StrictInt, no_control_characters
 from app.store.working_memory import (
     DEFAULT_BLOCK_KEY,
     DEFAULT_CHAR_LIMIT,
@@ -23,7 +23,7 @@ RENDER_MAX_BLOCK_KEYS = 20
 def _block_key(description: str) -> fields.String:
     return fields.String(
         load_default=DEFAULT_BLOCK_KEY,
-        validate=validate.Length(min=1, max=BLOCK_KEY_MAX),
+        validate=[validate.Length(min=1, max=BLOCK_KEY_MAX), no_control_characters],
         metadata={"description": description},
     )
 
@@ -34,11 +34,11 @@ class WorkingMemorySetArgs(IdentityArgs):
         load_default="", metadata={"description": "The block's whole new text."}
     )
     char_limit = StrictInt(
-        load_default=None,
+        load_default=DEFAULT_CHAR_LIMIT,
         validate=validate.Range(min=1, max=MAX_CHAR_LIMIT),
         metadata={
             "description": "The block's size cap in characters (default 4096, at most 16384); "
-            "left out, an existing block keeps its cap."
+            "a set without it gives the block the default cap."
         },
     )
 
@@ -70,7 +70,8 @@ class WorkingMemoryKeyArgs(IdentityArgs):
 
 class WorkingMemoryRenderArgs(IdentityArgs):
     block_keys = fields.List(
-        fields.String(validate=validate.Length(min=1, max=BLOCK_KEY_MAX)),
+        fields.String(validate=[validate.Length(min=1, max=BLOCK_KEY_MAX),
+                                no_control_characters]),
         load_default=None,
         validate=validate.Length(max=RENDER_MAX_BLOCK_KEYS),
         metadata={"description": "Only these blocks (at most 20); empty = every live block."},

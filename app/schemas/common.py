@@ -39,7 +39,7 @@ class StrictFloat(fields.Float):
         return super()._deserialize(value, attr, data, **kwargs)
 
 
-def _no_control_characters(value: str) -> None:
+def no_control_characters(value: str) -> None:
     if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
         raise ValidationError("must not contain control characters")
 
@@ -49,7 +49,7 @@ class IdentityText(fields.String):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(
-            validate=[validate.Length(min=1, max=IDENTITY_MAX_LENGTH), _no_control_characters],
+            validate=[validate.Length(min=1, max=IDENTITY_MAX_LENGTH), no_control_characters],
             **kwargs,
         )
 

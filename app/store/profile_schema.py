@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from app.clock import iso_from_ns
-from app.profile_schema import canonical_json, schema_sha256
+from app.profile_schema import schema_sha256
 from app.store import keys
 
 if TYPE_CHECKING:
@@ -75,7 +75,10 @@ class ProfileSchemaStore:
         pipe = self.redis.pipeline(transaction=True)
         pipe.hgetall(key)
         pipe.delete(key)
-        pipe.hset(key, mapping={"doc": canonical_json(doc), "sha": new.sha, "set_by": actor,
+        # Kept in the admin's order, not canonical: profile.structured answers the properties
+        # in the schema's order (the sha ignores the order, so a reorder rebuilds nobody).
+        ordered = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
+        pipe.hset(key, mapping={"doc": ordered, "sha": new.sha, "set_by": actor,
                                 "set_at": new.set_at})
         pipe.sadd(keys.structured_namespaces(), namespace_member(org, namespace))
         old_row, *_ = pipe.execute()

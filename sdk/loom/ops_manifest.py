@@ -2101,7 +2101,7 @@ OPS: dict[str, dict[str, Any]] = {
             'run_id': {'required': False, 'default': '-'},
             'label': {'required': True},
             'value': {'required': True},
-            'char_limit': {'required': False, 'default': None},
+            'char_limit': {'required': False, 'default': 8192},
             'source_trace': {'required': False, 'default': ''},
             'if_match_sha256': {'required': False, 'default': ''},
         },
@@ -2158,13 +2158,13 @@ OPS: dict[str, dict[str, Any]] = {
                 },
                 'value': {'type': 'string', 'description': "The section's whole text."},
                 'char_limit': {
-                    'type': ['integer', 'null'],
-                    'default': None,
+                    'type': 'integer',
+                    'default': 8192,
                     'minimum': 1,
                     'maximum': 65536,
                     'description': (
-                        "The section's size cap on the JSON-encoded value (default 8192); left "
-                        'out, an existing section keeps its cap.'
+                        "The section's size cap on the JSON-encoded value (default 8192); a "
+                        'set without it gives the section the default cap.'
                     ),
                 },
                 'source_trace': {
@@ -3312,7 +3312,7 @@ OPS: dict[str, dict[str, Any]] = {
             'run_id': {'required': False, 'default': '-'},
             'block_key': {'required': False, 'default': 'scratchpad'},
             'content': {'required': False, 'default': ''},
-            'char_limit': {'required': False, 'default': None},
+            'char_limit': {'required': False, 'default': 4096},
         },
         'input_schema': {
             'type': 'object',
@@ -3372,13 +3372,13 @@ OPS: dict[str, dict[str, Any]] = {
                     'description': "The block's whole new text.",
                 },
                 'char_limit': {
-                    'type': ['integer', 'null'],
-                    'default': None,
+                    'type': 'integer',
+                    'default': 4096,
                     'minimum': 1,
                     'maximum': 16384,
                     'description': (
-                        "The block's size cap in characters (default 4096, at most 16384); "
-                        'left out, an existing block keeps its cap.'
+                        "The block's size cap in characters (default 4096, at most 16384); a "
+                        'set without it gives the block the default cap.'
                     ),
                 },
             },

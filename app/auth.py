@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.errors import AuthInsufficient, IdentityIncomplete
+from app.errors import AuthInsufficient, IdentityIncomplete, ValidationFailed
 from app.registry import ROLE_RANK, Op
 from app.store.identity import Identity
 
@@ -86,7 +86,18 @@ def resolve_identity(op: Op, principal: Principal, args: dict[str, Any]) -> Iden
         None if principal.namespace == ANY else principal.namespace,
         None,
     )
+    if principal.session_id and not principal.read_user_id:
+        # A session id alone does not say whose session it is: naming another user's id with
+        # it would read their data. Tokens are bound to a user when minted with a session.
+        raise AuthInsufficient("this token is bound to a session but to no user; mint it "
+                               "again with read_user_id", field="session_id")
+    if op.org_wide and principal.namespace != ANY and not principal.single_user:
+        raise AuthInsufficient(f"{op.name} acts on the whole org: it needs a token that "
+                               "reaches every namespace", field="namespace")
     agent = _fixed("agent", args.get("agent"), principal.agent, None)
+    if agent == ANY and op.kind != "read" and not args.get("memory_id"):
+        # '*' means every agent when reading; no write, block or token may be an agent '*'.
+        raise ValidationFailed({"agent": ["a write names one agent, not '*'"]})
     user_id = _fixed("user_id", args.get("user_id", "-"), principal.read_user_id, "-")
     session_id = _fixed("session_id", args.get("session_id", "-"), principal.session_id, "-")
     if op.needs_namespace and not namespace:

@@ -65,6 +65,8 @@ class Op:
     # need no namespace either.
     needs_agent: bool = True
     needs_namespace: bool = True
+    # An op on the whole org (its model-call switch) needs a token reaching every namespace.
+    org_wide: bool = False
     # A valid body for this op: the OpenAPI example, and what the auth matrix sends.
     example: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)

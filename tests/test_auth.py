@@ -136,7 +136,7 @@ def test_pinned_user_reads_only_that_user(client):
 
 
 def test_session_bound_token(client):
-    bound = mint(client, namespace="support", role="writer", session_id="s1")
+    bound = mint(client, namespace="support", role="writer", session_id="s1", read_user_id="u1")
     assert post(client, "working_memory.set", bound, content="x", **WM)[0] == 200
     assert post(client, "working_memory.get", bound, session_id="s1", **WM)[1]["found"] is True
     assert post(client, "working_memory.get", bound, session_id="s2", **WM)[0] == 403

@@ -3,16 +3,22 @@
 The matrix reads the registry, so an op added later is covered without editing this file: it
 only needs an ``example`` body in its declaration. Marker strings are planted in the victim's
 org, namespace and user through every write op; no answer to any other caller may carry one.
+The conditions: no, unknown or revoked token; another org or namespace; a role too low; a
+token pinned to another user, bound to another session or fixed to another agent; the
+victim's memory_id or customer handles named by such a token; an op on the whole org from a
+namespace's token; and every write naming the victim while their erasure runs.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from urllib.parse import urlencode
 
 import pytest
 
 from app.registry import ROLE_RANK, load_ops
+from app.store import keys
 from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint
 
 OPS = list(load_ops())
@@ -57,6 +63,7 @@ def world(redis_server_url, tmp_path_factory):
         lambda **o: make_app(redis_server_url, tmp_path_factory.mktemp("matrix"), **o)
     )
     client = app.test_client()
+    planted: dict[str, str] = {}
     for declared in OPS:
         if declared.kind == "read" or not declared.example:
             continue
@@ -70,7 +77,9 @@ def world(redis_server_url, tmp_path_factory):
         for name in TEXT_FIELDS:
             if isinstance(body.get(name), str):
                 body[name] = f"{MARKER} {body[name]}"
-        send(client, declared, body, ADMIN_TOKEN)
+        status, text = send(client, declared, body, ADMIN_TOKEN)
+        if declared.name == "memory.set":
+            planted["memory_id"] = json.loads(text)["memory_id"]
     tokens = {
         "other_org": mint(client, org="other-org", namespace="*", role="admin"),
         "other_namespace": mint(client, org=VICTIM["org"], namespace="other-ns", role="admin"),
@@ -79,7 +88,12 @@ def world(redis_server_url, tmp_path_factory):
         "pinned": mint(client, org=VICTIM["org"], namespace=VICTIM["namespace"], role="admin",
                        read_user_id="other-user", scopes=["agent_state"]),
         "session_bound": mint(client, org=VICTIM["org"], namespace=VICTIM["namespace"],
-                              role="admin", session_id="other-session", scopes=["agent_state"]),
+                              role="admin", session_id="other-session",
+                              read_user_id="other-user", scopes=["agent_state"]),
+        "agent_bound": mint(client, org=VICTIM["org"], namespace=VICTIM["namespace"],
+                            role="admin", agent="other-agent", scopes=["agent_state"]),
+        "namespace_admin": mint(client, org=VICTIM["org"], namespace=VICTIM["namespace"],
+                                role="admin", scopes=["agent_state"]),
     }
     revoked_answer = client.post(
         "/v1/token.create",
@@ -89,6 +103,8 @@ def world(redis_server_url, tmp_path_factory):
     client.post("/v1/token.revoke", json={"token_id": revoked_answer["token_id"],
                                           "org": VICTIM["org"]}, headers=bearer(ADMIN_TOKEN))
     tokens["revoked"] = revoked_answer["token"]
+    tokens["_memory_id"] = planted["memory_id"]
+    tokens["_redis"] = redis_server_url
     yield client, tokens
     redis.Redis.from_url(redis_server_url).flushdb()
 
@@ -177,3 +193,125 @@ def test_callers_acting_in_their_own_reach_never_see_a_marker(world, declared):
         status, text = send(client, declared, body, tokens[name])
         assert status < 500, (declared.name, name, text)
         assert MARKER not in text, (declared.name, name)
+
+
+BOUND = ("pinned", "session_bound", "agent_bound")
+
+
+def _fresh_bound_tokens(client) -> dict[str, str]:
+    """Tokens pinned to, bound to or fixed to someone else, minted for one test: an erasure of
+    their user run by an earlier test revokes the module's own."""
+    reach = {"org": VICTIM["org"], "namespace": VICTIM["namespace"], "role": "admin",
+             "scopes": ["agent_state"]}
+    return {
+        "pinned": mint(client, **reach, read_user_id="other-user"),
+        "session_bound": mint(client, **reach, session_id="other-session",
+                              read_user_id="other-user"),
+        "agent_bound": mint(client, **reach, agent="other-agent"),
+    }
+
+
+@pytest.mark.parametrize("declared", OPS, ids=lambda d: d.name)
+def test_the_victims_memory_id_is_out_of_reach_of_bound_tokens(world, declared):
+    if "memory_id" not in _schema_fields(declared):
+        pytest.skip("the op takes no memory_id")
+    client, tokens = world
+    bound = _fresh_bound_tokens(client)
+    for name in BOUND:
+        body = {k: v for k, v in declared.example.items() if k not in ("key", *VICTIM)}
+        body.update(namespace=VICTIM["namespace"], memory_id=tokens["_memory_id"])
+        status, text = send(client, declared, body, bound[name])
+        assert MARKER not in text, (declared.name, name)
+        assert status in (403, 404) or '"found":false' in text, (declared.name, name, text)
+
+
+@pytest.mark.parametrize("declared", OPS, ids=lambda d: d.name)
+def test_a_pinned_token_names_no_other_customers_handles(world, declared):
+    if "handles" not in _schema_fields(declared):
+        pytest.skip("the op takes no handles")
+    client, _tokens = world
+    bound = _fresh_bound_tokens(client)
+    for name in ("pinned", "session_bound"):
+        body = {**declared.example, "namespace": VICTIM["namespace"], "user_id": "other-user",
+                "handles": [VICTIM["user_id"]]}
+        status, text = send(client, declared, body, bound[name])
+        # (A session-bound token may also be refused first for spanning sessions.)
+        assert status == 403 and ("handles.0" in text or name == "session_bound"), (
+            declared.name, name, text)
+        assert MARKER not in text
+
+
+@pytest.mark.parametrize("declared", OPS, ids=lambda d: d.name)
+def test_pinned_tokens_reach_only_agent_state_about_their_user(world, declared):
+    if declared.plane != "agent_state":
+        pytest.skip("not an agent-state op")
+    client, _tokens = world
+    bound = _fresh_bound_tokens(client)
+    body = {**declared.example, "namespace": VICTIM["namespace"]}
+    if "scope" in body:
+        body["scope"] = {"kind": "subject", "id": VICTIM["user_id"]}
+    if "profile_id" in body:
+        body["profile_id"] = VICTIM["user_id"]
+    for name in ("pinned", "session_bound"):
+        status, text = send(client, declared, body, bound[name])
+        assert status == 403, (declared.name, name, text)
+
+
+@pytest.mark.parametrize("declared", [d for d in OPS if d.org_wide], ids=lambda d: d.name)
+def test_an_op_on_the_whole_org_needs_every_namespace(world, declared):
+    client, tokens = world
+    status, text = send(client, declared, _victim_body(declared), tokens["namespace_admin"])
+    assert status == 403 and "AUTH_INSUFFICIENT" in text, (declared.name, text)
+
+
+@pytest.mark.parametrize("declared", OPS, ids=lambda d: d.name)
+def test_no_write_names_agent_star(world, declared):
+    if declared.kind == "read" or "agent" not in _schema_fields(declared):
+        pytest.skip("the op writes no agent")
+    client, _tokens = world
+    body = {**_victim_body(declared), "agent": "*"}
+    body.pop("memory_id", None)
+    status, text = send(client, declared, body, ADMIN_TOKEN)
+    assert status == 422 and '"agent"' in text, (declared.name, text)
+
+
+# Writes that name a user without writing the user's data, and the erasure itself; a block's
+# removal leaves the erasure less to do, never more.
+NOT_USER_DATA = {"token.create", "token.revoke", "user.erase", "working_memory.delete"}
+# Its example's text is not in the planted section: refused 422 before the erasure is asked.
+REFUSED_FIRST = {"profile.replace": "SUBSTRING_NOT_FOUND"}
+
+
+@pytest.mark.parametrize("declared", OPS, ids=lambda d: d.name)
+def test_every_write_naming_a_user_being_erased_is_409(world, declared):
+    fields = _schema_fields(declared)
+    # Ops that need no agent (schemas, the org switch) act on a namespace, whoever the body
+    # names as user.
+    if declared.kind == "read" or declared.name in NOT_USER_DATA or not declared.needs_agent or (
+        "user_id" not in fields and "subject" not in fields
+    ):
+        pytest.skip("the op writes nothing about a user")
+    import redis
+
+    from app.store.agent_state import AgentStateStore
+
+    client, tokens = world
+    services = client.application.extensions["loom"]
+    body = _victim_body(declared)
+    if "subject" in fields:
+        body["subject"] = VICTIM["user_id"]
+    digest = services.store(AgentStateStore).subject_digest(
+        VICTIM["org"], VICTIM["namespace"], VICTIM["user_id"])
+    markers = [keys.user_erasing(VICTIM["org"], VICTIM["namespace"], VICTIM["user_id"]),
+               keys.agent_state_subject_erasing(VICTIM["org"], VICTIM["namespace"], digest)]
+    raw = redis.Redis.from_url(tokens["_redis"])
+    raw.set(markers[1], 1)
+    raw.hset(markers[0], "since", 1)
+    try:
+        status, text = send(client, declared, body, ADMIN_TOKEN)
+    finally:
+        raw.delete(*markers)
+    if declared.name in REFUSED_FIRST:
+        assert REFUSED_FIRST[declared.name] in text, text
+        return
+    assert status == 409 and "USER_BEING_ERASED" in text, (declared.name, text)

@@ -278,7 +278,8 @@ def test_a_token_bound_to_a_session_reads_no_agent_layer_of_its_user(app_factory
         ok(client, "working_memory.set", admin, block_key="k", content=f"at {scope}",
            **USER, **scope)
     assert pack(client, admin, session_id="s-1")["pack"].count("<working-memory") == 2
-    bound = bearer(mint(client, namespace="support", role="viewer", session_id="s-1"))
+    bound = bearer(mint(client, namespace="support", role="viewer", session_id="s-1",
+                        read_user_id="u-42"))
     out = pack(client, bound)
     assert out["pack"] == tag("k", "at {'session_id': 's-1'}")
     viewer = bearer(mint(client, namespace="support", role="viewer", read_scope="own_user"))

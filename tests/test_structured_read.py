@@ -61,7 +61,8 @@ def test_token_scope_rules(app_factory):
     other = client.post("/v1/profile.structured", json={**NS, "user_id": "u-2"},
                         headers=bearer(pinned))
     assert other.status_code == 403
-    bound = mint(client, namespace="support", role="viewer", session_id="s-1")
+    bound = mint(client, namespace="support", role="viewer", session_id="s-1",
+                 read_user_id="u-1")
     without = client.post("/v1/profile.structured", json={**NS, "user_id": "u-1"},
                           headers=bearer(bound))
     assert without.status_code == 422

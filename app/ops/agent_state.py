@@ -16,7 +16,7 @@ from typing import Any
 from marshmallow import Schema, fields, validate
 
 from app.clock import iso_from_ns
-from app.errors import AuthInsufficient
+from app.errors import AuthInsufficient, ValidationFailed
 from app.ops.namespace_config import NamespaceArgs
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, StrictInt
@@ -124,6 +124,19 @@ def _store(call: Call) -> AgentStateStore:
     return call.services.store(AgentStateStore)
 
 
+def _reach(call: Call) -> str | None:
+    """The subject digest a pinned token reaches (its user read as a customer handle), or
+    None for a token that is not pinned. A pin that is no valid handle reaches no state."""
+    pinned = call.principal.read_user_id
+    if pinned is None:
+        return None
+    identity = call.identity
+    try:
+        return _store(call).subject_digest(identity.org, identity.namespace, pinned)
+    except ValidationFailed:
+        return ""
+
+
 def _require_scope(call: Call) -> None:
     if not call.principal.has_scope(SCOPE):
         raise AuthInsufficient(
@@ -149,6 +162,7 @@ def agent_state_put(call: Call) -> dict[str, Any]:
         if_version=a["if_version"],
         body=a["body"],
         subject=a["subject"],
+        reach=_reach(call),
     )
     return result.as_answer()
 
@@ -161,7 +175,7 @@ def agent_state_read(call: Call) -> dict[str, Any]:
     identity = call.identity
     kind, canonical_id = canonical_scope(call.args["scope"], identity.namespace)
     state = _store(call).read(
-        identity.org, identity.namespace, identity.agent, kind, canonical_id
+        identity.org, identity.namespace, identity.agent, kind, canonical_id, reach=_reach(call)
     )
     return {
         "body": state.body,
@@ -178,6 +192,11 @@ def agent_state_of_profile(call: Call) -> dict[str, Any]:
     """List the states naming a profile: kind, agent, type, size, version, dates; no content."""
     _require_scope(call)
     identity = call.identity
+    reach = _reach(call)
+    if reach is not None and reach != _store(call).subject_digest(
+        identity.org, identity.namespace, call.args["profile_id"], path="profile_id"
+    ):
+        raise AuthInsufficient("this profile is outside this token's reach", field="profile_id")
     states = _store(call).states_of_subject(
         identity.org, identity.namespace, call.args["profile_id"]
     )
@@ -191,6 +210,13 @@ def agent_state_erase(call: Call) -> dict[str, Any]:
     """Erase one scope's states, for every agent; audited (kind and count, never the id)."""
     identity = call.identity
     kind, canonical_id = canonical_scope(call.args["scope"], identity.namespace)
+    reach = _reach(call)
+    if reach is not None and (kind != "subject" or reach != _store(call).scope_digest(
+        identity.org, identity.namespace, kind, canonical_id
+    )):
+        # Other scopes hold states of many customers; a pinned token erases only its own.
+        raise AuthInsufficient("a token pinned to a user erases only that user's subject "
+                               "scope", field="scope")
     erased = _store(call).erase_scope(identity.org, identity.namespace, kind, canonical_id)
     call.services.store(AuditLog).record(
         identity.org, identity.namespace, call.principal.actor,

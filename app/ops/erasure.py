@@ -112,6 +112,27 @@ def _store(call: Call) -> ErasureStore:
     return call.services.store(ErasureStore)
 
 
+def _handles_in_reach(call: Call, user_id: str) -> list[str]:
+    """The body's handles; a token pinned to a user may name only that user's own id.
+
+    An end user's token proves who they are, not which emails or phones are theirs: a handle
+    other than their own id could be anyone's, so only a token that is not pinned names them."""
+    handles: list[str] = call.args["handles"]
+    if call.principal.read_user_id is None:
+        return handles
+    identity = call.identity
+    store = _store(call)
+    own = {digest for _h, digest in store.subject_digests(identity.org, identity.namespace,
+                                                          user_id)}
+    for i, handle in enumerate(handles):
+        digest = store.agent_states.subject_digest(identity.org, identity.namespace, handle,
+                                                   path=f"handles.{i}")
+        if digest not in own:
+            raise AuthInsufficient("a token pinned to a user names no other handle than its "
+                                   "user's id", field=f"handles.{i}")
+    return handles
+
+
 def _named_user(call: Call) -> str:
     user_id = call.identity.user_id
     if user_id == "-":
@@ -125,9 +146,10 @@ def _named_user(call: Call) -> str:
 def user_erase(call: Call) -> dict[str, Any]:
     """Erase everything of one user of a namespace, with a census; answers the receipt."""
     identity = call.identity
+    user_id = _named_user(call)
     return _store(call).erase(
-        identity.org, identity.namespace, _named_user(call),
-        actor=call.principal.actor, handles=call.args["handles"],
+        identity.org, identity.namespace, user_id,
+        actor=call.principal.actor, handles=_handles_in_reach(call, user_id),
     )
 
 
@@ -159,5 +181,13 @@ def subject_export(call: Call) -> dict[str, Any]:
     if not principal.reaches_role("admin") and principal.read_user_id != user_id:
         raise AuthInsufficient("subject.export needs the admin role or a token pinned to "
                                "this user", required_role="admin")
-    return _store(call).export(identity.org, identity.namespace, user_id,
-                               handles=call.args["handles"])
+    store = _store(call)
+    handles = _handles_in_reach(call, user_id)
+    package = store.export(identity.org, identity.namespace, user_id, handles=handles)
+    if not (principal.reaches_role("writer") and principal.has_scope("agent_state")):
+        # Agent-state content is read with the writer role and the agent_state scope, through
+        # the export as directly; without them the package lists the states, not their values.
+        for state in package["agent_states"]:
+            for spec in state["fields"].values():
+                spec.pop("value", None)
+    return package

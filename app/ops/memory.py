@@ -405,8 +405,12 @@ def _not_found(call: Call) -> MemoryNotFound:
     return MemoryNotFound(f"no memory row {a['key']!r} here", key=a["key"])
 
 
-def _target(call: Call, *, read_scope: str) -> tuple[Location, str]:
-    """The row the call names, and the memory_id a script must find there ('' for a key)."""
+def _target(call: Call, *, read_scope: str, write: bool = False) -> tuple[Location, str]:
+    """The row the call names, and the memory_id a script must find there ('' for a key).
+
+    A memory_id is held to the same reach as a key: the token's user and session (through
+    ``read_scope``) and the agent it is fixed to. A row of another agent is not found (a
+    namespace-level row, agent '-', is readable but not writable by an agent-bound token)."""
     a = call.args
     memory_id = a.get("memory_id")
     if memory_id is None:
@@ -414,6 +418,11 @@ def _target(call: Call, *, read_scope: str) -> tuple[Location, str]:
     location = memory_store(call).locate(call.identity.org, call.identity.namespace, memory_id)
     if location is None or not row_visible(
         read_scope, call.identity, location.user_id, location.session_id
+    ):
+        raise _not_found(call)
+    fixed_agent = call.principal.agent
+    if fixed_agent is not None and location.agent != fixed_agent and (
+        write or location.agent != "-"
     ):
         raise _not_found(call)
     return location, memory_id
@@ -424,7 +433,7 @@ def _write_target(call: Call) -> tuple[Location, str]:
     With ``memory_type`` given, a row of another type is not found."""
     if call.args.get("memory_id") is None and call.identity.agent == "*":
         raise ValidationFailed({"agent": ["a write names one agent, not '*'"]})
-    location, memory_id = _target(call, read_scope=read_scope_for(call, None))
+    location, memory_id = _target(call, read_scope=read_scope_for(call, None), write=True)
     wanted = call.args.get("memory_type")
     if wanted is not None:
         row = memory_store(call).read(location)

@@ -112,12 +112,16 @@ def claims_for(call: Call) -> dict[str, Any]:
     if creator.expires_at is not None and (expires_at is None or expires_at > creator.expires_at):
         expires_at = creator.expires_at
     session_id = call.identity.session_id if call.identity.session_id != "-" else None
+    read_user_id = _narrower("read_user_id", args["read_user_id"], creator.read_user_id)
+    if session_id is not None and read_user_id is None:
+        raise ValidationFailed({"read_user_id": [
+            "a token bound to a session is pinned to that session's user: give read_user_id"]})
     return {
         "org": call.identity.org,
         "namespace": namespace,
         "role": args["role"],
         "read_scope": read_scope,
-        "read_user_id": _narrower("read_user_id", args["read_user_id"], creator.read_user_id),
+        "read_user_id": read_user_id,
         "session_id": _narrower("session_id", session_id, creator.session_id),
         "agent": _narrower("agent", args.get("agent"), creator.agent),
         "scopes": scopes,

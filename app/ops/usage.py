@@ -54,7 +54,7 @@ def usage_get(call: Call) -> dict[str, Any]:
 
 @op("org.set_model_calls", role="admin", kind="idempotent", listed=False,
     args=ModelCallsArgs, answer=ModelCalls, needs_agent=False, needs_namespace=False,
-    example={"enabled": False})
+    org_wide=True, example={"enabled": False})
 def org_set_model_calls(call: Call) -> dict[str, Any]:
     """Switch the org's model calls on or off; off, the workers never call a model for it."""
     store = call.services.store(UsageStore)

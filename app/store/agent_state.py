@@ -48,6 +48,7 @@ from redis.exceptions import NoScriptError
 from app.clock import iso_from_ns
 from app.errors import (
     AgentStateConflict,
+    AuthInsufficient,
     FeatureDisabled,
     UserBeingErased,
     ValidationFailed,
@@ -287,14 +288,22 @@ class AgentStateStore:
             )
 
     def read(
-        self, org: str, namespace: str, agent: str, kind: str, canonical_id: str
+        self, org: str, namespace: str, agent: str, kind: str, canonical_id: str,
+        reach: str | None = None,
     ) -> LiveState:
+        """One state; with ``reach`` (a subject digest: the caller's pinned user), a state
+        about anyone else is refused."""
         digest = self.scope_digest(org, namespace, kind, canonical_id)
+        if reach is not None and kind == "subject" and digest != reach:
+            raise _outside_reach()
         config, raw = self._read(org, namespace, keys.agent_state(org, namespace, digest, agent))
         self._require_feature(config)
-        return live_state(
+        state = live_state(
             raw, self.clock.now_ns(), _retention_type(config, raw.get("type"), agent)
         )
+        if reach is not None and state.exists and state.subject != reach:
+            raise _outside_reach()
+        return state
 
     # --- the write ------------------------------------------------------------------------------
 
@@ -310,11 +319,21 @@ class AgentStateStore:
         if_version: int | None,
         body: Mapping[str, Any],
         subject: str | None = None,
+        reach: str | None = None,
     ) -> PutResult:
         """One write. Check order (seed 002): version (412), declared fields (stored: false,
-        not_declared_field), cap (stored: false, over_cap). Malformed input is a 422 first."""
+        not_declared_field), cap (stored: false, over_cap). Malformed input is a 422 first.
+
+        With ``reach`` (the subject digest of the caller's pinned user), the write must be
+        about that user: their subject scope, or a state naming them (left out, ``subject``
+        is theirs), and never a stored state about anyone else."""
         digest = self.scope_digest(org, namespace, kind, canonical_id)
         named_subject = self._named_subject(org, namespace, kind, digest, subject)
+        if reach is not None:
+            if named_subject is None:
+                named_subject = reach
+            elif named_subject != reach:
+                raise _outside_reach()
         state_key = keys.agent_state(org, namespace, digest, agent)
         # A write naming a customer whose erasure runs is refused (409), like the user's
         # memory writes: checked with the read, then again where the write lands.
@@ -329,6 +348,8 @@ class AgentStateStore:
             now = self.clock.now_ns()
             retention = _retention_type(config, raw.get("type"), agent)
             current = live_state(raw, now, retention)
+            if reach is not None and current.exists and current.subject != reach:
+                raise _outside_reach()
             if if_version is not None and current.version != if_version:
                 raise AgentStateConflict(
                     f"the state is at version {current.version}, not {if_version}",
@@ -742,6 +763,11 @@ class AgentStateStore:
         reply = self._store(org, namespace, raw["scope"], raw["agent"], raw["etag"], rewritten)
         # A write got in first: it drops the expired fields itself.
         return len(state.expired_fields) if reply[0] == "OK" else 0
+
+
+def _outside_reach() -> AuthInsufficient:
+    return AuthInsufficient("this state is about a customer outside this token's reach",
+                            field="scope")
 
 
 def _being_erased() -> UserBeingErased:

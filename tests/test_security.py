@@ -1,0 +1,221 @@
+"""What an adversarial tenant and an end user tried with auth on, one test per finding.
+
+Each test drives the Flask app over a real redis-server with tokens minted through
+``token.create``; the registry-wide walk of the same conditions is ``test_auth_matrix``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint
+
+NS = "shop"
+LOYALTY = {"type": "loyalty_state", "ownership": "agent",
+           "fields": {"tier": {"type": "string"}, "note": {"type": "text", "pii": True}},
+           "agent_state": {"scope": "subject", "max_bytes": 16384, "write": "both"}}
+GUIDE = {"type": "shop_guide_state", "ownership": "agent",
+         "fields": {"offer": {"type": "string"}, "note": {"type": "text", "pii": True}},
+         "agent_state": {"scope": "conversation", "max_bytes": 16384, "write": "both"}}
+VICTIM_HANDLES = ("victim@example.com", "+33711223344", "u2")
+
+
+@pytest.fixture
+def client(app_factory):
+    client = auth_app(app_factory).test_client()
+    admin = bearer(ADMIN_TOKEN)
+    for op, body in (("features.set", {"features": {"agent_state": True}}),
+                     ("object_types.set", {"types": [LOYALTY, GUIDE]})):
+        response = client.post(f"/v1/{op}", json={"namespace": NS, **body}, headers=admin)
+        assert response.status_code == 200, response.get_json()
+    return client
+
+
+def call(client, op: str, token: str, **body: Any) -> tuple[int, dict[str, Any]]:
+    response = client.post(f"/v1/{op}", json={"namespace": NS, **body}, headers=bearer(token))
+    return response.status_code, response.get_json()
+
+
+def put_state(client, token: str, agent: str, scope: dict[str, str], body: dict[str, Any],
+              **extra: Any) -> tuple[int, dict[str, Any]]:
+    response = client.put("/v1/agent-state", headers=bearer(token), json={
+        "namespace": NS, "agent": agent, "scope": scope, "body": body, **extra})
+    return response.status_code, response.get_json()
+
+
+def read_state(client, token: str, agent: str, scope: dict[str, str]):
+    response = client.post("/v1/agent-state/read", headers=bearer(token),
+                           json={"namespace": NS, "agent": agent, "scope": scope})
+    return response.status_code, response.get_json()
+
+
+def plant_victims(client) -> None:
+    for handle in VICTIM_HANDLES:
+        status, out = put_state(client, ADMIN_TOKEN, "loyalty",
+                                {"kind": "subject", "id": handle}, {"tier": f"SECRET {handle}"})
+        assert status == 200 and out["stored"], out
+    status, out = put_state(client, ADMIN_TOKEN, "shop_guide",
+                            {"kind": "conversation", "id": "conv-victim"},
+                            {"offer": "SECRET offer"}, subject="u2")
+    assert status == 200 and out["stored"], out
+
+
+# --- 1. the data package of a pinned token --------------------------------------------------
+
+
+def test_a_pinned_token_exports_only_its_own_user(client):
+    plant_victims(client)
+    put_state(client, ADMIN_TOKEN, "loyalty", {"kind": "subject", "id": "u1"}, {"tier": "mine"})
+    viewer = mint(client, namespace=NS, role="viewer", read_user_id="u1")
+    status, out = call(client, "subject.export", viewer, handles=list(VICTIM_HANDLES))
+    assert status == 403 and out["error"]["field"] == "handles.0", out
+    assert "SECRET" not in json.dumps(out)
+    for handle in VICTIM_HANDLES:
+        status, out = call(client, "subject.export", viewer, handles=["u1", handle])
+        assert status == 403 and out["error"]["field"] == "handles.1", (handle, out)
+    # Its own id as a handle is fine; without the agent_state scope the states carry no values.
+    status, out = call(client, "subject.export", viewer, handles=["u1"])
+    assert status == 200 and out["counts"]["agent_states"] == 1
+    assert "value" not in out["agent_states"][0]["fields"]["tier"]
+    assert "mine" not in json.dumps(out)
+    scoped = mint(client, namespace=NS, role="writer", read_user_id="u1", scopes=["agent_state"])
+    status, out = call(client, "subject.export", scoped)
+    assert status == 200 and out["agent_states"][0]["fields"]["tier"]["value"] == "mine"
+    # An admin still names the customer's other handles.
+    status, out = call(client, "subject.export", ADMIN_TOKEN, user_id="u2",
+                       handles=["victim@example.com"])
+    assert status == 200 and out["counts"]["agent_states"] == 3
+
+
+# --- 2. the agent-state plane and read_user_id pins ------------------------------------------
+
+
+def test_a_pinned_token_reaches_only_states_about_its_user(client):
+    plant_victims(client)
+    pinned = mint(client, namespace=NS, role="writer", read_user_id="u1", scopes=["agent_state"])
+    victim = {"kind": "subject", "id": "u2"}
+    assert read_state(client, pinned, "loyalty", victim)[0] == 403
+    status, _ = put_state(client, pinned, "loyalty", victim, {"tier": "overwritten"})
+    assert status == 403
+    assert read_state(client, ADMIN_TOKEN, "loyalty", victim)[1]["body"]["tier"] == "SECRET u2"
+    conversation = {"kind": "conversation", "id": "conv-victim"}
+    assert read_state(client, pinned, "shop_guide", conversation)[0] == 403
+    assert put_state(client, pinned, "shop_guide", conversation, {"offer": "x"})[0] == 403
+    assert put_state(client, pinned, "shop_guide", {"kind": "conversation", "id": "conv-new"},
+                     {"offer": "x"}, subject="u2")[0] == 403
+    for handle in VICTIM_HANDLES:
+        response = client.get(f"/v1/profiles/{handle}/agent-state?namespace={NS}",
+                              headers=bearer(pinned))
+        assert response.status_code == 403, handle
+    status, _ = call(client, "agent_state.erase", mint(client, namespace=NS, role="admin",
+                                                       read_user_id="u1"),
+                     scope=conversation)
+    assert status == 403
+    # Its own user: the subject scope, and a conversation that then names them.
+    own = {"kind": "subject", "id": "u1"}
+    assert put_state(client, pinned, "loyalty", own, {"tier": "gold"})[0] == 200
+    assert read_state(client, pinned, "loyalty", own)[1]["body"] == {"tier": "gold"}
+    mine = {"kind": "conversation", "id": "conv-mine"}
+    assert put_state(client, pinned, "shop_guide", mine, {"offer": "y"})[0] == 200
+    response = client.get(f"/v1/profiles/u1/agent-state?namespace={NS}", headers=bearer(pinned))
+    assert response.status_code == 200 and response.get_json()["count"] == 2
+
+
+# --- 5. lookups by memory_id and an agent-bound token ----------------------------------------
+
+
+def test_an_agent_bound_token_cannot_act_on_another_agents_row_by_memory_id(client):
+    status, row = call(client, "memory.set", ADMIN_TOKEN, agent="bot2", user_id="u1",
+                       key="plan", value="bot2's plan")
+    assert status == 200
+    bot1 = mint(client, namespace=NS, role="writer", agent="bot1")
+    memory_id = row["memory_id"]
+    status, out = call(client, "memory.get", bot1, memory_id=memory_id)
+    assert status == 200 and out["found"] is False
+    for op in ("memory.pin", "memory.lock", "memory.unlock", "memory.unpin", "memory.delete",
+               "memory.history"):
+        status, out = call(client, op, bot1, memory_id=memory_id)
+        assert status == 404 and out["error"]["code"] == "MEMORY_NOT_FOUND", (op, out)
+    assert "bot2's plan" not in json.dumps(out)
+    # bot2 still writes its row: nothing locked it.
+    status, _ = call(client, "memory.set", ADMIN_TOKEN, agent="bot2", user_id="u1",
+                     key="plan", value="still mine")
+    assert status == 200
+    bot2 = mint(client, namespace=NS, role="writer", agent="bot2")
+    assert call(client, "memory.get", bot2, memory_id=memory_id)[1]["found"] is True
+
+
+def test_a_pinned_token_cannot_reach_another_users_row_by_memory_id(client):
+    status, row = call(client, "memory.set", ADMIN_TOKEN, agent="bot", user_id="u2",
+                       key="k", value="u2's")
+    assert status == 200
+    pinned = mint(client, namespace=NS, role="writer", read_user_id="u1")
+    for op in ("memory.get", "memory.lock", "memory.delete"):
+        status, out = call(client, op, pinned, agent="bot", memory_id=row["memory_id"])
+        assert "u2's" not in json.dumps(out)
+        assert status == 404 or out.get("found") is False, (op, out)
+
+
+# --- 9. the org's model-call switch ----------------------------------------------------------
+
+
+def test_only_a_token_reaching_every_namespace_switches_the_orgs_model_calls(client):
+    namespace_admin = mint(client, org="default", namespace=NS, role="admin")
+    status, out = call(client, "org.set_model_calls", namespace_admin, enabled=False)
+    assert status == 403 and out["error"]["code"] == "AUTH_INSUFFICIENT"
+    assert call(client, "usage.get", ADMIN_TOKEN)[1]["model_calls_enabled"] is True
+    org_admin = mint(client, org="default", namespace="*", role="admin")
+    status, out = call(client, "org.set_model_calls", org_admin, enabled=False)
+    assert status == 200 and out["model_calls_enabled"] is False
+
+
+# --- 11. '*' is never a written agent --------------------------------------------------------
+
+
+def test_star_is_refused_wherever_an_agent_is_written_or_fixed(client):
+    status, out = call(client, "working_memory.set", ADMIN_TOKEN, agent="*", block_key="b",
+                       content="x")
+    assert status == 422 and "agent" in out["error"]["fields"], out
+    assert "<working-memory" not in call(client, "context.pack", ADMIN_TOKEN, agent="*",
+                                         user_id="-")[1].get("pack", "")
+    status, out = call(client, "token.create", ADMIN_TOKEN, role="writer", agent="*")
+    assert status == 422 and "agent" in out["error"]["fields"], out
+    for op, body in (("profile.set", {"label": "l", "value": "v"}),
+                     ("memory.set", {"key": "k", "value": "v"})):
+        status, out = call(client, op, ADMIN_TOKEN, agent="*", user_id="u1", **body)
+        assert status == 422, (op, out)
+    status, _ = put_state(client, ADMIN_TOKEN, "*", {"kind": "subject", "id": "u1"},
+                          {"tier": "x"})
+    assert status == 422
+
+
+# --- 12. a session-bound token is bound to its user ------------------------------------------
+
+
+def test_a_session_token_is_bound_to_a_user_and_reaches_no_other(client):
+    status, out = call(client, "working_memory.set", ADMIN_TOKEN, agent="bot", user_id="u2",
+                       session_id="s1", block_key="b", content="u2's block")
+    assert status == 200
+    status, out = call(client, "token.create", ADMIN_TOKEN, role="viewer", session_id="s1")
+    assert status == 422 and "read_user_id" in out["error"]["fields"]
+    bound = mint(client, namespace=NS, role="viewer", session_id="s1", read_user_id="u1")
+    status, out = call(client, "working_memory.get", bound, agent="bot", user_id="u2",
+                       session_id="s1", block_key="b")
+    assert status == 403 and "u2's block" not in json.dumps(out)
+
+
+def test_a_session_token_minted_without_a_user_is_refused(client, app_factory):
+    """A token minted before the rule holds a session and no user: every call is refused."""
+    from app.store.tokens import TokenStore
+
+    services = client.application.extensions["loom"]
+    secret, _row = services.store(TokenStore).create(
+        {"org": "default", "namespace": NS, "role": "viewer", "read_scope": "namespace",
+         "read_user_id": None, "session_id": "s1", "agent": None, "scopes": [], "label": "",
+         "expires_at": None}, "test")
+    status, out = call(client, "working_memory.get", secret, agent="bot", user_id="u2",
+                       session_id="s1", block_key="b")
+    assert status == 403 and out["error"]["code"] == "AUTH_INSUFFICIENT"

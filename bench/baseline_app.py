@@ -10,6 +10,11 @@ error shape. ``request.get_json()`` -> Redis -> ``jsonify``.
 block, then MULTI/HSET/SADD/EXEC, starting over when another writer got in between. Each retry
 is one more WATCH, so ``INFO commandstats`` counts the retries (watch calls minus appends).
 
+``/profile/set``, ``/profile/append`` and ``/profile/render`` (for bench/mixed.py) call Loom's
+memory and activity stores straight from the view, so the Redis commands are Loom's own (the
+row script, the namespace entries, the section index ranges and rows, the read's activity
+record), again with nothing of Loom's request handling around them.
+
 Serve it with ``gunicorn bench.baseline_app:app`` (REDIS_URL set, repository root on the path).
 """
 
@@ -21,7 +26,18 @@ import time
 import redis
 from flask import Flask, jsonify, request
 
+from app.clock import Clock
+from app.store.activity import ActivityStore
+from app.store.identity import Identity
 from app.store.keys import user_erasing, working_memory_scope, working_memory_scopes
+from app.store.memory import (
+    DEFAULT_PROFILE_CHAR_LIMIT,
+    PROFILE_TYPE,
+    Content,
+    Location,
+    MemoryStore,
+    SectionReach,
+)
 from app.store.working_memory import _APPEND, _SET, DEFAULT_BLOCK_KEY, DEFAULT_CHAR_LIMIT
 
 ORG = os.environ.get("LOOM_DEFAULT_ORG", "default")
@@ -33,6 +49,17 @@ app.json.compact = True  # type: ignore[attr-defined]
 r = redis.Redis.from_url(os.environ["REDIS_URL"], decode_responses=True)
 set_script = r.register_script(_SET)
 append_script = r.register_script(_APPEND)
+
+
+class _Services:
+    """What the stores take from Loom's services: the client and the clock."""
+
+    redis = r
+    clock = Clock()
+
+
+memory = MemoryStore(_Services())  # type: ignore[arg-type]
+activity = ActivityStore(_Services())  # type: ignore[arg-type]
 
 
 def _keys(body: dict) -> tuple[str, str, str]:
@@ -165,3 +192,47 @@ def wm_append_watch():
             "retries": retries,
         }
     )
+
+
+def _location(body: dict) -> Location:
+    return Location(ORG, body["namespace"], body.get("user_id", "-"), body["agent"],
+                    body.get("session_id", "-"), body["label"])
+
+
+def _profile_written(written) -> dict:  # noqa: ANN001
+    row = written.row
+    return jsonify({"version": row.version, "memory_id": row.memory_id,
+                    "content_sha256": row.content_sha256, "label": row.key,
+                    "char_limit": row.char_limit, "value_length": row.value_length})
+
+
+@app.post("/profile/set")
+def profile_set():
+    body = request.get_json()
+    content = Content(memory_type=PROFILE_TYPE, value=body["value"], actor=body["agent"])
+    return _profile_written(memory.set(
+        _location(body), content, written_by=body["agent"],
+        default_char_limit=DEFAULT_PROFILE_CHAR_LIMIT, required_type=PROFILE_TYPE))
+
+
+@app.post("/profile/append")
+def profile_append():
+    body = request.get_json()
+    return _profile_written(memory.append(
+        _location(body), body["addition"], body.get("separator", "\n"),
+        written_by=body["agent"]))
+
+
+@app.post("/profile/render")
+def profile_render():
+    """The user's sections and the namespace's (read_scope own_user), as XML."""
+    body = request.get_json()
+    user_id = body.get("user_id", "-")
+    rows = memory.profile_sections(ORG, body["namespace"], [SectionReach("-"),
+                                                           SectionReach(user_id)])
+    rows.sort(key=lambda row: (row.key, row.user_id != "-", row.user_id, row.agent))
+    rendered = "\n".join(f'<profile label="{row.key}">{row.value}</profile>' for row in rows)
+    activity.record(Identity(ORG, body["namespace"], body["agent"], user_id),
+                    request.headers.get("User-Agent", ""), "profile.render")
+    return jsonify({"rendered": rendered, "section_count": len(rows),
+                    "total_chars": len(rendered), "labels": [row.key for row in rows]})

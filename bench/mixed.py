@@ -1,0 +1,252 @@
+"""A mixed workload at 32 connections: Loom beside the bare baseline app doing the same Redis work.
+
+    .venv/bin/python bench/mixed.py [--requests 6000] [--rounds 3] [--connections 32]
+
+What one run does:
+
+1. Starts its own redis-server on a free loopback port (append-only off), unless REDIS_URL is
+   set (then it writes, and deletes, only under the namespace ``mixed``).
+2. Serves Loom (``wsgi:app``) and ``bench/baseline_app.py`` with the same gunicorn settings
+   (2 sync workers each). For the working-memory ops the baseline runs Loom's own Lua scripts;
+   for the profile ops it calls Loom's memory and activity stores straight from a Flask view,
+   so the Redis work is the same and only Loom's request handling is missing.
+3. Before each run, writes the same data afresh: 1,000 working-memory blocks (100 users, ten
+   blocks each) and each user's ``persona`` and ``notes`` sections.
+4. Sends a fixed count of requests from 32 connections (threads on raw HTTP/1.1 sockets in a
+   separate process), the n-th request taking its op from a fixed cycle: of every ten,
+   working_memory get x3, set x1, append x2, profile set x1, append x1, render x2 (own_user),
+   each on a user and block that follow from n. Alternates the two apps for several rounds.
+5. Prints per run the throughput, p50 and p99 latency, and at the end the medians and the
+   median of the per-round throughput ratios loom/baseline (target >= 0.8, and Loom's p99
+   under 50 ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import redis  # noqa: E402
+
+from bench.working_memory import (  # noqa: E402
+    Gunicorn,
+    _read_response,
+    gunicorn_settings,
+    redis_for_bench,
+)
+
+ORG = "default"
+NAMESPACE = "mixed"
+AGENT = "bench"
+USERS = 100
+BLOCKS_PER_USER = 10  # 1,000 blocks
+TARGET_RATIO = 0.8
+TARGET_P99_MS = 50.0
+CYCLE = ("wm_get", "wm_set", "wm_append", "wm_get", "profile_set", "wm_get", "profile_render",
+         "wm_append", "profile_append", "profile_render")
+LOOM_PATHS = {
+    "wm_get": "/v1/working_memory.get", "wm_set": "/v1/working_memory.set",
+    "wm_append": "/v1/working_memory.append", "profile_set": "/v1/profile.set",
+    "profile_append": "/v1/profile.append", "profile_render": "/v1/profile.render",
+}
+BASELINE_PATHS = {
+    "wm_get": "/wm/get", "wm_set": "/wm/set", "wm_append": "/wm/append",
+    "profile_set": "/profile/set", "profile_append": "/profile/append",
+    "profile_render": "/profile/render",
+}
+BLOCK_TEXT = "cursor: ticket 4812; lease: holds the refunds queue; step 3 of 7 done."
+
+
+def request_body(n: int) -> tuple[str, bytes]:
+    """The n-th request: its op and JSON body (the same for both apps)."""
+    op = CYCLE[n % len(CYCLE)]
+    user = f"u-{(n * 7919) % USERS:03d}"
+    fields: dict[str, object] = {"namespace": NAMESPACE, "agent": AGENT, "user_id": user}
+    block = f"block-{(n // len(CYCLE)) % BLOCKS_PER_USER}"
+    if op == "wm_get":
+        fields["block_key"] = block
+    elif op == "wm_set":
+        fields.update(block_key=block, content=f"{BLOCK_TEXT} #{n}")
+    elif op == "wm_append":
+        fields.update(block_key=block, addition=f"event {n}")
+    elif op == "profile_set":
+        fields.update(label="persona", value=f"Terse. Cite ticket ids. Revision {n}.")
+    elif op == "profile_append":
+        fields.update(label="notes", addition=f"Asked about invoice {n}.")
+    else:
+        fields["read_scope"] = "own_user"
+    return op, json.dumps(fields, separators=(",", ":")).encode()
+
+
+@dataclass
+class MixedResult:
+    ok: int
+    failed: int
+    elapsed: float
+    latencies_ms: list[float]
+
+    @property
+    def rate(self) -> float:
+        return self.ok / self.elapsed if self.elapsed else 0.0
+
+    def percentile(self, p: float) -> float:
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, int(p * len(ordered)))] if ordered else 0.0
+
+
+def mixed_load(port: int, paths: dict[str, str], connections: int, total: int) -> MixedResult:
+    """``connections`` threads take request numbers from one counter until ``total`` are sent."""
+    counter = iter(range(total))
+    lock = threading.Lock()
+    gate = threading.Barrier(connections + 1)
+    latencies: list[list[float]] = [[] for _ in range(connections)]
+    failed = [0] * connections
+
+    def run(writer: int) -> None:
+        gate.wait()
+        sock: socket.socket | None = None
+        while True:
+            with lock:
+                n = next(counter, None)
+            if n is None:
+                break
+            op, body = request_body(n)
+            request = (f"POST {paths[op]} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                       f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                       ).encode() + body
+            began = time.perf_counter()
+            try:
+                if sock is None:
+                    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.sendall(request)
+                status, keep = _read_response(sock)
+            except OSError:
+                failed[writer] += 1
+                if sock is not None:
+                    sock.close()
+                sock = None
+                continue
+            latencies[writer].append((time.perf_counter() - began) * 1000)
+            if status != 200:
+                failed[writer] += 1
+            if not keep:
+                sock.close()
+                sock = None
+        if sock is not None:
+            sock.close()
+
+    threads = [threading.Thread(target=run, args=(w,)) for w in range(connections)]
+    for thread in threads:
+        thread.start()
+    began = time.monotonic()
+    gate.wait()
+    for thread in threads:
+        thread.join()
+    elapsed = time.monotonic() - began
+    flat = [x for per in latencies for x in per]
+    bad = sum(failed)
+    return MixedResult(ok=len(flat) - bad, failed=bad, elapsed=elapsed, latencies_ms=flat)
+
+
+def seed(redis_url: str, workdir: Path) -> None:
+    """The data every run starts from: the namespace's keys dropped, then written again."""
+    from app import create_app
+
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    for pattern in (f"*{{{ORG}/{NAMESPACE}/*", f"*{{{ORG}/{NAMESPACE}}}*"):
+        doomed = list(r.scan_iter(match=pattern, count=1000))
+        for start in range(0, len(doomed), 500):
+            r.delete(*doomed[start:start + 500])
+    r.close()
+    app = create_app({"redis_url": redis_url, "data_dir": str(workdir / "seed"),
+                      "secret_key": secrets.token_hex(32)})
+    client = app.test_client()
+    for u in range(USERS):
+        who = {"namespace": NAMESPACE, "agent": AGENT, "user_id": f"u-{u:03d}"}
+        for b in range(BLOCKS_PER_USER):
+            client.post("/v1/working_memory.set",
+                        json={**who, "block_key": f"block-{b}", "content": BLOCK_TEXT})
+        client.post("/v1/profile.set", json={**who, "label": "persona", "value": "Terse."})
+        client.post("/v1/profile.append", json={**who, "label": "notes", "addition": "New."})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=6000, help="requests per run (6000)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per app (3)")
+    parser.add_argument("--connections", type=int, default=32, help="connections (32)")
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn sync workers (2)")
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
+    args = parser.parse_args(argv)
+    settings = gunicorn_settings(args.workers)
+    print(f"gunicorn (both apps): {' '.join(settings)}; {args.connections} connections, "
+          f"{args.requests} requests per run, {args.rounds} rounds")
+    results: dict[str, list[MixedResult]] = {"loom": [], "baseline": []}
+    with tempfile.TemporaryDirectory(prefix="loom-mixed-") as tmp:
+        workdir = Path(tmp)
+        with redis_for_bench(workdir) as redis_url:
+            env = {"REDIS_URL": redis_url, "LOOM_SECRET_KEY": secrets.token_hex(32),
+                   "LOOM_DATA_DIR": str(workdir / "loom"), "LOOM_AUTH": "off",
+                   "LOOM_RATE_LIMIT": "", "LOOM_DEFAULT_ORG": ORG}
+            servers = {
+                "loom": (Gunicorn("loom", "wsgi:app", env, workdir, settings), LOOM_PATHS),
+                "baseline": (Gunicorn("baseline", "bench.baseline_app:app", env, workdir,
+                                      settings), BASELINE_PATHS),
+            }
+            pool = ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"))
+            try:
+                for server, _ in servers.values():
+                    server.start()
+                for name, (server, paths) in servers.items():  # warm workers and scripts
+                    seed(redis_url, workdir)
+                    pool.submit(mixed_load, server.port, paths, args.connections, 500).result()
+                for round_no in range(args.rounds):
+                    order = ["loom", "baseline"] if round_no % 2 == 0 else ["baseline", "loom"]
+                    for name in order:
+                        server, paths = servers[name]
+                        seed(redis_url, workdir)
+                        result = pool.submit(mixed_load, server.port, paths, args.connections,
+                                             args.requests).result()
+                        results[name].append(result)
+                        print(f"  round {round_no + 1} {name:<8} {result.rate:6.0f} req/s  "
+                              f"p50 {result.percentile(0.5):5.1f} ms  p99 "
+                              f"{result.percentile(0.99):5.1f} ms  ({result.failed} failed)",
+                              flush=True)
+            finally:
+                pool.shutdown()
+                for server, _ in servers.values():
+                    server.stop()
+
+    ratio = statistics.median(
+        a.rate / b.rate for a, b in zip(results["loom"], results["baseline"], strict=True))
+    print(f"\nMixed workload, {args.connections} connections (medians of {args.rounds} rounds)")
+    for name, runs in results.items():
+        print(f"  {name:<8} {statistics.median(r.rate for r in runs):6.0f} req/s  p50 "
+              f"{statistics.median(r.percentile(0.5) for r in runs):5.1f} ms  p99 "
+              f"{statistics.median(r.percentile(0.99) for r in runs):5.1f} ms")
+    p99 = statistics.median(r.percentile(0.99) for r in results["loom"])
+    met = ratio >= TARGET_RATIO and p99 < TARGET_P99_MS
+    print(f"  ratio loom/baseline {ratio:4.2f} (target >= {TARGET_RATIO}); loom p99 "
+          f"{p99:.1f} ms (target < {TARGET_P99_MS:.0f} ms): "
+          + ("every target met" if met else "a target was missed"))
+    return 1 if args.strict and not met else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,7 +16,8 @@ What one run does:
    (N threads on raw HTTP/1.1 sockets). Sync workers close the connection after each answer,
    so both clients reconnect per request, for both apps alike.
 4. Alternates the two apps, op by op, for several rounds, and prints the median req/s of each
-   and the median of the per-round ratios loom/baseline (target >= 0.8). Beside it, the CPU
+   and the median of the per-round ratios loom/baseline (targets: get >= 0.9, set and append
+   >= 1.0). Beside it, the CPU
    each party spent per request (gunicorn, redis-server, load client), read from /proc and
    INFO, and the ratio those predict while the cores are saturated.
 5. Counts Redis round trips per request for every op of both apps: CONFIG RESETSTAT, K
@@ -82,7 +83,9 @@ CONTENDED_CHAR_LIMIT = 16384
 # separator, so 3200 of them fit a block of 16384 however they are split among writers.
 CONTENDED_MAX_APPENDS = 3200
 ROUND_TRIP_REQUESTS = 200
-TARGET_RATIO = 0.8
+# Loom against the bare app doing the same Redis work: a read may cost a little more (schema,
+# identity, the answer's shape); a write, whose Redis work dominates, should cost no more.
+TARGET_RATIOS = {"get": 0.9, "set": 1.0, "append": 1.0}
 TARGET_CONTENDED = 0.5
 
 
@@ -824,8 +827,8 @@ def report(
     for op in OPS:
         loom, base = runs[op]["loom"], runs[op]["baseline"]
         ratio = median([a.rate / b.rate for a, b in zip(loom, base, strict=True) if b.rate])
-        ok &= ratio >= TARGET_RATIO
-        verdict = "ok" if ratio >= TARGET_RATIO else "BELOW"
+        ok &= ratio >= TARGET_RATIOS[op]
+        verdict = "ok" if ratio >= TARGET_RATIOS[op] else "BELOW"
 
         def med(items: list[Run], attr: str) -> float:
             return median([getattr(item, attr) for item in items])
@@ -838,7 +841,7 @@ def report(
               f"{verdict:<6}{med(loom, 'worker_us'):>6.0f}/{med(base, 'worker_us'):<5.0f}"
               f"{med(loom, 'redis_us'):>4.0f}/{med(base, 'redis_us'):<4.0f}"
               f"{med(loom, 'client_us'):>4.0f}/{med(base, 'client_us'):<4.0f}{cpu_ratio:>11.3f}")
-    print(f"  target: ratio >= {TARGET_RATIO}")
+    print("  targets: " + ", ".join(f"{op} ratio >= {t}" for op, t in TARGET_RATIOS.items()))
 
     print("\nRedis round trips per request (server read events; commands from INFO commandstats,")
     print("which include the commands a script runs inside Redis)")
@@ -902,6 +905,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="also profile N in-process calls per op on both apps (e.g. 5000)")
     parser.add_argument("--skip-throughput", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--skip-contended", action="store_true",
+                        help="leave out the contended appends")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
 
@@ -957,8 +962,10 @@ def main(argv: list[str] | None = None) -> int:
                 trips["baseline"]["append_watch"] = bench.round_trips(
                     baseline, "/wm/append_watch", op_bodies("append")
                 )
-                print("\nContended appends")
-                contended = bench.contended(loom, baseline)
+                contended: dict[str, dict[str, list[dict[str, Any]]]] = {}
+                if not args.skip_contended:
+                    print("\nContended appends")
+                    contended = bench.contended(loom, baseline)
             finally:
                 bench.close()
                 for server in servers:

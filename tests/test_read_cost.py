@@ -401,3 +401,15 @@ def test_erasure_removes_the_indexes_and_the_namespace_entries(loom):
     assert loom.redis.sismember(keys.profile_label_users("default", NS, "persona"), "u-kept")
     assert loom.post("profile.render", user_id=USER, read_scope="own_user")["labels"] == [
         "persona", "persona"]
+
+
+def test_an_api_request_opens_no_console_session(loom):
+    app = loom.app
+    with app.test_request_context("/v1/working_memory.get", method="POST"):
+        from flask import request
+
+        assert app.session_interface.open_session(app, request) is None
+    with app.test_request_context("/console/", method="GET"):
+        from flask import request
+
+        assert app.session_interface.open_session(app, request) is not None

@@ -20,7 +20,8 @@ import secrets
 from datetime import timedelta
 from typing import Any
 
-from flask import Blueprint, Flask, current_app, session
+from flask import Blueprint, Flask, Request, current_app, session
+from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 
 from app.auth import Principal
 from app.registry import load_ops
@@ -28,15 +29,27 @@ from app.store.activity import CONSOLE_CLIENT
 
 SESSION_HOURS = 8
 SESSION_COOKIE = "loom_console"
+CONSOLE_PATH = "/console"
 
 bp = Blueprint(
     "console",
     __name__,
-    url_prefix="/console",
+    url_prefix=CONSOLE_PATH,
     template_folder="templates",
     static_folder="static",
     static_url_path="/static",
 )
+
+
+class ConsoleSessions(SecureCookieSessionInterface):
+    """Flask's signed-cookie session, opened only under ``/console``, the cookie's path: an API
+    request has no session to read, and opening one would cost it a signer and a cookie parse
+    (Flask gives it the null session instead)."""
+
+    def open_session(self, app: Flask, request: Request) -> SecureCookieSession | None:
+        if not request.path.startswith(CONSOLE_PATH):
+            return None
+        return super().open_session(app, request)
 
 
 def session_key(secret_key: str) -> bytes:
@@ -48,11 +61,12 @@ def register_console(app: Flask) -> None:
     """Mount the console on ``app``; the caller has built ``app.extensions["loom"]``."""
     services = app.extensions["loom"]
     app.secret_key = session_key(services.settings.secret_key)
+    app.session_interface = ConsoleSessions()
     app.config.update(
         SESSION_COOKIE_NAME=SESSION_COOKIE,
         SESSION_COOKIE_HTTPONLY=True,
         SESSION_COOKIE_SAMESITE="Strict",
-        SESSION_COOKIE_PATH="/console",
+        SESSION_COOKIE_PATH=CONSOLE_PATH,
         PERMANENT_SESSION_LIFETIME=timedelta(hours=SESSION_HOURS),
     )
     from app.console import views  # noqa: F401  (importing declares the routes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -17,8 +18,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 class LiveServer:
     def __init__(self, env: dict[str, str], workers: int = 2,
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), output: Path | None = None) -> None:
         self.port = free_port()
+        # Every line gunicorn and the app write goes to a file: a pipe nobody reads would fill
+        # and block the workers once they log a line per request.
+        self.output = output or Path(tempfile.mkstemp(prefix="loom-gunicorn-", suffix=".log")[1])
         self.extra_args = extra_args
         self.env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
         self.workers = workers
@@ -29,6 +33,7 @@ class LiveServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 20.0) -> LiveServer:
+        log_file = self.output.open("ab")
         self.process = subprocess.Popen(
             [
                 sys.executable, "-m", "gunicorn", "wsgi:app",
@@ -39,15 +44,15 @@ class LiveServer:
             ],
             cwd=ROOT,
             env=self.env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
             preexec_fn=die_with_parent,
         )
+        log_file.close()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                stderr = self.process.stderr.read().decode() if self.process.stderr else ""
-                raise RuntimeError(f"gunicorn exited: {stderr}")
+                raise RuntimeError(f"gunicorn exited: {self.output.read_text()[-4000:]}")
             try:
                 requests.get(self.url + "/openapi.json", timeout=2)
                 return self

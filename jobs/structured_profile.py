@@ -262,8 +262,9 @@ def _write_all_null(
     read_ids: list[str],
     short: bool = False,
 ) -> BuildResult:
-    if snapshot.row is None:
-        # No facts and no row: write nothing, so an erased user gets no new row (seed 000).
+    if not snapshot.worker_row():
+        # No facts and no row the worker wrote: write nothing, so an erased user gets no new
+        # row (seed 000) and a caller's row is not replaced by the all-null profile.
         svc.store(MemoryStore).clear_changed(identity.org, identity.namespace,
                                              identity.user_id, read_at)
         return BuildResult(Outcome.UNCHANGED, detail="no facts and no profile")
@@ -322,6 +323,7 @@ def _write(
         identity,
         BuildRecord(written.row.content_sha256, schema.sha, digest.digest, digest.count,
                     read_at, short),
+        next_expiry=digest.next_expiry,
     )
     memory.clear_changed(identity.org, identity.namespace, identity.user_id, read_at)
     svc.store(UsageStore).add(identity.org, identity.namespace, builds=1)
@@ -364,6 +366,12 @@ def _scan(
     read_at = svc.clock.now_ns()
     structured.list_built_users_for_schema(org, namespace, schema_sha)
     structured.unpark_due(org, namespace, read_at)
+    memory = svc.store(MemoryStore)
+    for user in structured.expiring_users(org, namespace, read_at):
+        # A counted fact passed its valid_to: taking it out moves the digest and lists the
+        # user (as a removal, so the rebuild skips the cooldown).
+        memory.expire_sources(org, namespace, user)
+        structured.forget_expiry(org, namespace, user, read_at)
     changed = svc.store(MemoryStore).changed_users(org, namespace,
                                                    limit=limit + len(excluded) + limit)
     users = [user for user, _ in changed if user not in excluded]
@@ -371,7 +379,7 @@ def _scan(
     changed_at = dict(changed)
     candidates = []
     for user in users:
-        record, digest, row_version = records[user]
+        record, digest, row_version, served = records[user]
         # Fewer sources than the profile counted, or one left since the build: a deletion.
         deletion = record is not None and (
             digest.count < record.count
@@ -391,7 +399,7 @@ def _scan(
         candidates.append(UserCandidate(
             user_id=user,
             changed_at=changed_s,
-            built=record is not None,
+            built=served,
             built_at=built_s,
             deletion=deletion,
             schema_changed=record is not None and record.schema_sha != schema_sha,

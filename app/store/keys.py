@@ -313,6 +313,13 @@ def structured_users(org: str, namespace: str) -> str:
     return f"{PREFIX}:sp-users:{namespace_tag(org, namespace)}"
 
 
+def structured_expiry(org: str, namespace: str) -> str:
+    """Sorted set user_id -> the earliest valid_to (ns) among the sources a user's last build
+    counted: the scan takes those users' expired facts out of their digests, so a fact that
+    passes its valid_to is rebuilt with no write of its own."""
+    return f"{PREFIX}:sp-expiry:{namespace_tag(org, namespace)}"
+
+
 def structured_schema_swept(org: str, namespace: str) -> str:
     """The schema sha every built user has been listed for a rebuild under."""
     return f"{PREFIX}:sp-swept:{namespace_tag(org, namespace)}"

@@ -70,6 +70,10 @@ if TYPE_CHECKING:
     from app.services import Services
 
 SOURCE_TYPES = frozenset({"semantic", "preference", "decision"})
+# The structured profile's row (agent '-', session '-') and the worker that writes it: a write
+# to that row by anyone else lists the user as changed, so the worker rebuilds over it.
+STRUCTURED_PROFILE_KEY = "structured_profile"
+STRUCTURED_WORKER = "worker:structured_profile"
 PROFILE_TYPE = "profile"
 DEFAULT_PROFILE_CHAR_LIMIT = 8192
 # The largest char_limit, and the cap of a row that has none.
@@ -1187,7 +1191,7 @@ class MemoryStore:
         derived_rows = int(fields.pop("derived_rows_redacted"))
         row = MemoryRow.from_fields(fields)
         written = Written(row, created=False, changed=True, sources_moved=reply[1] == "1")
-        self._after_write(location, written, self.clock.now_ns())
+        self._after_write(location, written, self.clock.now_ns(), redacted=True)
         return Redacted(written, count, derived_rows, derived_versions)
 
     def derived_rows(
@@ -1376,7 +1380,9 @@ class MemoryStore:
             self._after_write(location, written, row.version)
         return written
 
-    def _after_write(self, location: Location, written: Written, changed_at: int) -> None:
+    def _after_write(
+        self, location: Location, written: Written, changed_at: int, *, redacted: bool = False
+    ) -> None:
         """The entries in the namespace's slot, which no script over the user's slot can reach
         on Redis Cluster: re-asserted on every write, so a lost one heals at the next."""
         pipe = self.redis.pipeline(transaction=False)
@@ -1392,6 +1398,15 @@ class MemoryStore:
                 keys.profile_agent_users(location.org, location.namespace, location.agent),
                 location.user_id,
             )
+        if _is_structured_row(location) and (
+            redacted or written.row.written_by != STRUCTURED_WORKER
+        ):
+            # A caller's write, redact or delete of the worker's row makes it read as no
+            # profile (pending): list the user, or no scan would ever see the row moved.
+            pipe.zadd(
+                keys.profile_changed_users(location.org, location.namespace),
+                {location.user_id: changed_at},
+            )
         if written.sources_moved:
             pipe.zadd(
                 keys.profile_changed_users(location.org, location.namespace),
@@ -1406,6 +1421,11 @@ class MemoryStore:
             pipe.sadd(keys.fact_namespaces(),
                       json.dumps([location.org, location.namespace]))
         pipe.execute()
+
+
+def _is_structured_row(location: Location) -> bool:
+    return (location.key == STRUCTURED_PROFILE_KEY and location.agent == "-"
+            and location.session_id == "-")
 
 
 def _text_of(row: MemoryRow) -> str | None:

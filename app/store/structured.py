@@ -19,14 +19,20 @@ from app.profile_schema import null_profile
 from app.store import keys
 from app.store.identity import Identity
 from app.store.lua import CLEAR_UNLESS_CHANGED_SINCE
-from app.store.memory import Location, MemoryRow, SourceDigest
+from app.store.memory import (
+    STRUCTURED_PROFILE_KEY,
+    STRUCTURED_WORKER,
+    Location,
+    MemoryRow,
+    SourceDigest,
+)
 from app.store.profile_schema import StoredSchema, parse_stored
 
 if TYPE_CHECKING:
     from app.services import Services
 
-PROFILE_KEY = "structured_profile"
-WORKER = "worker:structured_profile"
+PROFILE_KEY = STRUCTURED_PROFILE_KEY
+WORKER = STRUCTURED_WORKER
 
 
 def profile_location(org: str, namespace: str, user_id: str) -> Location:
@@ -68,14 +74,20 @@ class Snapshot:
     def served_row(self, now_ns: int) -> MemoryRow | None:
         """The worker's live row, or None: a caller's row, a deleted, expired, redacted or
         ``high`` row reads as no profile (seed 000, Storage)."""
+        row = self.row
+        return row if row is not None and row_is_served(row, self.record, now_ns) else None
+
+    def worker_row(self) -> bool:
+        """Whether the row at the key is one the worker wrote (served or not: redacted or
+        expired since), as opposed to no row or a row a caller wrote over it."""
         row, record = self.row, self.record
-        if row is None or record is None or not row.live or row.redacted:
-            return None
-        if row.label == "high" or row.expired(now_ns):
-            return None
-        if row.content_sha256 != record.content_sha256:
-            return None  # written over by a caller since the worker's build
-        return row
+        if row is None:
+            return False
+        if row.written_by == WORKER:
+            return True  # a redact of a source scrubs the row in place, keeping its writer
+        # A lock or pin by a caller writes a version with the worker's content.
+        return record is not None and bool(row.content_sha256) and (
+            row.content_sha256 == record.content_sha256)
 
     def read(self, now_ns: int) -> dict[str, Any]:
         """The profile.structured answer (without the schema hash, added by the caller)."""
@@ -93,11 +105,24 @@ class Snapshot:
             and record.digest == self.digest.digest
             and record.count == self.digest.count
             and not record.short
+            # A source passed its valid_to: the digest moves once a scan takes it out, but
+            # the profile already holds a fact that is no longer true.
+            and not self.digest.expiry_due(now_ns)
         )
         profile = null_profile(schema.doc)
         if isinstance(row.value, dict):
             profile.update({k: v for k, v in row.value.items() if k in profile})
         return _answer("ready" if current else "stale", profile, row, record)
+
+
+def row_is_served(row: MemoryRow, record: BuildRecord | None, now_ns: int) -> bool:
+    """Served: live, not redacted, not ``high``, not expired, and the content the worker's
+    last build wrote (a caller's write over it is not)."""
+    if record is None or not row.live or row.redacted:
+        return False
+    if row.label == "high" or row.expired(now_ns):
+        return False
+    return row.content_sha256 == record.content_sha256
 
 
 def _answer(
@@ -124,11 +149,13 @@ redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
 return 1
 """
 
-# KEYS: parked, changed. ARGV: now_ns.
+# KEYS: parked, changed. ARGV: now_ns. A user whose wait is over is listed at score 0, not
+# now: the scan dates the change by the user's digest, so the retry starts no new cooldown
+# (a refusal is tried again when REFUSAL_RETRY_SECONDS pass, not a cooldown after that).
 _UNPARK = r"""
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 for _, user in ipairs(due) do
-  redis.call('ZADD', KEYS[2], 'NX', ARGV[1], user)
+  redis.call('ZADD', KEYS[2], 'NX', 0, user)
   redis.call('ZREM', KEYS[1], user)
 end
 return #due
@@ -159,7 +186,9 @@ class StructuredStore:
             SourceDigest.from_fields(digest),
         )
 
-    def record_build(self, identity: Identity, record: BuildRecord) -> None:
+    def record_build(
+        self, identity: Identity, record: BuildRecord, next_expiry: float | None = None
+    ) -> None:
         org, namespace, user_id = identity.org, identity.namespace, identity.user_id
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(
@@ -174,25 +203,43 @@ class StructuredStore:
             },
         )
         pipe.sadd(keys.structured_users(org, namespace), user_id)
+        if next_expiry is not None:
+            pipe.zadd(keys.structured_expiry(org, namespace), {user_id: int(next_expiry)})
+        else:
+            pipe.zrem(keys.structured_expiry(org, namespace), user_id)
         pipe.execute()
+
+    def expiring_users(self, org: str, namespace: str, now_ns: int) -> list[str]:
+        """Users one of whose counted sources passed its valid_to since their last build."""
+        return self.redis.zrangebyscore(keys.structured_expiry(org, namespace), "-inf", now_ns)
+
+    def forget_expiry(self, org: str, namespace: str, user_id: str, due_ns: int) -> None:
+        """Drop a user's expiry entry once its facts were taken out (the next build writes the
+        next one), unless a build wrote a later one meanwhile."""
+        self._forget(keys=[keys.structured_expiry(org, namespace)], args=[user_id, due_ns])
 
     def records(
         self, org: str, namespace: str, user_ids: list[str]
-    ) -> dict[str, tuple[BuildRecord | None, SourceDigest, int]]:
-        """Build record, digest and profile row version of many users in one round trip (a
-        scan's candidates)."""
+    ) -> dict[str, tuple[BuildRecord | None, SourceDigest, int, bool]]:
+        """Build record, digest, profile row version and whether the row is served, of many
+        users in one round trip (a scan's candidates). A build record alone is no built
+        profile: the row may have been written over, redacted or deleted since."""
+        now_ns = self.clock.now_ns()
         pipe = self.redis.pipeline(transaction=False)
         for user_id in user_ids:
             pipe.hgetall(keys.structured_meta(org, namespace, user_id))
             pipe.hgetall(keys.profile_source_digest(org, namespace, user_id))
-            pipe.hget(profile_location(org, namespace, user_id).row_key(), "version")
+            pipe.hgetall(profile_location(org, namespace, user_id).row_key())
         replies = pipe.execute()
-        return {
-            user_id: (BuildRecord.from_fields(replies[3 * i]),
-                      SourceDigest.from_fields(replies[3 * i + 1]),
-                      int(replies[3 * i + 2] or 0))
-            for i, user_id in enumerate(user_ids)
-        }
+        found = {}
+        for i, user_id in enumerate(user_ids):
+            record = BuildRecord.from_fields(replies[3 * i])
+            raw_row = replies[3 * i + 2]
+            row = MemoryRow.from_fields(raw_row) if raw_row else None
+            served = row is not None and row_is_served(row, record, now_ns)
+            found[user_id] = (record, SourceDigest.from_fields(replies[3 * i + 1]),
+                              row.version if row is not None else 0, served)
+        return found
 
     def rows_by_id(
         self, org: str, namespace: str, user_id: str, memory_ids: list[str]

@@ -1,11 +1,11 @@
 """The HTTP face of the registry: one route per op, the OpenAPI document, one error shape.
 
 Every op in ``REGISTRY`` becomes ``POST /v1/<op>`` (or the path it declares) in a blueprint per
-plane, documented from its schemas with flask-smorest. A request goes: body read (413 before
-the body is read when it is too large; 400 for a wrong content type or malformed JSON) ->
-principal (401) -> role (403) -> input schema (422 naming each field) -> identity (403 outside
-the token's reach, 422 when incomplete) -> handler. Every failure, ours or werkzeug's, leaves
-as ``{"error": {"code", "message", ...}}``.
+plane, documented from its schemas with flask-smorest. A request goes: principal (401) ->
+request budget (429) -> body read (413 past ``LOOM_MAX_BODY_BYTES``, chunked or not; 400 for
+a wrong content type or malformed JSON) -> role (403) -> input schema (422 naming each
+field) -> identity (403 outside the token's reach, 422 when incomplete) -> handler. Every
+failure, ours or werkzeug's, leaves as ``{"error": {"code", "message", ...}}``.
 """
 
 from __future__ import annotations
@@ -55,12 +55,26 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def read_json_body(req: Request, max_bytes: int) -> dict[str, Any]:
-    """The request body as a JSON object; an empty body is ``{}``."""
+def _body_bytes(req: Request, max_bytes: int) -> bytes:
+    """At most ``max_bytes`` of body; 413 past it, whether or not a Content-Length says so.
+
+    A chunked body has no length: werkzeug's own stream stops quietly at the limit (the cut
+    text then reads as malformed JSON), so the server's terminated input is read here, never
+    more than the limit and one byte."""
     length = req.content_length
     if length is not None and length > max_bytes:
         raise BodyTooLarge(f"body of {length} bytes is over {max_bytes}", max_bytes=max_bytes)
-    raw = req.get_data(cache=False)
+    if length is None and req.environ.get("wsgi.input_terminated"):
+        raw = req.environ["wsgi.input"].read(max_bytes + 1)
+        if len(raw) > max_bytes:
+            raise BodyTooLarge(f"body is over {max_bytes} bytes", max_bytes=max_bytes)
+        return raw
+    return req.get_data(cache=False)
+
+
+def read_json_body(req: Request, max_bytes: int) -> dict[str, Any]:
+    """The request body as a JSON object; an empty body is ``{}``."""
+    raw = _body_bytes(req, max_bytes)
     if not raw.strip():
         return {}
     if not req.is_json:
@@ -138,9 +152,11 @@ def make_view(op: Op, services: Services) -> Callable[..., Any]:
 
     def view(**path_args: Any) -> Any:
         req = request._get_current_object()  # type: ignore[attr-defined]
-        body = read_json_body(req, max_bytes)
+        # Who calls and whether their budget allows it come before any work on the body: a
+        # bad token or a spent budget costs no parse, and every such request is counted.
         principal: Principal = authenticate(req.headers)
         check_budget(principal)
+        body = read_json_body(req, max_bytes)
         if path_args:
             body = {**body, **path_args}
         if is_get and req.args:

@@ -219,3 +219,58 @@ def test_a_session_token_minted_without_a_user_is_refused(client, app_factory):
     status, out = call(client, "working_memory.get", secret, agent="bot", user_id="u2",
                        session_id="s1", block_key="b")
     assert status == 403 and out["error"]["code"] == "AUTH_INSUFFICIENT"
+
+
+# --- 8. authentication and the request budget come before the body ---------------------------
+
+
+def test_a_bad_token_is_401_and_a_spent_budget_429_before_the_body_is_read(app_factory, clock):
+    client = auth_app(app_factory, rate_limit=(3, 60), clock=clock).test_client()
+    token = mint(client, namespace=NS, role="viewer")
+    malformed = b'{"namespace": "shop", "agent": '
+    for forged in ("loom_0000000000000000_forged", "not-a-token"):
+        response = client.post("/v1/working_memory.get", data=malformed,
+                               content_type="application/json", headers=bearer(forged))
+        assert response.status_code == 401, response.get_json()
+    for _ in range(3):  # malformed bodies spend the budget too
+        response = client.post("/v1/working_memory.get", data=malformed,
+                               content_type="application/json", headers=bearer(token))
+        assert response.status_code == 400
+    for body in (malformed, b"x" * 300_000):
+        response = client.post("/v1/working_memory.get", data=body,
+                               content_type="application/json", headers=bearer(token))
+        assert response.status_code == 429, response.get_json()
+
+
+def _chunked_post(port: int, token: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    import http.client
+
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    pieces = (body[i:i + 4096] for i in range(0, len(body), 4096))
+    connection.request("POST", "/v1/working_memory.get", body=pieces, encode_chunked=True,
+                       headers={"Content-Type": "application/json",
+                                "Transfer-Encoding": "chunked", **bearer(token)})
+    response = connection.getresponse()
+    out = json.loads(response.read())
+    connection.close()
+    return response.status, out
+
+
+def test_a_chunked_body_past_the_limit_is_413_under_gunicorn(redis_url, tmp_path):
+    from tests.conftest import TEST_SECRET
+    from tests.support.live_server import LiveServer
+
+    env = {"REDIS_URL": redis_url, "LOOM_SECRET_KEY": TEST_SECRET,
+           "LOOM_DATA_DIR": str(tmp_path), "LOOM_AUTH": "on",
+           "LOOM_ADMIN_TOKEN": ADMIN_TOKEN, "LOOM_MAX_BODY_BYTES": "4096"}
+    with LiveServer(env, workers=1) as server:
+        small = json.dumps({"namespace": NS, "agent": "bot", "block_key": "b"}).encode()
+        status, out = _chunked_post(server.port, ADMIN_TOKEN, small)
+        assert status == 200 and out["found"] is False
+        # Just past the limit: small enough for the socket buffers, so the answer is read.
+        large = json.dumps({"namespace": NS, "agent": "bot", "block_key": "b",
+                            "pad": "a" * 6000}).encode()
+        status, out = _chunked_post(server.port, ADMIN_TOKEN, large)
+        assert status == 413 and out["error"]["code"] == "BODY_TOO_LARGE", out
+        status, out = _chunked_post(server.port, "loom_0000000000000000_forged", large)
+        assert status == 401

@@ -6,6 +6,11 @@ namespace's own regular expressions. A match is replaced by a stable mask (``[em
 ``[phone]``, ``[card]``, ``[iban]``, ``[<rule name>]`` or the rule's own ``mask``), so the same
 text always masks the same way and a masked state still compares equal across writes.
 
+Masking reads a normalised form of the text (NFKC, format characters such as zero-width spaces
+removed), so ``ana\u200b@example.com`` or a fullwidth ``ａｎａ@example.com`` masks like the plain
+address; text in which nothing is found is stored exactly as written. Object keys are masked
+like values: ``{"ana@example.com": ...}`` keeps no address in its key.
+
 The module is pure: no Redis, no Flask. Callers validate a namespace's rules once with
 ``validate_pii_rules`` (it raises ``SchemaRuleViolation`` naming the rule and the path), keep
 the compiled list, and call ``mask_text`` / ``mask_value`` on every write.
@@ -21,18 +26,25 @@ Detector choices, in short (the reasons sit next to the code):
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import re2
+
 from app.errors import SchemaRuleViolation
 
-# Custom patterns run with Python's backtracking ``re``. Two guards keep a bad pattern from
-# pinning a web worker: patterns with a quantifier nested inside an unbounded quantifier (the
-# classic ``(a+)+`` exponential shape) are refused at validation, and every custom pattern only
-# ever scans the first SCAN_LIMIT characters of a string. A state is capped at 65,536 bytes, so a
-# longer string can never be stored anyway: the cap costs nothing and bounds the polynomial cases.
+# A namespace's own patterns run on RE2 (google-re2), whose matching time is linear in the text
+# whatever the pattern, so no rule can pin a web worker by backtracking (``(a|aa)+b`` included).
+# What RE2 cannot run in linear time (backreferences, lookarounds, atomic groups, possessive
+# quantifiers) does not compile there and is refused at validation. Each pattern scans at most
+# the first SCAN_LIMIT characters of a string (a state is capped at 65,536 bytes, so a longer
+# string can never be stored anyway), and a request body is at most LOOM_MAX_BODY_BYTES: the
+# work per write is bounded by rules x text.
 SCAN_LIMIT = 65_536
+# RE2's memory for one compiled pattern; a pattern needing more (huge counted repeats) is refused.
+RE2_MAX_MEM = 8 << 20
 
 MAX_RULES = 32
 MAX_PATTERN_LENGTH = 512
@@ -57,7 +69,7 @@ class CompiledRule:
 
     name: str
     pattern: str
-    regex: re.Pattern[str]
+    regex: Any  # an RE2 pattern object (re2._Regexp)
     mask: str
 
     def to_dict(self) -> dict[str, str]:
@@ -120,8 +132,19 @@ def validate_pii_rules(rules: Any, path: str = "pii_rules") -> list[CompiledRule
         seen.add(name)
         pattern = _check_pattern(rule.get("pattern"), f"{here}.pattern")
         mask = _check_mask(rule.get("mask"), name, f"{here}.mask")
-        compiled.append(CompiledRule(name, pattern, re.compile(pattern), mask))
+        compiled.append(CompiledRule(name, pattern, _re2_compile(pattern), mask))
     return compiled
+
+
+def _re2_options() -> Any:
+    options = re2.Options()
+    options.log_errors = False  # a refused pattern is the caller's 422, not a server log line
+    options.max_mem = RE2_MAX_MEM
+    return options
+
+
+def _re2_compile(pattern: str) -> Any:
+    return re2.compile(pattern, _re2_options())
 
 
 def _check_pattern(pattern: Any, where: str) -> str:
@@ -136,23 +159,26 @@ def _check_pattern(pattern: Any, where: str) -> str:
             field=where,
         )
     try:
-        regex = re.compile(pattern)
+        re.compile(pattern)
     except (re.error, RecursionError, OverflowError) as exc:
         raise SchemaRuleViolation(
             "pii_rule_pattern_invalid", f"pattern does not compile: {exc}", field=where
+        ) from None
+    try:
+        regex = _re2_compile(pattern)
+    except re2.error as exc:
+        reason = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else exc
+        raise SchemaRuleViolation(
+            "pii_rule_pattern_unsafe",
+            f"pattern cannot run in linear time ({reason}): backreferences, lookarounds, "
+            "atomic groups and possessive quantifiers are not supported",
+            field=where,
         ) from None
     # A pattern that matches the empty string would splice a mask between every character.
     if regex.fullmatch("") is not None:
         raise SchemaRuleViolation(
             "pii_rule_pattern_matches_empty",
             "pattern must not match the empty string",
-            field=where,
-        )
-    if _has_nested_quantifier(pattern):
-        raise SchemaRuleViolation(
-            "pii_rule_pattern_unsafe",
-            "pattern nests a variable quantifier inside an unbounded one, which can take "
-            "exponential time; use an atomic group (?>...) or a possessive quantifier (++, *+)",
             field=where,
         )
     return pattern
@@ -168,60 +194,6 @@ def _check_mask(mask: Any, name: str, where: str) -> str:
             field=where,
         )
     return mask
-
-
-try:  # The parser is private; if a future Python moves it, the length cap still applies.
-    from re import _parser as _sre_parser
-except ImportError:  # pragma: no cover - depends on the interpreter
-    _sre_parser = None  # type: ignore[assignment]
-
-# A bounded repeat above this many iterations is treated like an unbounded one.
-_LARGE_REPEAT = 100
-
-
-def _has_nested_quantifier(pattern: str) -> bool:
-    """True when a variable-width quantifier sits inside a large or unbounded one.
-
-    That shape (``(a+)+``, ``(\\w*,)*``) is the usual cause of exponential backtracking. Atomic
-    groups and possessive quantifiers never backtrack into their content, so they reset the
-    check. It is a heuristic: overlapping alternatives (``(a|aa)+``) pass it, and for those the
-    scan cap is the only bound.
-    """
-    if _sre_parser is None:  # pragma: no cover - depends on the interpreter
-        return False
-    p = _sre_parser
-    repeats = {p.MAX_REPEAT, p.MIN_REPEAT}
-
-    def walk(items: Any, in_large: bool) -> bool:
-        for op, av in items:
-            if op in repeats:
-                lo, hi, sub = av
-                if in_large and lo != hi:
-                    return True
-                large = hi == p.MAXREPEAT or hi > _LARGE_REPEAT
-                if walk(sub, in_large or large):
-                    return True
-            elif op == p.POSSESSIVE_REPEAT:
-                if walk(av[2], False):
-                    return True
-            elif op == p.ATOMIC_GROUP:
-                if walk(av, False):
-                    return True
-            elif op == p.SUBPATTERN:
-                if walk(av[3], in_large):
-                    return True
-            elif op == p.BRANCH:
-                if any(walk(branch, in_large) for branch in av[1]):
-                    return True
-            elif op in (p.ASSERT, p.ASSERT_NOT):
-                if walk(av[1], in_large):
-                    return True
-            elif op == p.GROUPREF_EXISTS:
-                if walk(av[1], in_large) or (av[2] is not None and walk(av[2], in_large)):
-                    return True
-        return False
-
-    return walk(p.parse(pattern), False)
 
 
 # --- built-in detectors ------------------------------------------------------------------------
@@ -485,10 +457,20 @@ def _compiled(rules: Sequence[CompiledRule] | Sequence[Mapping[str, Any]] | None
     return validate_pii_rules(list(rules))
 
 
+def normalised(text: str) -> str:
+    """NFKC with format characters (Unicode category Cf: zero-width spaces and joiners, soft
+    hyphens, direction marks) removed: the form PII is looked for in."""
+    folded = unicodedata.normalize("NFKC", text)
+    return "".join(ch for ch in folded if unicodedata.category(ch) != "Cf")
+
+
 def mask_text(
     text: str, rules: Sequence[CompiledRule] | Sequence[Mapping[str, Any]] | None = None
 ) -> str:
     """Mask every PII match in ``text`` and return the masked string.
+
+    The detectors read the normalised form (``normalised``): when they find something there,
+    the masked normalised text is answered; when they find nothing, ``text`` as it was.
 
     The namespace's own rules run first: they are the more specific ones, and their masks must
     not be broken up by a built-in detector reading part of the same text. Then emails, IBANs,
@@ -499,11 +481,25 @@ def mask_text(
     if not text:
         return text
     compiled = _compiled(rules)
+    plain = text if text.isascii() else normalised(text)
+    masked = plain
     if compiled:
-        text = _mask_custom(text, compiled)
-    text = _EMAIL_RE.sub(BUILTIN_MASKS["email"], text)
-    text = _mask_ibans(text)
-    return _mask_numbers(text)
+        masked = _mask_custom(masked, compiled)
+    masked = _EMAIL_RE.sub(BUILTIN_MASKS["email"], masked)
+    masked = _mask_ibans(masked)
+    masked = _mask_numbers(masked)
+    return text if masked == plain else masked
+
+
+def _masked_key(key: str, target: dict[str, Any], compiled: list[Any]) -> str:
+    """An object key masked like a value; two keys masking alike stay apart (``#2``...)."""
+    masked = mask_text(key, compiled)
+    if masked == key or masked not in target:
+        return masked
+    n = 2
+    while f"{masked}#{n}" in target:
+        n += 1
+    return f"{masked}#{n}"
 
 
 def mask_value(
@@ -511,8 +507,8 @@ def mask_value(
 ) -> Any:
     """Return a copy of a JSON value with every string masked, at any depth.
 
-    Used for ``pii: true`` fields of type text, string, array and object. Dict keys are left as
-    they are (they are the shape of the value, not its content), and numbers, booleans and null
+    Used for ``pii: true`` fields of type text, string, array and object. Dict keys are masked
+    too (a key can carry an address as well as a value can), and numbers, booleans and null
     pass through. The walk is iterative, so a deeply nested value cannot exhaust the stack.
     """
     compiled = _compiled(rules)
@@ -539,5 +535,5 @@ def mask_value(
             if isinstance(target, list):
                 target.append(new)
             else:
-                target[key] = new
+                target[_masked_key(key, target, compiled)] = new
     return root

@@ -45,6 +45,10 @@ from jsonschema import Draft202012Validator, SchemaError
 from app.errors import SchemaRuleViolation
 
 MAX_SCHEMA_BYTES = 16 * 1024
+# Objects and arrays nested deeper than this are refused before jsonschema reads the document:
+# its meta-validation recurses per level and a few hundred levels exhaust the stack. A profile
+# schema needs a handful (properties, an array's items, an enum).
+MAX_SCHEMA_DEPTH = 32
 MIN_PROPERTIES = 1
 MAX_PROPERTIES = 64
 MAX_ARRAY_ITEMS = 50
@@ -116,6 +120,24 @@ def _fail(rule: str, message: str, field: str | None = None) -> SchemaRuleViolat
     return SchemaRuleViolation(rule, f"{field}: {message}", field=field)
 
 
+def _deepest(doc: Any) -> tuple[int, str]:
+    """How deep objects and arrays nest in ``doc``, and the path of the first deepest one.
+    Iterative, so the walk itself cannot run out of stack; it stops one level past the cap."""
+    deepest, where = 0, ""
+    stack: list[tuple[Any, int, str]] = [(doc, 1, "")]
+    while stack:
+        node, depth, path = stack.pop()
+        if depth > deepest:
+            deepest, where = depth, path
+        if depth > MAX_SCHEMA_DEPTH:
+            break
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, child in items:
+            if isinstance(child, dict | list):
+                stack.append((child, depth + 1, f"{path}.{key}" if path else str(key)))
+    return deepest, where
+
+
 def _is_int(value: Any) -> bool:
     # bool is an int subclass in Python but never a JSON integer.
     return isinstance(value, int) and not isinstance(value, bool)
@@ -135,6 +157,10 @@ def validate_profile_schema(doc: Any) -> None:
     """
     if not isinstance(doc, dict):
         raise _fail("not_object", "the profile schema must be a JSON object")
+    depth, path = _deepest(doc)
+    if depth > MAX_SCHEMA_DEPTH:
+        raise _fail("too_deep", f"the profile schema nests {depth} levels, over "
+                    f"{MAX_SCHEMA_DEPTH}", path)
     try:
         size = len(_canonical_bytes(doc))
     except (TypeError, ValueError) as exc:

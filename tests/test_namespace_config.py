@@ -59,7 +59,7 @@ def test_features_set_replaces_the_document_normalized(client):
          "features.pii_rules[0].pattern"),
         ({"pii_rules": [{"name": "email", "pattern": "a"}]}, "pii_rule_name_reserved",
          "features.pii_rules[0].name"),
-        ({"pii_rules": [{"name": "r", "pattern": "(a+)+"}]}, "pii_rule_pattern_unsafe",
+        ({"pii_rules": [{"name": "r", "pattern": r"(a)\1"}]}, "pii_rule_pattern_unsafe",
          "features.pii_rules[0].pattern"),
     ],
 )

@@ -274,3 +274,102 @@ def test_a_chunked_body_past_the_limit_is_413_under_gunicorn(redis_url, tmp_path
         assert status == 413 and out["error"]["code"] == "BODY_TOO_LARGE", out
         status, out = _chunked_post(server.port, "loom_0000000000000000_forged", large)
         assert status == 401
+
+
+# --- 3. regular-expression denial of service --------------------------------------------------
+
+CATASTROPHIC = [r"(a|aa)+b", r"(a+)+b", r"(a|a)*b", r"(.*a){12}b", r"(x+x+)+y",
+                r"^(([a-z])+.)+[A-Z]([a-z])+$", r"(\w+\s?)+$"]
+
+
+def test_catastrophic_rules_mask_in_linear_time():
+    """Each pattern masks a 45-character hostile input in a child process bounded to 20 s in
+    all (backtracking takes hours on some of them); linear matching takes milliseconds."""
+    import subprocess
+    import sys
+
+    program = (
+        "import json, sys\n"
+        "from app.pii import validate_pii_rules, mask_text\n"
+        "out = {}\n"
+        "for pattern in json.loads(sys.argv[1]):\n"
+        "    try:\n"
+        "        rules = validate_pii_rules([{'name': 'r', 'pattern': pattern}])\n"
+        "    except Exception as exc:\n"
+        "        out[pattern] = 'refused:' + type(exc).__name__\n"
+        "        continue\n"
+        "    for text in ('a' * 45, 'x' * 45, 'aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa!'):\n"
+        "        mask_text(text, rules)\n"
+        "    out[pattern] = mask_text('aab', rules)\n"
+        "print(json.dumps(out))\n"
+    )
+    from pathlib import Path
+
+    done = subprocess.run([sys.executable, "-c", program, json.dumps(CATASTROPHIC)],
+                          capture_output=True, text=True, timeout=20,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out[r"(a|aa)+b"] == "[r]"
+    assert set(out) == set(CATASTROPHIC)
+
+
+def test_a_rule_that_cannot_run_in_linear_time_is_refused(client):
+    for pattern in (r"(a)\1", r"a(?=b)", r"(?<!x)a", r"(?>a+)b", r"a++b"):
+        status, out = call(client, "features.set", ADMIN_TOKEN, features={
+            "agent_state": True, "pii_rules": [{"name": "r", "pattern": pattern}]})
+        assert status == 422 and out["error"]["rule"] == "pii_rule_pattern_unsafe", out
+        assert out["error"]["field"] == "features.pii_rules[0].pattern"
+
+
+def test_a_catastrophic_rule_is_accepted_and_masks_through_the_api(client):
+    # (A short run of a's: the hostile length is the child process's test above, bounded.)
+    status, out = call(client, "features.set", ADMIN_TOKEN, features={
+        "agent_state": True, "pii_rules": [{"name": "member", "pattern": r"(a|aa)+b"}]})
+    assert status == 200, out
+    status, out = put_state(client, ADMIN_TOKEN, "shop_guide",
+                            {"kind": "conversation", "id": "c-redos"},
+                            {"note": "a" * 20 + " then aab"})
+    assert status == 200 and out["stored"], out
+    body = read_state(client, ADMIN_TOKEN, "shop_guide",
+                      {"kind": "conversation", "id": "c-redos"})[1]["body"]
+    assert body["note"] == "a" * 20 + " then [member]"
+
+
+# --- 6. masking keys and disguised text -------------------------------------------------------
+
+
+def test_pii_masking_reaches_object_keys_and_disguised_text(client):
+    guide = {**GUIDE, "fields": {**GUIDE["fields"],
+                                 "contacts": {"type": "object", "pii": True}}}
+    status, out = call(client, "object_types.set", ADMIN_TOKEN, types=[LOYALTY, guide])
+    assert status == 200, out
+    scope = {"kind": "conversation", "id": "c-pii"}
+    status, out = put_state(client, ADMIN_TOKEN, "shop_guide", scope, {
+        "contacts": {"ana@example.com": "+14155550123", "bo@example.com": "x"},
+        "note": "write to ana\u200b@example.com or \uff41\uff4e\uff41@example.com, "
+                "or call +1\u2060415\u00ad555\u200b0123"})
+    assert status == 200 and out["stored"], out
+    stored = read_state(client, ADMIN_TOKEN, "shop_guide", scope)[1]["body"]
+    text = json.dumps(stored, ensure_ascii=False)
+    for raw in ("ana", "bo@", "example.com", "4155550123", "415"):
+        assert raw not in text, (raw, text)
+    assert stored["contacts"] == {"[email]": "[phone]", "[email]#2": "x"}
+    assert stored["note"] == "write to [email] or [email], or call [phone]"
+    # Text with nothing to mask is kept exactly as written, non-ASCII included.
+    status, _ = put_state(client, ADMIN_TOKEN, "shop_guide", scope, {"note": "caf\u00e9 \uff21"})
+    assert read_state(client, ADMIN_TOKEN, "shop_guide", scope)[1]["body"]["note"] == (
+        "caf\u00e9 \uff21")
+
+
+# --- 7. a deep schema -------------------------------------------------------------------------
+
+
+def test_a_deeply_nested_profile_schema_is_422_not_500(client):
+    node: dict[str, Any] = {"type": "string"}
+    for _ in range(100):
+        node = {"type": "object", "properties": {"p": node}}
+    status, out = call(client, "profile_schema.set", ADMIN_TOKEN, json_schema=node)
+    assert status == 422, out
+    assert out["error"]["rule"] == "too_deep"
+    assert out["error"]["field"].startswith("properties.p.properties.p")

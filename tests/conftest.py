@@ -7,7 +7,9 @@ database (LOOM_TEST_REDIS_DB, default 9) and flush it around each test.
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
@@ -110,3 +112,34 @@ def live_server(redis_url: str, tmp_path: Path):  # noqa: ANN201
     env = {"REDIS_URL": redis_url, "LOOM_SECRET_KEY": TEST_SECRET, "LOOM_DATA_DIR": str(tmp_path)}
     with LiveServer(env) as server:
         yield server
+
+
+class _RawPathIds(logging.Handler):
+    """Collects every log line of the run that names a profile agent-state path with a raw id
+    (anything but the keyed ``h:`` form)."""
+
+    pattern = re.compile(r"/v1/profiles/(?!h:)[^/?\s\"]+/agent-state")
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.found: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = record.getMessage()
+        except Exception:  # noqa: BLE001  (a test's odd record is not this check's business)
+            return
+        if self.pattern.search(line):
+            self.found.append(line)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_raw_ids_in_logs() -> Iterator[None]:
+    """Every log line the whole run writes is checked for raw ids in the one path that takes
+    one; the access-log test checks gunicorn's own files."""
+    handler = _RawPathIds()
+    root = logging.getLogger()
+    root.addHandler(handler)
+    yield
+    root.removeHandler(handler)
+    assert handler.found == [], handler.found[:5]

@@ -159,5 +159,11 @@ def configure_logging(log_format: str | None = None, level: int = logging.INFO) 
     root.addHandler(handler)
     root.setLevel(level)
     logging.getLogger("loom").setLevel(level)
+    # No formatter here prints where a line was logged from, or which thread or process wrote
+    # it: the logging HOWTO's "Optimization" switches spare every record the stack walk.
+    logging._srcfile = None  # type: ignore[attr-defined]
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     # werkzeug's own request lines repeat Loom's access line in another shape.
     logging.getLogger("werkzeug").setLevel(logging.WARNING)

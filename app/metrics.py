@@ -91,9 +91,18 @@ def multiprocess_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 
 
+# The labelled children of REQUESTS and LATENCY per (op, status): ``labels()`` takes a lock
+# and builds its key on every call, and the label sets are few (ops x statuses).
+_REQUEST_CHILDREN: dict[tuple[str, int], tuple[Any, Any]] = {}
+
+
 def observe_request(op: str, status: int, seconds: float) -> None:
-    REQUESTS.labels(op=op, status=str(status)).inc()
-    LATENCY.labels(op=op).observe(seconds)
+    children = _REQUEST_CHILDREN.get((op, status))
+    if children is None:
+        children = (REQUESTS.labels(op=op, status=str(status)), LATENCY.labels(op=op))
+        _REQUEST_CHILDREN[(op, status)] = children
+    children[0].inc()
+    children[1].observe(seconds)
     if status == 503:
         UNAVAILABLE.labels(op=op).inc()
     elif status == 429:

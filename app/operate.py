@@ -65,8 +65,9 @@ def register_operations(app: Flask, services: Services) -> None:
     def start_request() -> None:
         g.loom_started = time.perf_counter()
         g.loom_request_id = _request_id()
+        g.loom_op = request_op_label(app)
         logs.clear()
-        logs.bind(request_id=g.loom_request_id, op=request_op_label(app))
+        logs.bind(request_id=g.loom_request_id, op=g.loom_op)
 
     @app.after_request
     def finish_request(response: Response) -> Response:
@@ -76,7 +77,7 @@ def register_operations(app: Flask, services: Services) -> None:
         if started is None:
             return response
         seconds = time.perf_counter() - started
-        op = request_op_label(app)
+        op = g.get("loom_op") or request_op_label(app)
         metrics.observe_request(op, response.status_code, seconds)
         if op not in ("healthz", "readyz"):
             # Polled every second by a load balancer: a line each would drown the rest.

@@ -39,6 +39,7 @@ from app.registry import Call, Op, OpRegistry
 from app.schemas.common import ErrorAnswer
 from app.schemas.fastload import compile_loader
 from app.services import Services
+from app.store.connection import UNAVAILABLE_ERRORS, store_unavailable
 
 log = logging.getLogger("loom.api")
 
@@ -48,6 +49,7 @@ ERROR_RESPONSES = {
     "403": "Role too low, or an identity outside the token's reach",
     "413": "Body over LOOM_MAX_BODY_BYTES",
     "422": "Invalid input; the error names each field",
+    "503": "The store (Redis) is unavailable; Retry-After says when to ask again",
 }
 
 
@@ -242,6 +244,14 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(LoomError)
     def handle_loom_error(error: LoomError) -> Response:
         return error_response(error)
+
+    def handle_store_unavailable(error: Exception) -> Response:
+        # No traceback: the failure is Redis's, and it is logged once per request, short.
+        log.warning("store unavailable on %s: %s: %s", request.path, type(error).__name__, error)
+        return error_response(store_unavailable(error))
+
+    for unavailable in UNAVAILABLE_ERRORS:
+        app.register_error_handler(unavailable, handle_store_unavailable)
 
     @app.errorhandler(HTTPException)
     def handle_http_exception(error: HTTPException) -> Response:

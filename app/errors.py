@@ -113,6 +113,16 @@ class TokenNotFound(LoomError):
     status = 404
 
 
+# --- the store (503) -------------------------------------------------------------------------
+
+
+class StoreUnavailable(LoomError):
+    """Redis is down, hung past the socket timeout, or still loading its data: ask again later."""
+
+    code = "STORE_UNAVAILABLE"
+    status = 503
+
+
 # --- working memory (seed 004) ----------------------------------------------------------------
 
 

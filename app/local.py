@@ -56,18 +56,24 @@ class RedisServerProcess:
     """A redis-server child process on loopback; persistent when ``appendonly`` is on."""
 
     def __init__(
-        self, data_dir: Path, port: int | None = None, appendonly: bool = True
+        self,
+        data_dir: Path,
+        port: int | None = None,
+        appendonly: bool = True,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.data_dir = Path(data_dir)
         self.port = port or free_port()
         self.appendonly = appendonly
+        self.extra_args = extra_args
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout: float = 10.0) -> RedisServerProcess:
+    def start(self, timeout: float = 10.0, wait: bool = True) -> RedisServerProcess:
+        """Start the server; with ``wait``, return once it answers PING (loaded)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         command = [
             find_redis_server(),
@@ -79,17 +85,20 @@ class RedisServerProcess:
             # everysec: at most about one second of acknowledged writes lost on a crash.
             "--appendfsync", "everysec",
             "--logfile", str(self.data_dir / "redis.log"),
+            *self.extra_args,
         ]
         self.process = subprocess.Popen(
             command, stdout=subprocess.DEVNULL, preexec_fn=die_with_parent
         )
+        if not wait:
+            return self
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
         deadline = time.monotonic() + timeout
         while True:
             try:
                 client.ping()
                 return self
-            except redis.ConnectionError:
+            except (redis.ConnectionError, redis.TimeoutError):
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(
                         f"redis-server did not start on port {self.port}; "

@@ -17,6 +17,7 @@ from app.auth import ANY, Principal, single_user
 from app.clock import Clock
 from app.errors import AuthInvalid, AuthRequired, RateLimited
 from app.settings import Settings
+from app.store.connection import connect
 
 StoreT = TypeVar("StoreT")
 
@@ -31,7 +32,7 @@ class Services:
     ) -> None:
         self.settings = settings
         self.clock = clock or Clock()
-        self.redis = redis_client or connect(settings.redis_url)
+        self.redis = redis_client or connect(settings)
         self._queue_redis = queue_redis
         self._stores: dict[type, Any] = {}
         self._lock = threading.Lock()
@@ -42,7 +43,9 @@ class Services:
     def queue_redis(self) -> redis.Redis:
         """RQ's own connection (bytes, as RQ expects); built on first use."""
         if self._queue_redis is None:
-            self._queue_redis = redis.Redis.from_url(self.settings.queue_redis_url)
+            self._queue_redis = connect(
+                self.settings, self.settings.queue_redis_url, decode=False
+            )
         return self._queue_redis
 
     def authenticate(self, headers: Any) -> Principal:
@@ -91,11 +94,3 @@ class Services:
                     self._stores[store_class] = found
         return found
 
-
-def connect(url: str) -> redis.Redis:
-    if not url:
-        raise RuntimeError(
-            "REDIS_URL is not set: set it, or start Loom with `python -m app.local`, "
-            "which runs an embedded redis-server"
-        )
-    return redis.Redis.from_url(url, decode_responses=True, health_check_interval=30)

@@ -1,0 +1,65 @@
+"""How Loom's processes connect to Redis, and which Redis failures mean "the store is away".
+
+Every client is built here with bounded waits: ``LOOM_REDIS_SOCKET_TIMEOUT_SECONDS`` for a reply
+and ``LOOM_REDIS_CONNECT_TIMEOUT_SECONDS`` to connect, with one immediate retry on a broken
+connection (a pooled connection that a Redis restart closed) and none on a timeout, so a hung
+Redis costs a request about one socket timeout instead of redis-py's default of ten retries.
+``UNAVAILABLE_ERRORS`` are the failures that say nothing about the request: the web answers
+them ``503 STORE_UNAVAILABLE`` with ``Retry-After``, and the pool reconnects by itself once
+Redis is back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import ClusterDownError, ReadOnlyError, TryAgainError
+from redis.retry import Retry
+
+from app.errors import StoreUnavailable
+from app.settings import Settings
+
+# Down, refused, reset, still loading its data (BusyLoadingError is a ConnectionError), hung
+# past the socket timeout, a cluster without a primary for a slot, or a replica after failover.
+UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    ClusterDownError,
+    TryAgainError,
+    ReadOnlyError,
+)
+RETRY_AFTER_SECONDS = 2
+
+
+def client_options(settings: Settings) -> dict[str, Any]:
+    """redis-py options every Loom client shares (bounded waits, one retry on a dead socket)."""
+    return {
+        "socket_timeout": settings.redis_socket_timeout_seconds,
+        "socket_connect_timeout": settings.redis_connect_timeout_seconds,
+        "retry": Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)),
+        "health_check_interval": 30,
+    }
+
+
+def connect(settings: Settings, url: str | None = None, *, decode: bool = True) -> redis.Redis:
+    """A client for ``url`` (default the data plane's REDIS_URL)."""
+    url = settings.redis_url if url is None else url
+    if not url:
+        raise RuntimeError(
+            "REDIS_URL is not set: set it, or start Loom with `python -m app.local`, "
+            "which runs an embedded redis-server"
+        )
+    return redis.Redis.from_url(url, decode_responses=decode, **client_options(settings))
+
+
+def store_unavailable(error: Exception) -> StoreUnavailable:
+    """The 503 a Redis failure becomes; its message names the failure, never the server."""
+    if isinstance(error, redis.exceptions.BusyLoadingError):
+        reason = "the store is loading its data"
+    elif isinstance(error, redis.TimeoutError):
+        reason = "the store did not answer in time"
+    else:
+        reason = "the store is unreachable"
+    return StoreUnavailable(f"{reason}; try again shortly", retry_after=RETRY_AFTER_SECONDS)

@@ -50,6 +50,7 @@ Hierarchy::
         │       └── CharLimitExceeded           CHAR_LIMIT_EXCEEDED
         ├── RateLimited                 429  RATE_LIMITED (.retry_after)
         └── ServerError                 5xx  INTERNAL_ERROR; HTTP_<status> without Loom's shape
+            └── StoreUnavailable        503  STORE_UNAVAILABLE (.retry_after; retry later)
 """
 
 from __future__ import annotations
@@ -272,23 +273,37 @@ class CharLimitExceeded(LimitExceeded):
     default_code = "CHAR_LIMIT_EXCEEDED"
 
 
+def _retry_after(error: LoomAPIError) -> float | None:
+    """Seconds to wait, from the error's ``retry_after`` or the Retry-After header."""
+    value = error.details.get("retry_after")
+    if value is None and error.response is not None:
+        value = error.response.headers.get("Retry-After")
+    try:
+        return float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
 class RateLimited(LoomAPIError):
     default_code = "RATE_LIMITED"
 
     @property
     def retry_after(self) -> float | None:
-        """Seconds to wait, from the error's ``retry_after`` or the Retry-After header."""
-        value = self.details.get("retry_after")
-        if value is None and self.response is not None:
-            value = self.response.headers.get("Retry-After")
-        try:
-            return float(value) if value is not None else None
-        except (TypeError, ValueError):
-            return None
+        return _retry_after(self)
 
 
 class ServerError(LoomAPIError):
     default_code = "INTERNAL_ERROR"
+
+
+class StoreUnavailable(ServerError):
+    """Loom's Redis is down, hung or loading; the same call may succeed after ``retry_after``."""
+
+    default_code = "STORE_UNAVAILABLE"
+
+    @property
+    def retry_after(self) -> float | None:
+        return _retry_after(self)
 
 
 BY_CODE: dict[str, type[LoomAPIError]] = {
@@ -301,6 +316,7 @@ BY_CODE: dict[str, type[LoomAPIError]] = {
         UserBeingErased, AgentStateConflict, PayloadTooLarge,
         ValidationError, IdentityIncomplete, SchemaInvalid, SubstringNotFound,
         WorkingMemoryLimitExceeded, CharLimitExceeded, RateLimited, ServerError,
+        StoreUnavailable,
     )
 }
 BY_CODE["MALFORMED_JSON"] = BadRequest

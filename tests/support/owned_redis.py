@@ -60,9 +60,17 @@ class OwnedRedis(RedisServerProcess):
         for i in range(keys):
             pipe.set(f"filler:{i}", "x")
         pipe.execute()
+        rewrites = client.info("persistence")["aof_rewrites"]
         client.bgrewriteaof()
         deadline = time.monotonic() + 20
-        while client.info("persistence")["aof_rewrite_in_progress"]:
+        while True:
+            info = client.info("persistence")
+            # "In progress" also reads 0 while the rewrite is only scheduled: wait for the
+            # count to move and for nothing to be running or scheduled.
+            if info["aof_rewrites"] != rewrites and not (
+                info["aof_rewrite_in_progress"] or info["aof_rewrite_scheduled"]
+            ):
+                break
             assert time.monotonic() < deadline, "the append-only rewrite did not finish"
             time.sleep(0.05)
         client.close()
@@ -75,7 +83,7 @@ class OwnedRedis(RedisServerProcess):
             "--loading-process-events-interval-bytes", "1024",
             wait=False,
         )
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2, socket_timeout=1)
         deadline = time.monotonic() + 10
         while True:
             try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import sys
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -17,9 +18,12 @@ from rq_scheduler import Scheduler
 
 from app.logs import configure_logging
 from app.settings import Settings, load_settings
+from app.store.connection import UNAVAILABLE_ERRORS
+from jobs.outage import ride_out
 from jobs.queues import queue_connection
 
 JOB_ID_PREFIX = "loom-periodic-"
+log = logging.getLogger("loom.jobs.scheduler")
 
 
 @dataclass(frozen=True)
@@ -78,13 +82,60 @@ def register(scheduler: Scheduler, definitions: list[Periodic]) -> list[str]:
     return sorted(wanted)
 
 
+class LoomScheduler(Scheduler):
+    """rq-scheduler whose bookkeeping on the way out survives Redis being away.
+
+    ``run()`` ends in ``remove_lock`` and ``register_death``, and so does its SIGTERM handler;
+    with Redis away each raised ConnectionError, which ended the process or swallowed the stop.
+    Both records expire by themselves, so a failure to write them is only logged.
+
+    Every tick registers the periodic jobs again before enqueuing (idempotent: one read when
+    nothing is missing), so a Redis that came back without them (restarted past its fsync
+    window, or empty) gets its schedule back without anyone restarting the scheduler.
+    """
+
+    def __init__(self, *args: Any, definitions: list[Periodic] | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.definitions = list(definitions or [])
+
+    def enqueue_jobs(self) -> list[Any]:
+        if self.definitions:
+            register(self, self.definitions)
+        return super().enqueue_jobs()
+
+    def register_death(self) -> None:
+        try:
+            super().register_death()
+        except UNAVAILABLE_ERRORS as error:
+            log.warning("could not record the scheduler's death: %s", error)
+
+    def remove_lock(self) -> None:
+        try:
+            super().remove_lock()
+        except UNAVAILABLE_ERRORS as error:
+            log.warning("could not release the scheduler's lock: %s", error)
+
+
 def main() -> int:
     settings = load_settings()
     configure_logging(settings.log_format)
     connection = queue_connection(settings)
-    scheduler = Scheduler(connection=connection, interval=5)
-    register(scheduler, periodic_jobs(settings))
-    scheduler.run()
+    scheduler = LoomScheduler(connection=connection, interval=5,
+                              definitions=periodic_jobs(settings))
+    runs = 0
+
+    def run() -> bool:
+        nonlocal runs
+        if runs:
+            # The last run's birth record may have outlived the outage (AOF): it is this
+            # process's own, so close it, or rq-scheduler refuses to register again.
+            scheduler.register_death()
+        runs += 1
+        scheduler.run()
+        return True
+
+    ride_out(run, connection, "scheduler")
     return 0
 
 

@@ -8,6 +8,7 @@ arguments are a user id, which no log line may hold.
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from typing import Any
 
@@ -17,6 +18,8 @@ from rq.job import Job
 
 from app import logs
 from app.settings import load_settings
+from app.store.connection import UNAVAILABLE_ERRORS
+from jobs.outage import ride_out
 from jobs.queues import ALL_QUEUES, queue, queue_connection
 
 log = logging.getLogger("loom.jobs.worker")
@@ -32,6 +35,22 @@ def job_function(job: Job) -> str:
 
 
 class LoomWorker(Worker):
+    # Set by SIGTERM / SIGINT: ``work()`` also returns after a Redis failure, and only a
+    # stop asked for ends the process.
+    stop_asked = False
+
+    def request_stop(self, signum: int, frame: Any) -> None:
+        self.stop_asked = True
+        super().request_stop(signum, frame)
+
+    def teardown(self) -> None:
+        # RQ's teardown records the worker's death in Redis; with Redis away that raised out of
+        # work(). The record expires by itself.
+        try:
+            super().teardown()
+        except UNAVAILABLE_ERRORS as error:
+            log.warning("could not record the worker's death: %s", error)
+
     def execute_job(self, job: Job, queue: Queue) -> None:
         # Bound before the fork: the work horse inherits the context, and the worker's own
         # lines about the job (started, OK, failed) carry it too.
@@ -61,9 +80,21 @@ def main(argv: list[str] | None = None) -> int:
     settings = load_settings()
     logs.configure_logging(settings.log_format)
     connection = queue_connection(settings)
-    worker = LoomWorker([queue(name, connection) for name in names], connection=connection,
-                        log_job_description=False, exception_handlers=[count_job_error])
-    worker.work(burst=burst, with_scheduler=False)
+
+    def work() -> bool:
+        # A new worker each time: RQ refuses to register a second birth under one name.
+        worker = LoomWorker([queue(name, connection) for name in names], connection=connection,
+                            log_job_description=False, exception_handlers=[count_job_error])
+        try:
+            worker.work(burst=burst, with_scheduler=False)
+        finally:
+            # RQ's handlers point at this worker; while waiting for Redis a stop must end the
+            # process as usual.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        return burst or worker.stop_asked
+
+    ride_out(work, connection, "worker")
     return 0
 
 

@@ -57,3 +57,28 @@ def child_exit(server, worker):  # noqa: ANN001, ANN201
 def on_exit(server):  # noqa: ANN001, ANN201
     if _made_metrics_dir:
         _shutil.rmtree(_os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
+
+# --- workers ----------------------------------------------------------------------------------
+# gevent by measurement (bench/slow_clients.py, README "Deploy"): a sync worker or a gthread
+# thread sits in recv() for as long as a client takes to send its headers, so a few dozen slow
+# clients stop every other request; a gevent worker parks each connection on its event loop
+# and keeps answering. Each value comes from the environment, checked as the settings are.
+from app.settings import web_setting as _web_setting  # noqa: E402
+
+worker_class = _web_setting("LOOM_WEB_WORKER_CLASS")
+workers = _web_setting("WEB_CONCURRENCY")
+threads = _web_setting("LOOM_WEB_THREADS")
+worker_connections = _web_setting("LOOM_WEB_WORKER_CONNECTIONS")
+timeout = _web_setting("LOOM_WEB_TIMEOUT_SECONDS")
+graceful_timeout = _web_setting("LOOM_WEB_GRACEFUL_TIMEOUT_SECONDS")
+keepalive = _web_setting("LOOM_WEB_KEEPALIVE_SECONDS")
+
+if worker_class == "gevent":
+    import warnings as _warnings
+
+    from gevent.monkey import MonkeyPatchWarning as _MonkeyPatchWarning
+
+    # gunicorn imports ssl before any config runs, so every gevent worker warns that ssl was
+    # imported before the patch. The web process opens no TLS socket of its own before the
+    # patch, and a warning line is not a JSON log line: keep it out of the log.
+    _warnings.filterwarnings("ignore", category=_MonkeyPatchWarning)

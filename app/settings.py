@@ -114,6 +114,12 @@ class Setting:
 
 _SECONDS = _int_range(1, 7 * 24 * 3600)
 
+
+def _web_workers(value: str) -> int:
+    if not value.strip():
+        return max(2, os.cpu_count() or 1)
+    return _int_range(1, 1024)(value)
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("REDIS_URL", "", _redis_url,
             "Redis for the data plane. Unset: the run command starts an embedded redis-server."),
@@ -124,6 +130,19 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("LOOM_REDIS_CONNECT_TIMEOUT_SECONDS", "2", _positive_float,
             "Longest wait to open a Redis connection."),
     Setting("PORT", "8000", _int_range(1, 65535), "Port the web process listens on."),
+    Setting("WEB_CONCURRENCY", "", _web_workers,
+            "gunicorn worker processes. Empty: one per CPU core, at least 2."),
+    Setting("LOOM_WEB_WORKER_CLASS", "gevent", _choice("gevent", "gthread", "sync"),
+            "gunicorn worker class; gevent keeps answering while clients send slowly."),
+    Setting("LOOM_WEB_WORKER_CONNECTIONS", "1000", _int_range(1, 100000),
+            "Connections one gevent worker holds at once."),
+    Setting("LOOM_WEB_THREADS", "8", _int_range(1, 1000), "Threads per gthread worker."),
+    Setting("LOOM_WEB_TIMEOUT_SECONDS", "30", _SECONDS,
+            "A sync or gthread worker silent this long is restarted (gevent: a stuck loop)."),
+    Setting("LOOM_WEB_GRACEFUL_TIMEOUT_SECONDS", "30", _SECONDS,
+            "Time a stopping worker has to finish its requests."),
+    Setting("LOOM_WEB_KEEPALIVE_SECONDS", "5", _int_range(0, 3600),
+            "Time an idle kept-alive connection stays open."),
     Setting("LOOM_DEFAULT_ORG", "default", _org,
             "The install's org: every call without a token acts in it when auth is off."),
     Setting("LOOM_SECRET_KEY", "", _text,
@@ -225,6 +244,18 @@ class Settings:
     @property
     def queue_redis_url(self) -> str:
         return self._values["queue_url"] or self._values["redis_url"]
+
+
+def web_setting(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """One setting of the web process, parsed and checked as ``load_settings`` does; for
+    ``gunicorn.conf.py``, which runs before the app and must not build its other settings."""
+    environ = os.environ if environ is None else environ
+    setting = next(setting for setting in SETTINGS if setting.name == name)
+    raw = environ.get(setting.name, setting.default)
+    try:
+        return setting.parse(raw)
+    except ValueError as exc:
+        raise SettingsError(f"{setting.name}={raw!r}: {exc}") from None
 
 
 def load_settings(

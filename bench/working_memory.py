@@ -89,9 +89,9 @@ TARGET_RATIOS = {"get": 0.9, "set": 1.0, "append": 1.0}
 TARGET_CONTENDED = 0.5
 
 
-def gunicorn_settings(workers: int) -> list[str]:
-    """The same for both apps."""
-    return ["--workers", str(workers), "--worker-class", "sync", "--log-level", "warning"]
+def gunicorn_settings(workers: int, worker_class: str = "gevent") -> list[str]:
+    """The same for both apps: the Procfile's worker class unless told otherwise."""
+    return ["--workers", str(workers), "--worker-class", worker_class, "--log-level", "warning"]
 
 
 LOOM_PATHS = {op: f"/v1/working_memory.{op}" for op in ("get", "set", "append")}
@@ -898,8 +898,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="load time of one contended phase (2.5), run in batches of at "
                              f"most {CONTENDED_MAX_APPENDS} appends on fresh blocks")
     parser.add_argument("--workers", type=int, default=2,
-                        help="sync workers per app (2); more workers put more writers on the "
+                        help="gunicorn workers per app (2); more workers put more writers on the "
                              "contended block at once")
+    parser.add_argument("--worker-class", default="gevent", choices=("gevent", "gthread", "sync"),
+                        help="gunicorn worker class of both apps (gevent, as deployed)")
     parser.add_argument("--python-loader", action="store_true",
                         help="use the Python load client even when wrk is installed")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
@@ -919,7 +921,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load client: {'wrk (1 thread)' if wrk else 'Python (threads, separate process)'}, "
           f"{args.connections} connections, {args.seconds}s per run, {args.rounds} rounds; "
           "contended appends always use the Python client (each addition is checked)")
-    settings = gunicorn_settings(args.workers)
+    settings = gunicorn_settings(args.workers, args.worker_class)
     print(f"gunicorn (both apps): {' '.join(settings)}")
 
     started = time.monotonic()

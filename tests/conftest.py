@@ -106,7 +106,7 @@ def app_factory(redis_url: str, tmp_path: Path):  # noqa: ANN201
 
 @pytest.fixture
 def live_server(redis_url: str, tmp_path: Path):  # noqa: ANN201
-    """gunicorn with two sync workers over the test database."""
+    """gunicorn as the Procfile runs it (gunicorn.conf.py), two workers, over the test database."""
     from tests.support.live_server import LiveServer
 
     env = {"REDIS_URL": redis_url, "LOOM_SECRET_KEY": TEST_SECRET, "LOOM_DATA_DIR": str(tmp_path)}

@@ -28,4 +28,20 @@ def test_procfile_has_the_three_processes():
     names = [line.split(":", 1)[0] for line in lines if line.strip()]
     assert {"web", "worker", "scheduler"} <= set(names)
     web = next(line for line in lines if line.startswith("web:"))
-    assert "gunicorn wsgi:app" in web and "sync" in web
+    assert "gunicorn wsgi:app" in web and "--config gunicorn.conf.py" in web
+
+
+def test_gunicorn_conf_takes_its_worker_settings_from_the_environment(monkeypatch, tmp_path):
+    import runpy
+
+    # The config sets this when unset; given here, the test leaves the environment as it was.
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    monkeypatch.setenv("WEB_CONCURRENCY", "3")
+    monkeypatch.setenv("LOOM_WEB_WORKER_CLASS", "gthread")
+    monkeypatch.setenv("LOOM_WEB_THREADS", "12")
+    monkeypatch.setenv("LOOM_WEB_TIMEOUT_SECONDS", "45")
+    config = runpy.run_path(str(ROOT / "gunicorn.conf.py"))
+    assert (config["workers"], config["worker_class"], config["threads"], config["timeout"]) == (
+        3, "gthread", 12, 45)
+    monkeypatch.delenv("LOOM_WEB_WORKER_CLASS")
+    assert runpy.run_path(str(ROOT / "gunicorn.conf.py"))["worker_class"] == "gevent"

@@ -1,4 +1,8 @@
-"""A real gunicorn serving ``wsgi:app`` on a free loopback port, for end-to-end tests."""
+"""A real gunicorn serving ``wsgi:app`` on a free loopback port, for end-to-end tests.
+
+It runs with the Procfile's configuration (``gunicorn.conf.py``: gevent workers unless
+``worker_class`` says otherwise), so end-to-end tests see the web process as deployed.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 class LiveServer:
     def __init__(self, env: dict[str, str], workers: int = 2,
-                 extra_args: tuple[str, ...] = (), output: Path | None = None) -> None:
+                 extra_args: tuple[str, ...] = (), output: Path | None = None,
+                 worker_class: str | None = None) -> None:
         self.port = free_port()
         # Every line gunicorn and the app write goes to a file: a pipe nobody reads would fill
         # and block the workers once they log a line per request.
@@ -26,6 +31,8 @@ class LiveServer:
         self.extra_args = extra_args
         self.env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
         self.workers = workers
+        if worker_class is not None:
+            self.env["LOOM_WEB_WORKER_CLASS"] = worker_class
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -37,9 +44,9 @@ class LiveServer:
         self.process = subprocess.Popen(
             [
                 sys.executable, "-m", "gunicorn", "wsgi:app",
+                "--config", str(ROOT / "gunicorn.conf.py"),
                 "--bind", f"127.0.0.1:{self.port}",
                 "--workers", str(self.workers),
-                "--worker-class", "sync",
                 *self.extra_args,
             ],
             cwd=ROOT,

@@ -14,11 +14,20 @@ from app.api import register_error_handlers, register_ops
 from app.console import register_console
 from app.operate import register_operations
 from app.registry import load_ops
+from app.schemas.common import ErrorAnswer
 from app.services import Services
 from app.settings import load_settings
 
 API_TITLE = "Loom"
 API_VERSION = "1"
+
+
+class LoomApi(Api):
+    """flask-smorest, documenting Loom's one error shape: no "default" response in
+    flask-smorest's own error shape, which Loom never sends (each op lists its statuses)."""
+
+    DEFAULT_ERROR_RESPONSE_NAME = None
+    ERROR_SCHEMA = ErrorAnswer
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
@@ -51,7 +60,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     services = Services(settings, redis_client=redis_client, clock=clock)
     app.extensions["loom"] = services
 
-    api = Api(app)
+    api = LoomApi(app)
     api.spec.components.security_scheme(
         "bearer", {"type": "http", "scheme": "bearer", "description": "A Loom token"}
     )

@@ -47,10 +47,30 @@ ERROR_RESPONSES = {
     "400": "Malformed JSON or a wrong content type",
     "401": "Missing, unknown, revoked or expired token",
     "403": "Role too low, or an identity outside the token's reach",
+    "404": "Something the op names does not exist (its code says what)",
     "413": "Body over LOOM_MAX_BODY_BYTES",
     "422": "Invalid input; the error names each field",
+    "429": "Over the token's request budget; Retry-After says when to ask again",
     "503": "The store (Redis) is unavailable; Retry-After says when to ask again",
 }
+# Only ops that write can meet a write conflict (hash mismatch, locked, pinned, being erased),
+# and only a compare-and-swap of agent state answers 412.
+WRITE_ERROR_RESPONSES = {
+    "409": "The write conflicts with the stored state (its code says how)",
+}
+CAS_ERROR_RESPONSES = {
+    "412": "The agent state's version moved (agent_state_conflict)",
+}
+
+
+def error_responses(op: Op) -> dict[str, str]:
+    """The error statuses an op can answer, each in Loom's error shape."""
+    statuses = dict(ERROR_RESPONSES)
+    if op.kind != "read":
+        statuses.update(WRITE_ERROR_RESPONSES)
+    if op.http_method == "PUT":
+        statuses.update(CAS_ERROR_RESPONSES)
+    return dict(sorted(statuses.items()))
 
 
 def _reject_constant(name: str) -> Any:
@@ -174,7 +194,7 @@ def _document(op: Op, view: Callable[..., Any]) -> Callable[..., Any]:
     responses: dict[str, Any] = {
         "200": {"description": "OK", "content": {"application/json": {"schema": op.answer}}}
     }
-    for status, description in ERROR_RESPONSES.items():
+    for status, description in error_responses(op).items():
         responses[status] = {
             "description": description,
             "content": {"application/json": {"schema": ErrorAnswer}},
@@ -261,9 +281,13 @@ def register_error_handlers(app: Flask) -> None:
                 return error_response(UnknownOp(f"no op named {name!r}", op=name))
             return error_response(RouteNotFound(f"no route {request.path}"))
         if error.code == 405:
-            return error_response(
+            response = error_response(
                 MethodNotAllowed(f"{request.method} is not allowed on {request.path}")
             )
+            # RFC 9110: a 405 names the methods the resource does allow.
+            allowed = getattr(error, "valid_methods", None) or []
+            response.headers["Allow"] = ", ".join(sorted(allowed))
+            return response
         if error.code == 413:
             max_bytes = current_app.config["MAX_CONTENT_LENGTH"]
             return error_response(BodyTooLarge(f"body is over {max_bytes} bytes"))

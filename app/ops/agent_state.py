@@ -39,7 +39,7 @@ def _scope_field(description: str) -> fields.Dict:
 class AgentStateArgs(IdentityArgs):
     """org, namespace, agent and the scope: a state has no user, session or run."""
 
-    class Meta:
+    class Meta(IdentityArgs.Meta):
         exclude = ("user_id", "session_id", "run_id")
 
     scope = _scope_field(

@@ -31,7 +31,7 @@ _WHO = {"namespace": "support", "user_id": "u-42"}
 class UserArgs(IdentityArgs):
     """org, namespace and the user: these ops act on everything of one user."""
 
-    class Meta:
+    class Meta(IdentityArgs.Meta):
         exclude = ("agent", "session_id", "run_id")
 
 

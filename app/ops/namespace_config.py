@@ -40,7 +40,7 @@ EXAMPLE_TYPE = {
 class NamespaceArgs(IdentityArgs):
     """org and namespace only: these ops act on the whole namespace."""
 
-    class Meta:
+    class Meta(IdentityArgs.Meta):
         exclude = ("agent", "user_id", "session_id", "run_id")
 
 

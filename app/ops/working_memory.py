@@ -81,7 +81,7 @@ class WorkingMemoryRenderArgs(IdentityArgs):
 
 
 class WorkingMemoryScopesArgs(IdentityArgs):
-    class Meta:
+    class Meta(IdentityArgs.Meta):
         exclude = ("session_id", "run_id")
 
 

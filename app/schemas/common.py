@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from marshmallow import Schema, ValidationError, fields, validate
+from marshmallow import EXCLUDE, INCLUDE, Schema, ValidationError, fields, validate
 
 IDENTITY_FIELDS = ("org", "namespace", "agent", "user_id", "session_id", "run_id")
 IDENTITY_MAX_LENGTH = 256
@@ -58,12 +58,21 @@ class IdentityArgs(Schema):
     """The identity tuple. org, namespace and agent are required, but a token may fill them,
     so a missing one is reported after the token is read (IDENTITY_INCOMPLETE)."""
 
+    class Meta:
+        # Unknown input fields are accepted and named in the answer's ignored_args, so the
+        # OpenAPI document must not declare additionalProperties: false.
+        unknown = EXCLUDE
+
     org = IdentityText(load_default=None, metadata={"description": "The tenant."})
     namespace = IdentityText(
-        load_default=None, metadata={"description": "The namespace the op reads or writes."}
+        load_default=None, metadata={"description": (
+            "The namespace the op reads or writes. Required (422 IDENTITY_INCOMPLETE when "
+            "missing) unless the caller's token fixes it, and always with auth off.")}
     )
     agent = IdentityText(
-        load_default=None, metadata={"description": "The writing or reading agent."}
+        load_default=None, metadata={"description": (
+            "The writing or reading agent. Required like namespace, for the ops that act "
+            "as an agent.")}
     )
     user_id = IdentityText(
         load_default="-", metadata={"description": "The end user; '-' for none."}
@@ -85,6 +94,12 @@ class Answer(Schema):
 
 
 class ErrorDetail(Schema):
+    """The error's code and message, then the details of that code (``fields``, ``field``,
+    ``retry_after``, ``erasure_id``, ...): open to further properties."""
+
+    class Meta:
+        unknown = INCLUDE
+
     code = fields.String(required=True)
     message = fields.String(required=True)
 

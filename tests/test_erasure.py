@@ -24,7 +24,6 @@ from rq.job import JobStatus
 from rq.registry import FailedJobRegistry
 
 from app.clock import FrozenClock
-from app.local import RedisServerProcess
 from app.services import Services
 from app.store import keys
 from app.store.erasure import KINDS, ErasureStore, scrub_user
@@ -32,6 +31,7 @@ from jobs.queues import BUILDS
 from jobs.structured_profile import build_user, build_user_job, run_pass
 from tests.conftest import make_app
 from tests.support.model_server import ScriptedModelServer
+from tests.support.persistence import append_only_bytes, own_server
 from tests.support.redis_dump import dump_everything
 
 ORG = "default"
@@ -600,8 +600,7 @@ def test_agent_states_under_another_handle_go_when_the_handle_is_given(world):
 
 
 def _aof_text(data_dir: Path) -> bytes:
-    folder = data_dir / "appendonlydir"
-    return b"".join(path.read_bytes() for path in sorted(folder.glob("*")) if path.is_file())
+    return append_only_bytes(data_dir)
 
 
 def _wait_for(predicate, seconds: float = 10.0) -> bool:
@@ -621,7 +620,7 @@ def _rewrite_done(client: redis.Redis) -> bool:
 @pytest.mark.parametrize("rewrite", [True, False], ids=["rewrite", "no-rewrite"])
 def test_erased_data_leaves_the_append_only_file_only_with_a_rewrite(tmp_path, rewrite):
     data_dir = tmp_path / "redis"
-    with RedisServerProcess(data_dir, appendonly=True) as server:
+    with own_server(data_dir, appendonly=True) as server:
         app = make_app(server.url, tmp_path, erasure_rewrite_aof=rewrite)
         client = app.test_client()
         body = {"namespace": NS, "agent": "chat", "user_id": USER}

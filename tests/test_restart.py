@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from app.local import RedisServerProcess
 from tests.conftest import make_app
+from tests.support.persistence import append_only_files, own_server
 
 BLOCK = {"namespace": "n", "agent": "a", "block_key": "resume", "run_id": "run-7"}
 
 
 def test_blocks_survive_a_restart_of_redis_and_the_app(tmp_path):
-    server = RedisServerProcess(tmp_path / "redis", appendonly=True).start()
+    server = own_server(tmp_path / "redis", appendonly=True).start()
     try:
         client = make_app(server.url, tmp_path).test_client()
         written = client.post(
@@ -18,7 +18,8 @@ def test_blocks_survive_a_restart_of_redis_and_the_app(tmp_path):
     finally:
         server.stop()
 
-    restarted = RedisServerProcess(tmp_path / "redis", port=server.port, appendonly=True).start()
+    assert append_only_files(tmp_path / "redis")
+    restarted = own_server(tmp_path / "redis", port=server.port, appendonly=True).start()
     try:
         client = make_app(restarted.url, tmp_path).test_client()
         out = client.post("/v1/working_memory.get", json=BLOCK).get_json()

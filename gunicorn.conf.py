@@ -7,6 +7,10 @@ environment names none), emptied before the first fork, and a dead worker's file
 in ``child_exit``, as prometheus_client's multiprocess mode asks.
 
 Logs: gunicorn's own lines take Loom's format (``LOOM_LOG_FORMAT``).
+
+Address: the rule of every Loom process (``app.settings.listen_host``): ``HOST`` when set,
+else loopback unless ``LOOM_AUTH=on``; the port is ``PORT``. A ``--bind`` on the command line
+wins over it (the tests' own gunicorn uses one).
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ else:
 from gunicorn.glogging import Logger as _GunicornLogger  # noqa: E402
 
 from app.logs import make_formatter as _make_formatter  # noqa: E402
+from app.settings import listen_host as _listen_host  # noqa: E402
+
+bind = [f"{_listen_host()}:{_os.environ.get('PORT', '8000').strip() or '8000'}"]
 
 
 class _LoomGunicornLogger(_GunicornLogger):

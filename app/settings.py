@@ -143,6 +143,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Time a stopping worker has to finish its requests."),
     Setting("LOOM_WEB_KEEPALIVE_SECONDS", "5", _int_range(0, 3600),
             "Time an idle kept-alive connection stays open."),
+    Setting("HOST", "", _text,
+            "Address the web and MCP processes listen on. Unset: 127.0.0.1 with LOOM_AUTH=off "
+            "(no token protects the data), 0.0.0.0 with LOOM_AUTH=on."),
     Setting("LOOM_DEFAULT_ORG", "default", _org,
             "The install's org: every call without a token acts in it when auth is off."),
     Setting("LOOM_SECRET_KEY", "", _text,
@@ -256,6 +259,21 @@ def web_setting(name: str, environ: Mapping[str, str] | None = None) -> Any:
         return setting.parse(raw)
     except ValueError as exc:
         raise SettingsError(f"{setting.name}={raw!r}: {exc}") from None
+
+
+def listen_host(environ: Mapping[str, str] | None = None) -> str:
+    """The address to listen on: ``HOST`` when set; else loopback unless auth is on.
+
+    Auth off means anyone who reaches the port reads and writes everything, so an unprotected
+    server stays on this machine unless ``HOST`` says otherwise. The MCP server (which does
+    not import this package) applies the same rule; a test holds both to it.
+    """
+    environ = os.environ if environ is None else environ
+    host = environ.get("HOST", "").strip()
+    if host:
+        return host
+    auth = environ.get("LOOM_AUTH", "off").strip().lower()
+    return "0.0.0.0" if auth == "on" else "127.0.0.1"
 
 
 def load_settings(

@@ -326,7 +326,8 @@ def test_console_script_and_procfile_run_this_module(capsys: pytest.CaptureFixtu
     line = next(line for line in procfile if line.startswith("mcp:"))
     command = line.split(":", 1)[1].split()
     assert command[:4] == ["python", "-m", "loom.mcp_server", "http"]
-    assert "--port" in command and "--host" in command
+    # No --host: the address follows HOST and LOOM_AUTH (tests/test_listen.py).
+    assert "--port" in command and "--host" not in command
     with pytest.raises(SystemExit) as done:
         mcp_server.main(["http", "--help"])
     assert done.value.code == 0 and "--port" in capsys.readouterr().out

@@ -240,6 +240,15 @@ async def serve_stdio(loom: LoomMCP) -> None:
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
 
+def listen_host(environ: Mapping[str, str]) -> str:
+    """``HOST`` when set; else loopback unless ``LOOM_AUTH=on``: with auth off anyone who
+    reaches the port can read and write everything, so an unprotected server stays local."""
+    host = environ.get("HOST", "").strip()
+    if host:
+        return host
+    return "0.0.0.0" if environ.get("LOOM_AUTH", "off").strip().lower() == "on" else "127.0.0.1"
+
+
 def http_app(loom: LoomMCP, *, host: str, path: str = "/mcp") -> Any:
     """The Streamable HTTP app: stateless, JSON answers (no SSE streams to keep open)."""
     return loom.server().streamable_http_app(
@@ -260,7 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     transports = parser.add_subparsers(dest="transport", required=True)
     transports.add_parser("stdio", help="serve one MCP client over stdin/stdout")
     http = transports.add_parser("http", help="serve Streamable HTTP (stateless, JSON)")
-    http.add_argument("--host", default="127.0.0.1")
+    http.add_argument(
+        "--host", default=None,
+        help="default: $HOST, else 127.0.0.1 unless LOOM_AUTH=on (then 0.0.0.0)",
+    )
     http.add_argument("--port", type=int, default=8001)
     http.add_argument("--path", default="/mcp")
     args = parser.parse_args(argv)
@@ -273,9 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import uvicorn
 
+    host = args.host or listen_host(os.environ)
     uvicorn.run(
-        http_app(loom, host=args.host, path=args.path),
-        host=args.host, port=args.port, log_level="warning",
+        http_app(loom, host=host, path=args.path), host=host, port=args.port, log_level="warning"
     )
     return 0
 

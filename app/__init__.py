@@ -6,7 +6,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from flask import Flask
+import swagger_ui_bundle
+from flask import Blueprint, Flask
 from flask_smorest import Api
 
 from app import log_ids
@@ -20,6 +21,15 @@ from app.settings import load_settings
 
 API_TITLE = "Loom"
 API_VERSION = "1"
+SWAGGER_UI_ASSETS = "/docs/assets"
+
+
+def swagger_ui_assets() -> Blueprint:
+    """The Swagger UI files of the installed swagger-ui-bundle, under ``/docs/assets/``."""
+    return Blueprint(
+        "swagger_ui_assets", __name__,
+        static_folder=str(swagger_ui_bundle.swagger_ui_path), static_url_path=SWAGGER_UI_ASSETS,
+    )
 
 
 class LoomApi(Api):
@@ -50,7 +60,9 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         OPENAPI_URL_PREFIX="/",
         OPENAPI_JSON_PATH="openapi.json",
         OPENAPI_SWAGGER_UI_PATH="/docs",
-        OPENAPI_SWAGGER_UI_URL="https://cdn.jsdelivr.net/npm/swagger-ui-dist/",
+        # The viewer's scripts and styles come from the swagger-ui-bundle package, served by
+        # this app: /docs works offline and loads nothing from a third party.
+        OPENAPI_SWAGGER_UI_URL=SWAGGER_UI_ASSETS + "/",
     )
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.json.compact = True  # type: ignore[attr-defined]
@@ -60,6 +72,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     services = Services(settings, redis_client=redis_client, clock=clock)
     app.extensions["loom"] = services
 
+    app.register_blueprint(swagger_ui_assets())
     api = LoomApi(app)
     api.spec.components.security_scheme(
         "bearer", {"type": "http", "scheme": "bearer", "description": "A Loom token"}

@@ -25,10 +25,10 @@ if not _os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
 else:
     _made_metrics_dir = False
 
-from gunicorn.glogging import Logger as _GunicornLogger  # noqa: E402
+from gunicorn.glogging import Logger as _GunicornLogger
 
-from app.logs import make_formatter as _make_formatter  # noqa: E402
-from app.settings import listen_host as _listen_host  # noqa: E402
+from app.logs import make_formatter as _make_formatter
+from app.settings import listen_host as _listen_host
 
 bind = [f"{_listen_host()}:{_os.environ.get('PORT', '8000').strip() or '8000'}"]
 
@@ -36,7 +36,7 @@ bind = [f"{_listen_host()}:{_os.environ.get('PORT', '8000').strip() or '8000'}"]
 class _LoomGunicornLogger(_GunicornLogger):
     """gunicorn's logger with its handlers in Loom's log format."""
 
-    def setup(self, cfg):  # noqa: ANN001, ANN201
+    def setup(self, cfg):
         super().setup(cfg)
         formatter = _make_formatter(_os.environ.get("LOOM_LOG_FORMAT", "auto").strip().lower()
                                     or "auto")
@@ -48,20 +48,20 @@ class _LoomGunicornLogger(_GunicornLogger):
 logger_class = _LoomGunicornLogger
 
 
-def on_starting(server):  # noqa: ANN001, ANN201
+def on_starting(server):
     directory = _os.environ["PROMETHEUS_MULTIPROC_DIR"]
     # Values left by an earlier run would be added to this one's.
     _shutil.rmtree(directory, ignore_errors=True)
     _os.makedirs(directory, exist_ok=True)
 
 
-def child_exit(server, worker):  # noqa: ANN001, ANN201
+def child_exit(server, worker):
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid)
 
 
-def on_exit(server):  # noqa: ANN001, ANN201
+def on_exit(server):
     if _made_metrics_dir:
         _shutil.rmtree(_os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
 

@@ -156,6 +156,6 @@ def op(
 
 def load_ops() -> OpRegistry:
     """Import every op module so the registry is complete."""
-    import app.ops  # noqa: F401  (importing declares the ops)
+    import app.ops  # noqa: F401 (importing declares the ops)
 
     return REGISTRY

@@ -364,7 +364,7 @@ def run_pass(svc: Services | None = None, holder: str | None = None) -> dict[str
                 lease.renew()
                 try:
                     tally.add(fold_user(svc, org, namespace, user_id))
-                except Exception:  # noqa: BLE001 - one user's failure must not stop the pass
+                except Exception:  # one user's failure must not stop the pass
                     log.exception("profile_consolidation: fold crashed")
                     tally.add(FoldResult(Outcome.FAILED))
             if resume_at is not None:

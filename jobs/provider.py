@@ -82,7 +82,7 @@ class ModelProvider(ABC):
         that is not a JSON object (and was not cut off) raises ``ModelCallFailed``.
         """
 
-    def close(self) -> None:  # noqa: B027 - optional hook, most providers hold nothing
+    def close(self) -> None:  # noqa: B027 optional hook, most providers hold nothing
         """Release whatever the provider holds (connections)."""
 
 

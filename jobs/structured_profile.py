@@ -422,7 +422,7 @@ def _build_many(svc: Services, steps: list[BuildStep]) -> list[BuildResult]:
     connection = svc.queue_redis
     try:
         helpers = Worker.count(queue=Queue(BUILDS, connection=connection))
-    except Exception:  # noqa: BLE001 - no RQ here (a direct call): build inline
+    except Exception:  # no RQ here (a direct call): build inline
         helpers = 0
     if helpers <= 1 or len(steps) <= 1:
         results = []
@@ -515,7 +515,7 @@ def run_pass(
                 users = _scan(svc, planner, step.namespace, step.limit, step.excluded,
                               shas[step.namespace], svc.clock.now())
                 planner.record_scan(step.namespace, users, svc.clock.now())
-            except Exception:  # noqa: BLE001 - a failing namespace backs off, the pass goes on
+            except Exception:  # a failing namespace backs off, the pass goes on
                 log.exception("structured_profile: scan failed")
                 planner.record_scan_failure(step.namespace, svc.clock.now())
         lease.renew()

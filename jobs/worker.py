@@ -29,7 +29,7 @@ def job_function(job: Job) -> str:
     """The job's function for logs and metrics: Loom's own by name, anything else as other."""
     try:
         name = job.func_name
-    except Exception:  # noqa: BLE001 - a job that cannot be read is still logged
+    except Exception:  # a job that cannot be read is still logged
         return "other"
     return name if name.startswith("jobs.") else "other"
 

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
 
-import fakeredis
 import pytest
 import redis
 
@@ -62,14 +61,7 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client.close()
 
 
-@pytest.fixture
-def fake_redis() -> Iterator[fakeredis.FakeRedis]:
-    client = fakeredis.FakeRedis(decode_responses=True)
-    yield client
-    client.flushall()
-
-
-def make_app(redis_url: str, data_dir: Path, **overrides: object):  # noqa: ANN201
+def make_app(redis_url: str, data_dir: Path, **overrides: object):
     config = {
         "redis_url": redis_url,
         "data_dir": str(data_dir),
@@ -80,12 +72,12 @@ def make_app(redis_url: str, data_dir: Path, **overrides: object):  # noqa: ANN2
 
 
 @pytest.fixture
-def app(redis_url: str, tmp_path: Path):  # noqa: ANN201
+def app(redis_url: str, tmp_path: Path):
     return make_app(redis_url, tmp_path)
 
 
 @pytest.fixture
-def client(app):  # noqa: ANN001, ANN201
+def client(app):
     return app.test_client()
 
 
@@ -95,17 +87,17 @@ def clock() -> FrozenClock:
 
 
 @pytest.fixture
-def app_factory(redis_url: str, tmp_path: Path):  # noqa: ANN201
+def app_factory(redis_url: str, tmp_path: Path):
     """Build apps with extra settings (auth on, an injected clock, ...)."""
 
-    def build(**overrides: object):  # noqa: ANN202
+    def build(**overrides: object):
         return make_app(redis_url, tmp_path, **overrides)
 
     return build
 
 
 @pytest.fixture
-def live_server(redis_url: str, tmp_path: Path):  # noqa: ANN201
+def live_server(redis_url: str, tmp_path: Path):
     """gunicorn as the Procfile runs it (gunicorn.conf.py), two workers, over the test database."""
     from tests.support.live_server import LiveServer
 

@@ -21,23 +21,23 @@ CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 class Console:
     """A browser-like client of the console: keeps the cookie, sends each form's CSRF token."""
 
-    def __init__(self, client) -> None:  # noqa: ANN001
+    def __init__(self, client) -> None:
         self.client = client
         self.csrf = ""
 
-    def get(self, url: str, **options: Any):  # noqa: ANN201
+    def get(self, url: str, **options: Any):
         response = self.client.get(url, **options)
         found = CSRF.search(response.get_data(as_text=True))
         if found:
             self.csrf = found.group(1)
         return response
 
-    def post(self, url: str, data: dict[str, Any], csrf: bool = True):  # noqa: ANN201
+    def post(self, url: str, data: dict[str, Any], csrf: bool = True):
         if csrf:
             data = {"csrf_token": self.csrf, **data}
         return self.client.post(url, data=data)
 
-    def sign_in(self, token: str):  # noqa: ANN201
+    def sign_in(self, token: str):
         self.get("/console/sign-in")
         response = self.post("/console/sign-in", {"token": token, "next": "/console/"})
         if response.status_code == 302:
@@ -45,28 +45,28 @@ class Console:
         return response
 
 
-def api(client, op: str, token: str = ADMIN_TOKEN, **body: Any) -> dict[str, Any]:  # noqa: ANN001
+def api(client, op: str, token: str = ADMIN_TOKEN, **body: Any) -> dict[str, Any]:
     response = client.post(f"/v1/{op}", json=body,
                            headers={**bearer(token), "X-Loom-Client": "desktop-app"})
     assert response.status_code == 200, response.get_json()
     return response.get_json()
 
 
-def text(response) -> str:  # noqa: ANN001
+def text(response) -> str:
     return response.get_data(as_text=True)
 
 
 @pytest.fixture
-def app(app_factory):  # noqa: ANN001, ANN201
+def app(app_factory):
     return auth_app(app_factory)
 
 
 @pytest.fixture
-def writer(client) -> str:  # noqa: ANN001
+def writer(client) -> str:
     return mint(client, namespace=NS, role="writer", label="console writer")
 
 
-def persona(client, value: str = "Terse.") -> dict[str, Any]:  # noqa: ANN001
+def persona(client, value: str = "Terse.") -> dict[str, Any]:
     return api(client, "profile.set", namespace=NS, agent=AGENT, label="persona", value=value)
 
 
@@ -218,7 +218,7 @@ def test_console_reads_stay_out_of_profile_activity(client, writer):
     assert "desktop-app" in page
 
 
-def _agent_state(client, user_id: str = USER) -> None:  # noqa: ANN001
+def _agent_state(client, user_id: str = USER) -> None:
     for method, path, body in agent_state_calls(user_id):
         response = client.open(path, method=method, json=body, headers=bearer(ADMIN_TOKEN))
         assert response.status_code == 200, response.get_json()

@@ -290,7 +290,7 @@ def test_concurrent_fact_writers_and_passes_lose_no_change(redis_url, tmp_path, 
         try:
             for i in range(8):
                 world.fact(f"k{n}-{i % 3}", f"Preference {n}/{i}")
-        except BaseException as error:  # noqa: BLE001 - reported by the main thread
+        except BaseException as error:  # reported by the main thread
             errors.append(error)
 
     def passes():

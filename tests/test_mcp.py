@@ -184,7 +184,7 @@ def test_an_unreachable_api_is_an_error_result_not_a_crash():
 
 
 @pytest.mark.slow
-def test_stdio_full_toolset_against_gunicorn(live_server):  # noqa: ANN001
+def test_stdio_full_toolset_against_gunicorn(live_server):
     async def go() -> None:
         params = stdio_params(live_server.url, LOOM_MCP_TOOLSETS="full")
         async with Client(params) as client:
@@ -194,7 +194,7 @@ def test_stdio_full_toolset_against_gunicorn(live_server):  # noqa: ANN001
 
 
 @pytest.mark.slow
-def test_stdio_default_toolset_and_identity_defaults(live_server):  # noqa: ANN001
+def test_stdio_default_toolset_and_identity_defaults(live_server):
     async def go() -> None:
         params = stdio_params(
             live_server.url, LOOM_MCP_NAMESPACE="support", LOOM_MCP_AGENT="desk-client"
@@ -220,7 +220,7 @@ def test_stdio_default_toolset_and_identity_defaults(live_server):  # noqa: ANN0
 
 
 @pytest.mark.slow
-def test_http_default_and_full_toolsets_against_gunicorn(live_server):  # noqa: ANN001
+def test_http_default_and_full_toolsets_against_gunicorn(live_server):
     with HttpMCP(live_server.url) as default, HttpMCP(
         live_server.url, LOOM_MCP_TOOLSETS="full"
     ) as full:
@@ -244,7 +244,7 @@ def test_http_default_and_full_toolsets_against_gunicorn(live_server):  # noqa: 
 class Recording(BaseHTTPRequestHandler):
     seen: list[dict[str, Any]] = []
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         self.seen.append({
             "path": self.path,
@@ -279,7 +279,7 @@ def recording_api() -> Iterator[tuple[str, list[dict[str, Any]]]]:
 
 
 @pytest.mark.slow
-def test_http_forwards_the_callers_authorization_else_the_env_key(recording_api):  # noqa: ANN001
+def test_http_forwards_the_callers_authorization_else_the_env_key(recording_api):
     api_url, seen = recording_api
     with HttpMCP(api_url, LOOM_API_KEY="env-key") as mcp_http:
 
@@ -300,7 +300,7 @@ def test_http_forwards_the_callers_authorization_else_the_env_key(recording_api)
 
 
 @pytest.mark.slow
-def test_stdio_sends_the_env_key(recording_api):  # noqa: ANN001
+def test_stdio_sends_the_env_key(recording_api):
     api_url, seen = recording_api
 
     async def go() -> None:

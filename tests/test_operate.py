@@ -24,8 +24,8 @@ from app.store.lease import LeaseStore
 from app.store.metrics import OTHER_ORG, JobMetricsStore, record_pass
 from jobs.queues import BUILDS, PASSES
 from jobs.structured_profile import run_pass
-from tests.conftest import make_app
 from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint
+from tests.conftest import make_app
 from tests.support.model_server import ScriptedModelServer
 from tests.test_structured_worker import SCHEMA
 
@@ -135,7 +135,7 @@ def test_request_id_is_echoed_or_made_and_logged_with_the_op(client, json_lines)
 
 def test_an_unexpected_error_logs_the_route_not_the_raw_path(app, json_lines):
     @app.get("/boom/<thing>")
-    def boom(thing):  # noqa: ANN001, ANN202
+    def boom(thing):
         raise RuntimeError("boom")
 
     response = app.test_client().get("/boom/ana@example.com")

@@ -367,7 +367,7 @@ def test_the_indexes_match_the_rows_after_concurrent_writers(loom):
                 # 404: nothing to redact; 409: the key holds a fact, or a lost race retried out.
                 if response.status_code not in (200, 404, 409):
                     errors.append((op, response.status_code, response.get_json()))
-        except Exception as exc:  # noqa: BLE001 - reported below, with the thread's seed
+        except Exception as exc:  # reported below, with the thread's seed
             errors.append((seed, repr(exc)))
 
     threads = [threading.Thread(target=writer, args=(seed,)) for seed in range(8)]

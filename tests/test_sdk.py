@@ -25,9 +25,9 @@ from requests.adapters import BaseAdapter
 from requests.structures import CaseInsensitiveDict
 
 import app.errors as server_errors
+from app import sdk_manifest as manifest
 from app.local import free_port
 from app.registry import load_ops
-from app import sdk_manifest as manifest
 from loom import Agent, Rendered, __version__, errors
 from loom.client import OpMethod
 from loom.ops_manifest import OPS
@@ -39,7 +39,7 @@ WHO = {"org": "acme", "namespace": "support", "agent": "triage-bot"}
 
 
 @pytest.fixture
-def adapter(app) -> FlaskAdapter:  # noqa: ANN001
+def adapter(app) -> FlaskAdapter:
     return FlaskAdapter(app)
 
 
@@ -449,7 +449,7 @@ def test_profile_methods_for_real(bot: Agent):
 
 
 @pytest.mark.slow
-def test_seed_example_against_gunicorn(live_server):  # noqa: ANN001
+def test_seed_example_against_gunicorn(live_server):
     with Agent(**WHO, base_url=live_server.url) as bot:
         bot.working_memory.set(
             "cursor: ticket 4812\nlease: holds refunds queue", block_key="state", run_id="run-7"

@@ -78,7 +78,7 @@ def unmount(bot: Agent, base: str) -> None:
 
 
 @pytest.fixture
-def adapter(app) -> FlaskAdapter:  # noqa: ANN001
+def adapter(app) -> FlaskAdapter:
     return FlaskAdapter(app)
 
 
@@ -253,7 +253,7 @@ def test_a_merge_over_a_state_the_sdk_never_held_is_served_stale_not_invented(
 
 
 @pytest.fixture
-def offline(app) -> Iterator[tuple[Agent, str, FlaskAdapter]]:  # noqa: ANN001
+def offline(app) -> Iterator[tuple[Agent, str, FlaskAdapter]]:
     """An Agent whose base URL refuses connections until the adapter is mounted on it."""
     base = refusing_url()
     adapter = FlaskAdapter(app)
@@ -331,7 +331,7 @@ def test_the_queue_keeps_its_order_across_scopes_and_reports_refusals(offline):
     assert one.rejected == [] and bot.agent_state.conflicts == []
 
 
-def test_a_timeout_also_keeps_the_write(app):  # noqa: ANN001
+def test_a_timeout_also_keeps_the_write(app):
     class Silent(BaseAdapter):
         def send(self, request: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
             raise requests.ReadTimeout("no answer")
@@ -349,7 +349,7 @@ def test_a_timeout_also_keeps_the_write(app):  # noqa: ANN001
 
 
 @pytest.mark.slow
-def test_the_seed_example_against_gunicorn(live_server):  # noqa: ANN001
+def test_the_seed_example_against_gunicorn(live_server):
     with make(live_server.url) as bot:
         enable(bot)
         conversation = bot.conversation("c-1")

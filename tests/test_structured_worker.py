@@ -317,9 +317,10 @@ def test_a_schema_change_rebuilds_and_reads_stale_until_then(world, model):
 
 def test_two_passes_at_once_only_one_plans(world, model):
     world.fact("name", "Sam")
-    gate = threading.Event()
+    gate, building = threading.Event(), threading.Event()
 
     def slow(request):
+        building.set()  # the first pass holds the lease and is inside its build
         gate.wait(5)
         return answer(preferred_name="Sam")
 
@@ -327,9 +328,7 @@ def test_two_passes_at_once_only_one_plans(world, model):
     results = []
     first = threading.Thread(target=lambda: results.append(world.run_pass()))
     first.start()
-    import time
-
-    time.sleep(0.3)
+    assert building.wait(10)
     second = run_pass(world.services, holder="other-worker", force=True)
     gate.set()
     first.join(10)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from app.ops.usage import Usage
 from app.services import Services
 from app.store.lease import LeaseLost, LeaseStore
@@ -48,16 +50,10 @@ def test_lease_is_held_by_one_and_fenced(app, redis_client):
     second = store.acquire("structured_profile", "worker-b", ttl_seconds=30)
     assert second is not None and second.token > first.token
     assert not first.holds()
-    try:
+    with pytest.raises(LeaseLost):  # a lost lease must not write
         store.save_state(first, '{"cursor": "stale"}')
-        raise AssertionError("a lost lease must not write")
-    except LeaseLost:
-        pass
-    try:
+    with pytest.raises(LeaseLost):  # nor renew
         first.renew()
-        raise AssertionError("a lost lease must not renew")
-    except LeaseLost:
-        pass
     assert store.load_state("structured_profile")[1] == '{"cursor": "ns-1"}'
     second.release()
     assert store.acquire("structured_profile", "worker-c", ttl_seconds=30) is not None

@@ -69,7 +69,7 @@ def register_console(app: Flask) -> None:
         SESSION_COOKIE_PATH=CONSOLE_PATH,
         PERMANENT_SESSION_LIFETIME=timedelta(hours=SESSION_HOURS),
     )
-    from app.console import views  # noqa: F401  (importing declares the routes)
+    from app.console import views  # noqa: F401 (importing declares the routes)
 
     app.register_blueprint(bp)
 

@@ -1,6 +1,6 @@
 """Op declarations, one module per plane. Importing this package fills the registry."""
 
-from app.ops import (  # noqa: F401  (importing declares the ops)
+from app.ops import (  # noqa: F401 (importing declares the ops)
     agent_state,
     context,
     erasure,

@@ -753,7 +753,7 @@ class ErasureStore:
         for batch in batches(ids, BATCH):
             try:
                 jobs = Job.fetch_many(batch, connection=connection)
-            except Exception:  # noqa: BLE001 - one unreadable hash: read them one by one
+            except Exception:  # one unreadable hash: read them one by one
                 jobs = [self._fetch_job(job_id) for job_id in batch]
             for job in jobs:
                 if job is not None and self._job_names(job, run):
@@ -764,7 +764,7 @@ class ErasureStore:
 
         try:
             return Job.fetch(job_id, connection=self.services.queue_redis)
-        except Exception:  # noqa: BLE001 - gone, or not a job hash
+        except Exception:  # gone, or not a job hash
             return None
 
     @staticmethod
@@ -772,7 +772,7 @@ class ErasureStore:
         wanted = {run.org, run.namespace, run.user_id}
         try:
             strings = set(_strings_in(list(job.args))) | set(_strings_in(dict(job.kwargs)))
-        except Exception:  # noqa: BLE001 - undecodable payload: judge by its description
+        except Exception:  # undecodable payload: judge by its description
             description = job.description or ""
             return all(repr(text) in description for text in wanted)
         return wanted <= strings

@@ -1,7 +1,8 @@
-"""Keeps the README's settings and ops tables equal to ``SETTINGS`` and the registry.
+"""Keeps what is generated from ``SETTINGS`` and the registry equal to them.
 
-``python -m app.readme`` rewrites the tables between their markers; a test fails when the
-README is behind, so the tables cannot drift from the code.
+``python -m app.readme`` rewrites the README's settings and ops tables between their markers
+and the typed fields of ``app.settings.Settings``; a test fails when either is behind, so
+neither can drift from the code.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ import re
 import sys
 from pathlib import Path
 
+from app import settings as settings_module
 from app.registry import load_ops
 from app.settings import SETTINGS
 
 README = Path(__file__).resolve().parents[1] / "README.md"
+SETTINGS_SOURCE = Path(settings_module.__file__)
 
 
 def settings_table() -> str:
@@ -54,6 +57,7 @@ def render(text: str) -> str:
 
 def main() -> int:
     README.write_text(render(README.read_text()))
+    SETTINGS_SOURCE.write_text(settings_module.with_generated_fields(SETTINGS_SOURCE.read_text()))
     return 0
 
 

@@ -8,8 +8,10 @@ the two cannot drift apart.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
+import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,30 +225,97 @@ SETTINGS: tuple[Setting, ...] = (
 _BY_ATTR = {setting.attr: setting for setting in SETTINGS}
 
 
+@dataclass(frozen=True)
 class Settings:
-    """The parsed settings; read as attributes (``settings.redis_url``, ``settings.auth``)."""
+    """The parsed settings, one typed attribute per row of ``SETTINGS`` (``settings.auth``).
 
-    def __init__(self, values: Mapping[str, Any]) -> None:
-        self._values = dict(values)
+    The fields between the markers are generated from ``SETTINGS`` by
+    ``python -m app.readme`` (a test fails while they are behind the table), so a typo in a
+    setting's name is a type error, not a silent ``AttributeError`` at run time. The defaults
+    are the table's defaults, parsed.
+    """
 
-    def __getattr__(self, attr: str) -> Any:
-        try:
-            return self._values[attr]
-        except KeyError:
-            raise AttributeError(attr) from None
+    # --- generated from SETTINGS: python -m app.readme ---
+    redis_url: str = ''
+    queue_url: str = ''
+    port: int = 8000
+    host: str = ''
+    default_org: str = 'default'
+    secret_key: str = ''
+    auth: str = 'off'
+    admin_token: str = ''
+    rate_limit: tuple[int, int] | None = None
+    data_dir: str = 'var'
+    max_body_bytes: int = 262144
+    llm_base_url: str = ''
+    llm_api_key: str = ''
+    llm_model: str = ''
+    llm_timeout_seconds: float = 60.0
+    llm_max_tokens_overrides: str = ''
+    structured_profile_memory_limit: int = 100
+    structured_profile_interval_seconds: int = 60
+    structured_profile_idle_interval_seconds: int = 600
+    structured_profile_max_users_per_pass: int = 20
+    structured_profile_max_pass_seconds: int = 600
+    structured_profile_scan_max_age_seconds: int = 600
+    structured_profile_cooldown_seconds: int = 600
+    structured_profile_backoff_base_seconds: int = 300
+    structured_profile_backoff_cap_seconds: int = 21600
+    structured_profile_refusal_retry_seconds: int = 21600
+    profile_consolidation_enabled: bool = False
+    profile_consolidation_interval_seconds: int = 3600
+    memory_attribute_tagging: bool = False
+    agent_state_sweep_interval_seconds: int = 3600
+    erasure_rewrite_aof: bool = False
+    mcp_toolsets: str = 'all'
+    mcp_org: str = ''
+    mcp_namespace: str = ''
+    mcp_agent: str = ''
+    mcp_port: int = 8001
+    api_url: str = 'http://127.0.0.1:8000'
+    api_key: str = ''
+    log_format: str = 'auto'
+    metrics_token: str = ''
+    metrics_max_orgs: int = 100
+    ready_timeout_seconds: float = 1.0
+    # --- end of generated fields ---
 
     def replace(self, **changes: Any) -> Settings:
         unknown = set(changes) - set(_BY_ATTR)
         if unknown:
             raise SettingsError(f"unknown settings: {', '.join(sorted(unknown))}")
-        return Settings({**self._values, **changes})
+        return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(self._values)
+        return dataclasses.asdict(self)
 
     @property
     def queue_redis_url(self) -> str:
-        return self._values["queue_url"] or self._values["redis_url"]
+        return self.queue_url or self.redis_url
+
+
+_GENERATED_START = "    # --- generated from SETTINGS: python -m app.readme ---\n"
+_GENERATED_END = "    # --- end of generated fields ---\n"
+
+
+def _type_name(kind: Any) -> str:
+    return kind.__name__ if isinstance(kind, type) else str(kind)
+
+
+def generated_fields() -> str:
+    """The ``Settings`` field lines for the table as it is: name, parsed type and default."""
+    lines = []
+    for setting in SETTINGS:
+        kind = _type_name(typing.get_type_hints(setting.parse)["return"])
+        lines.append(f"    {setting.attr}: {kind} = {setting.parse(setting.default)!r}\n")
+    return "".join(lines)
+
+
+def with_generated_fields(source: str) -> str:
+    """This module's source with the ``Settings`` fields generated from the table as it is."""
+    head, rest = source.split(_GENERATED_START, 1)
+    _, tail = rest.split(_GENERATED_END, 1)
+    return head + _GENERATED_START + generated_fields() + _GENERATED_END + tail
 
 
 def web_setting(name: str, environ: Mapping[str, str] | None = None) -> Any:
@@ -291,7 +360,7 @@ def load_settings(
             values[setting.attr] = setting.parse(raw)
         except ValueError as exc:
             raise SettingsError(f"{setting.name}={raw!r}: {exc}") from None
-    settings = Settings(values)
+    settings = Settings(**values)
     if overrides:
         settings = settings.replace(**overrides)
     return _with_secret_key(settings)
@@ -324,3 +393,4 @@ def _local_secret_key(data_dir: Path) -> str:
     with os.fdopen(fd, "w") as handle:
         handle.write(secrets.token_hex(32))
     return path.read_text().strip()
+

@@ -152,7 +152,7 @@ def test_every_planner_setting_is_a_declared_loom_setting() -> None:
         setting = declared[f"LOOM_STRUCTURED_PROFILE_{name.upper()}"]
         assert float(setting.default) == getattr(SETTINGS, name), name
         values[setting.attr] = setting.parse(setting.default)
-    assert PlannerSettings.from_settings(app_settings.Settings(values)) == SETTINGS
+    assert PlannerSettings.from_settings(app_settings.Settings(**values)) == SETTINGS
 
 
 @pytest.mark.parametrize(

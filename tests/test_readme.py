@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
-from app import readme
+from app import readme, settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -13,6 +14,16 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_readme_tables_match_settings_and_registry():
     text = readme.README.read_text()
     assert readme.render(text) == text, "run `python -m app.readme` to refresh the README tables"
+
+
+def test_the_typed_settings_fields_match_the_settings_table():
+    source = readme.SETTINGS_SOURCE.read_text()
+    assert settings.with_generated_fields(source) == source, (
+        "run `python -m app.readme` to regenerate the Settings fields"
+    )
+    assert [field.name for field in dataclasses.fields(settings.Settings)] == [
+        setting.attr for setting in settings.SETTINGS
+    ]
 
 
 def test_ci_runs_exactly_the_readme_test_command():

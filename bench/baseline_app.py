@@ -199,7 +199,7 @@ def _location(body: dict) -> Location:
                     body.get("session_id", "-"), body["label"])
 
 
-def _profile_written(written) -> dict:  # noqa: ANN001
+def _profile_written(written) -> dict:
     row = written.row
     return jsonify({"version": row.version, "memory_id": row.memory_id,
                     "content_sha256": row.content_sha256, "label": row.key,

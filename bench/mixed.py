@@ -213,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 for server, _ in servers.values():
                     server.start()
-                for name, (server, paths) in servers.items():  # warm workers and scripts
+                for server, paths in servers.values():  # warm workers and scripts
                     seed(redis_url, workdir)
                     pool.submit(mixed_load, server.port, paths, args.connections, 500).result()
                 for round_no in range(args.rounds):

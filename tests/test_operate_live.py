@@ -46,7 +46,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
-def _wait_for(predicate, timeout: float, what: str):  # noqa: ANN001, ANN202
+def _wait_for(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
     while True:
         found = predicate()

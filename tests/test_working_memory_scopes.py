@@ -7,13 +7,13 @@ from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint
 WHO = {"namespace": "support", "user_id": "u-42"}
 
 
-def write(client, headers=None, **scope):  # noqa: ANN001, ANN201
+def write(client, headers=None, **scope):
     body = {**WHO, "content": "cursor: ticket 4812", **scope}
     response = client.post("/v1/working_memory.set", json=body, headers=headers or {})
     assert response.status_code == 200, response.get_json()
 
 
-def scopes(client, headers=None, **body):  # noqa: ANN001, ANN201
+def scopes(client, headers=None, **body):
     response = client.post("/v1/working_memory.scopes", json={**WHO, **body},
                            headers=headers or {})
     return response.status_code, response.get_json()

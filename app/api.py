@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from flask import Flask, Request, Response, current_app, request
+from flask import Flask, Request, Response, current_app, jsonify, request
 from flask_smorest import Api, Blueprint
 from marshmallow import Schema, ValidationError
 from werkzeug.exceptions import HTTPException
@@ -252,7 +252,7 @@ def register_ops(app: Flask, api: Api, registry: OpRegistry, services: Services)
 
 
 def error_response(error: LoomError) -> Response:
-    response = current_app.json.response({"error": error.to_dict()})
+    response = jsonify({"error": error.to_dict()})
     response.status_code = error.status
     retry_after = error.details.get("retry_after")
     if retry_after is not None:

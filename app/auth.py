@@ -8,48 +8,15 @@ Token storage and lookup live in ``app.store.tokens``; this module holds no Redi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from app.errors import AuthInsufficient, IdentityIncomplete, ValidationFailed
-from app.registry import ROLE_RANK, Op
+from app.principal import ANY, Principal
+from app.registry import Op
 from app.store.identity import Identity
 
 READ_SCOPES = ("namespace", "own_user", "own_session")
 READ_SCOPE_RANK = {"own_session": 0, "own_user": 1, "namespace": 2}
-ANY = "*"
-
-
-@dataclass(frozen=True)
-class Principal:
-    org: str
-    namespace: str = ANY
-    role: str = "admin"
-    read_scope: str = "namespace"
-    read_user_id: str | None = None
-    session_id: str | None = None
-    agent: str | None = None
-    scopes: frozenset[str] = field(default_factory=frozenset)
-    token_id: str | None = None
-    single_user: bool = False
-    # Where an install-wide principal (org "*") acts when the body names no org.
-    default_org: str = "default"
-    expires_at: int | None = None
-
-    def reaches_role(self, role: str) -> bool:
-        return ROLE_RANK[self.role] >= ROLE_RANK[role]
-
-    @property
-    def actor(self) -> str:
-        """Who acted, for audit rows and row actors: a token id, never a secret."""
-        if self.single_user:
-            return "single-user"
-        return self.token_id or "install-admin"
-
-    def has_scope(self, scope: str) -> bool:
-        return self.single_user or self.role == "admin" or scope in self.scopes
-
-
 def single_user(org: str) -> Principal:
     """The seeds' single-user server: the install's org, every role, every namespace."""
     return Principal(org=org, single_user=True)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import click
 from flask import current_app
 from flask.cli import with_appcontext
@@ -70,7 +73,7 @@ def token_revoke(token_id: str, org: str | None) -> None:
     click.echo(f"revoked {token_id}")
 
 
-def _invoke(op_name: str, body: dict[str, object]) -> dict[str, object]:
+def _invoke(op_name: str, body: Mapping[str, object]) -> dict[str, Any]:
     """Run an op as the install's admin, reporting a refusal as a CLI error."""
     from app.api import run_op
     from app.auth import ANY, Principal
@@ -82,7 +85,7 @@ def _invoke(op_name: str, body: dict[str, object]) -> dict[str, object]:
     declared = REGISTRY.get(op_name)
     assert declared is not None, op_name
     try:
-        return run_op(declared, body, admin, services, client="loom-cli")
+        return run_op(declared, dict(body), admin, services, client="loom-cli")
     except LoomError as error:
         raise click.ClickException(f"{error.code}: {error.message}") from None
 

@@ -16,7 +16,7 @@ import time
 import uuid
 from typing import Any
 
-from flask import Flask, Response, current_app, g, request
+from flask import Flask, Response, g, jsonify, request
 
 from app import logs, metrics
 from app.services import Services
@@ -153,7 +153,7 @@ def _refuse_unless(
     status, code = (403, "AUTH_INSUFFICIENT") if given else (401, "AUTH_REQUIRED")
     message = ("this token may not read every org's operations" if given
                else "auth is on: send the install's admin token")
-    response = current_app.json.response({"error": {"code": code, "message": message}})
+    response = jsonify({"error": {"code": code, "message": message}})
     response.status_code = status
     if basic and status == 401:
         response.headers["WWW-Authenticate"] = 'Basic realm="Loom queues"'

@@ -38,7 +38,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from jsonschema import Draft202012Validator, SchemaError
 
@@ -138,7 +138,7 @@ def _deepest(doc: Any) -> tuple[int, str]:
     return deepest, where
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     # bool is an int subclass in Python but never a JSON integer.
     return isinstance(value, int) and not isinstance(value, bool)
 

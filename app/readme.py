@@ -7,6 +7,7 @@ neither can drift from the code.
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from pathlib import Path
@@ -44,12 +45,16 @@ def ops_table() -> str:
 TABLES = {"settings": settings_table, "ops": ops_table}
 
 
+def _between_markers(table: str, match: re.Match[str]) -> str:
+    return match.group(1) + table + match.group(2)
+
+
 def render(text: str) -> str:
     for name, build in TABLES.items():
         pattern = re.compile(
             rf"(<!-- {name}:start -->\n).*?(\n<!-- {name}:end -->)", flags=re.DOTALL
         )
-        text, count = pattern.subn(lambda m, b=build: m.group(1) + b() + m.group(2), text)
+        text, count = pattern.subn(functools.partial(_between_markers, build()), text)
         if count != 1:
             raise ValueError(f"README needs one <!-- {name}:start/end --> pair")
     return text

@@ -90,7 +90,7 @@ class Services:
             with self._lock:
                 found = self._stores.get(store_class)
                 if found is None:
-                    found = store_class(self)
+                    found = store_class(self)  # type: ignore[call-arg]  # every store takes Services
                     self._stores[store_class] = found
         return found
 

@@ -563,19 +563,19 @@ def _prune(
             del state.user_waits[ns]
             continue
         users = state.user_waits[ns]
-        for user, wait in list(users.items()):
-            if wait.refusal is not None and (
-                now >= wait.refusal.refused_at + settings.refusal_retry_seconds
+        for user, user_wait in list(users.items()):
+            if user_wait.refusal is not None and (
+                now >= user_wait.refusal.refused_at + settings.refusal_retry_seconds
             ):
-                wait.refusal = None
+                user_wait.refusal = None
             # A failure count is forgotten a whole cap after its wait ended: by then the user
             # was retried (at most one scan age after the wait) or is no longer behind.
-            if wait.backoff_until is not None and (
-                now >= wait.backoff_until + settings.backoff_cap_seconds
+            if user_wait.backoff_until is not None and (
+                now >= user_wait.backoff_until + settings.backoff_cap_seconds
             ):
-                wait.failures = 0
-                wait.backoff_until = None
-            if wait.is_empty():
+                user_wait.failures = 0
+                user_wait.backoff_until = None
+            if user_wait.is_empty():
                 del users[user]
         if not users:
             del state.user_waits[ns]

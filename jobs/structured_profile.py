@@ -392,7 +392,7 @@ def _scan(
             changed_ns > record.built_at
             or (record.digest, record.count) != (digest.digest, digest.count)
         )
-        if moved and changed_s <= built_s:
+        if moved and built_s is not None and changed_s <= built_s:
             # The digest moved since the build, but the clock did not (or seconds as floats
             # lost the nanoseconds): the change still counts as after the build.
             changed_s = math.nextafter(built_s, math.inf)
@@ -425,11 +425,11 @@ def _build_many(svc: Services, steps: list[BuildStep]) -> list[BuildResult]:
     except Exception:  # no RQ here (a direct call): build inline
         helpers = 0
     if helpers <= 1 or len(steps) <= 1:
-        results = []
+        built_here = []
         for step in steps:
             org, namespace = split_namespace_member(step.namespace)
-            results.append(build_user(svc, org, namespace, step.user_id))
-        return results
+            built_here.append(build_user(svc, org, namespace, step.user_id))
+        return built_here
     queue = Queue(BUILDS, connection=connection)
     jobs = []
     for step in steps:
@@ -443,7 +443,7 @@ def _build_many(svc: Services, steps: list[BuildStep]) -> list[BuildResult]:
         while True:
             status = job.get_status(refresh=True)
             if status == "finished":
-                results.append(BuildResult.from_dict(job.return_value()))
+                results.append(BuildResult.from_dict(job.return_value() or {}))
                 break
             if status in ("failed", "stopped", "canceled") or time.monotonic() > deadline:
                 results.append(BuildResult(Outcome.FAILED, detail=f"build job {status}"))

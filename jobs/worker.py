@@ -31,7 +31,7 @@ def job_function(job: Job) -> str:
         name = job.func_name
     except Exception:  # a job that cannot be read is still logged
         return "other"
-    return name if name.startswith("jobs.") else "other"
+    return name if name and name.startswith("jobs.") else "other"
 
 
 class LoomWorker(Worker):

@@ -8,7 +8,7 @@ or the console, never through a model.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 from marshmallow import fields, validate
 
@@ -96,7 +96,14 @@ def _iso(ns: int | None) -> str | None:
     return None if ns is None else iso_from_ns(ns)
 
 
-_ADMIN = {"role": "admin", "needs_agent": False, "mcp": False}
+class _AdminOp(TypedDict):
+    role: Literal["admin"]
+    needs_agent: bool
+    mcp: bool
+
+
+# Admin-only, namespace-wide, never an MCP tool: the same for every op of this module.
+_ADMIN: _AdminOp = {"role": "admin", "needs_agent": False, "mcp": False}
 
 
 @op("features.set", kind="idempotent", args=FeaturesSetArgs, answer=FeaturesAnswer,

@@ -49,7 +49,7 @@ def compile_loader(schema: Schema) -> Loader:
         kind = _kind(field)
         if kind is None:
             return slow
-        inner = field.inner.validators if kind == "list" else ()
+        inner = field.inner.validators if isinstance(field, fields.List) else ()
         plan.append(
             (field.data_key or name, name, kind, field.required, field.load_default,
              field.allow_none, tuple(field.validators), tuple(inner))

@@ -14,7 +14,7 @@ import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from app.auth import ANY, Principal
+from app.principal import ANY, Principal
 from app.store import keys
 
 if TYPE_CHECKING:

@@ -147,10 +147,7 @@ class LoomMCP:
     ) -> None:
         self.tools = select_tools(toolsets, ops)
         self.identity = {k: v for k, v in (identity or {}).items() if v}
-        self._transport_options = {
-            "base_url": api_url, "api_key": api_key, "timeout": timeout,
-            "client_name": CLIENT_NAME,
-        }
+        self._api_url, self._api_key, self._timeout = api_url, api_key, timeout
         # requests.Session is not made for sharing across threads: one per worker thread.
         self._local = threading.local()
 
@@ -165,10 +162,8 @@ class LoomMCP:
     def _transport(self) -> Transport:
         transport = getattr(self._local, "transport", None)
         if transport is None:
-            options = self._transport_options
             transport = Transport(
-                options["base_url"], options["api_key"], timeout=options["timeout"],
-                client_name=options["client_name"],
+                self._api_url, self._api_key, timeout=self._timeout, client_name=CLIENT_NAME
             )
             self._local.transport = transport
         return transport

@@ -238,7 +238,16 @@ class Settings:
     # --- generated from SETTINGS: python -m app.readme ---
     redis_url: str = ''
     queue_url: str = ''
+    redis_socket_timeout_seconds: float = 2.0
+    redis_connect_timeout_seconds: float = 2.0
     port: int = 8000
+    web_concurrency: int = 2
+    web_worker_class: str = 'gevent'
+    web_worker_connections: int = 1000
+    web_threads: int = 8
+    web_timeout_seconds: int = 30
+    web_graceful_timeout_seconds: int = 30
+    web_keepalive_seconds: int = 5
     host: str = ''
     default_org: str = 'default'
     secret_key: str = ''

@@ -456,8 +456,12 @@ def test_a_section_over_its_cap_is_refused_with_the_seed_error_and_kept_in_the_b
     console.sign_in(writer)
     page = text(console.get(section_url(label="short")))
     sha = re.search(r'name="if_match_sha256" value="([0-9a-f]+)"', page).group(1)
+    # The form keeps the section's cap: a profile.set without one would reset it to 8192.
+    cap = re.search(r'name="char_limit" value="([0-9]+)"', page).group(1)
+    assert cap == "10"
     refused = console.post(f"/console/ns/{NS}/section", {
         "agent": AGENT, "label": "short", "value": "far too long for ten", "if_match_sha256": sha,
+        "char_limit": cap,
     })
     assert refused.status_code == 422
     body = text(refused)

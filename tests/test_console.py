@@ -446,3 +446,25 @@ def test_the_user_page_lists_working_memory_scopes_and_opens_one(client, writer)
     assert "step 3 done" not in page
     link = re.search(r'href="([^"]+)">Show<', table).group(1).replace("&amp;", "&")
     assert "step 3 done" in text(console.get(link))
+
+
+def test_a_section_over_its_cap_is_refused_with_the_seed_error_and_kept_in_the_box(
+        client, writer):
+    api(client, "profile.set", namespace=NS, agent=AGENT, label="short", value="ok",
+        char_limit=10)
+    console = Console(client)
+    console.sign_in(writer)
+    page = text(console.get(section_url(label="short")))
+    sha = re.search(r'name="if_match_sha256" value="([0-9a-f]+)"', page).group(1)
+    # The form keeps the section's cap: a profile.set without one would reset it to 8192.
+    cap = re.search(r'name="char_limit" value="([0-9]+)"', page).group(1)
+    assert cap == "10"
+    refused = console.post(f"/console/ns/{NS}/section", {
+        "agent": AGENT, "label": "short", "value": "far too long for ten", "if_match_sha256": sha,
+        "char_limit": cap,
+    })
+    assert refused.status_code == 422
+    body = text(refused)
+    assert 'id="save-error">Not saved:' in body and ">far too long for ten</textarea>" in body
+    assert api(client, "memory.get", namespace=NS, agent=AGENT, key="short")["memory"][
+        "value"] == "ok"

@@ -374,9 +374,13 @@ def section_save(principal: Principal, namespace: str) -> Any:
     label = request.form.get("label", "")
     value = request.form.get("value", "")
     try:
-        run("profile.set", {**where, "label": label, "value": value,
-                            "if_match_sha256": request.form.get("if_match_sha256", "")},
-            principal)
+        body = {**where, "label": label, "value": value,
+                "if_match_sha256": request.form.get("if_match_sha256", "")}
+        # A set without char_limit gives the section the default cap: keep the one it has.
+        char_limit = request.form.get("char_limit", "")
+        if char_limit.isdigit():
+            body["char_limit"] = int(char_limit)
+        run("profile.set", body, principal)
         return redirect(_back(namespace, where["user_id"]))
     except HashMismatch:
         current = run("memory.get", {**where, "key": label, "memory_type": "profile"},

@@ -43,6 +43,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 from loom._version import __version__
+from loom.calls import Call
 from loom.errors import LoomError
 from loom.ops_manifest import OPS
 from loom.transport import DEFAULT_TIMEOUT, Transport
@@ -186,11 +187,12 @@ class LoomMCP:
             )
         body = {**self.identity, **(arguments or {})}
         entry = found.entry
+        call: Call[Any] = Call(
+            found.op, body, kind=entry.get("kind", "write"),
+            http_method=entry.get("http_method", "POST"), path=entry.get("path"),
+        )
         try:
-            answer = self._transport().call(
-                found.op, body, http_method=entry.get("http_method", "POST"),
-                path=entry.get("path"), authorization=authorization,
-            )
+            answer = self._transport().send(call, authorization=authorization)
         except LoomError as error:
             return error_result(error)
         return _text_result(answer, is_error=False)

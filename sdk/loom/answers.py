@@ -508,6 +508,18 @@ class WorkingMemoryReplaceAnswer(TypedDict, total=False):
     fill_ratio: float
 
 
+class WorkingMemoryScopesAnswer(TypedDict, total=False):
+    ignored_args: list[str]
+    scopes: list[WorkingMemoryScope]
+
+
+class WorkingMemoryScope(TypedDict, total=False):
+    agent: str
+    session_id: str
+    run_id: str
+    block_count: int
+
+
 class WorkingMemorySetAnswer(TypedDict, total=False):
     ignored_args: list[str]
     block_key: str
@@ -633,6 +645,7 @@ class WorkingMemoryOps(Plane[M]):
     get: Op[WorkingMemoryGetAnswer] = Op('working_memory.get')
     render: Op[WorkingMemoryRenderAnswer] = Op('working_memory.render')
     replace: Op[WorkingMemoryReplaceAnswer] = Op('working_memory.replace')
+    scopes: Op[WorkingMemoryScopesAnswer] = Op('working_memory.scopes')
     set: Op[WorkingMemorySetAnswer] = Op('working_memory.set')
 
 

@@ -27,7 +27,14 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from app.local import free_port
-from loom.mcp_server import LoomMCP, parse_toolsets, select_tools, tool_name
+from loom.mcp_server import (
+    LoomMCP,
+    parse_toolsets,
+    portable_schema,
+    select_tools,
+    tool_name,
+    with_exact_integers,
+)
 from loom.ops_manifest import OPS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -158,11 +165,17 @@ def test_ops_outside_mcp_are_never_tools():
         assert "loom_agent_state_put" not in select_tools([toolset], ops)
 
 
-def test_tools_carry_the_registry_input_schema():
+def test_tools_carry_the_registry_input_schema_in_one_type_per_field():
     tools = LoomMCP(toolsets=["full"]).tools
     described = tools["loom_working_memory_append"].describe()
-    assert described.input_schema == OPS["working_memory.append"]["input_schema"]
+    registry = OPS["working_memory.append"]["input_schema"]
+    assert described.input_schema == portable_schema(registry)
+    assert set(described.input_schema["properties"]) == set(registry["properties"])
     assert described.input_schema["required"] == ["addition"]
+    # Optional is absent, not null: one type, no null default; constraints kept.
+    assert registry["properties"]["org"]["type"] == ["string", "null"]
+    assert described.input_schema["properties"]["org"] == {
+        "type": "string", "minLength": 1, "maxLength": 256, "description": "The tenant."}
     assert described.annotations.read_only_hint is False
     assert tools["loom_working_memory_get"].describe().annotations.read_only_hint is True
 
@@ -334,3 +347,29 @@ def test_console_script_and_procfile_run_this_module(capsys: pytest.CaptureFixtu
     with pytest.raises(SystemExit) as refused:
         mcp_server.main(["--toolsets", "nonsense", "stdio"])
     assert refused.value.code == 2 and "unknown MCP toolset" in capsys.readouterr().err
+
+
+def test_no_listed_schema_has_a_type_array_or_a_value_without_a_type():
+    def walk(node: object, path: str) -> None:
+        if isinstance(node, dict):
+            assert not isinstance(node.get("type"), list), path
+            assert node.get("default", 0) is not None, path
+            if path.count(".properties.") and not ({"type", "anyOf", "$ref", "enum"} & set(node)):
+                raise AssertionError(f"{path} constrains nothing")
+            for key, value in node.items():
+                walk(value, f"{path}.{key}")
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, path)
+
+    for name, tool in LoomMCP(toolsets=["full"]).tools.items():
+        walk(tool.describe().input_schema, name)
+
+
+def test_integers_past_2_53_also_travel_as_exact_text():
+    big = 1796126408740198319
+    answer = {"version": big, "small": 7, "blocks": [{"version": big}], "versions": [big, 1],
+              "profile": {"version": big, "version_text": "kept"}, "flag": True}
+    assert with_exact_integers(answer) == {
+        **answer, "version_text": str(big), "blocks": [{"version": big, "version_text": str(big)}],
+        "versions_text": [str(big), "1"]}

@@ -3,12 +3,16 @@
 ::
 
     conversation = bot.conversation("c-1")
-    state = conversation.agent_state.get()            # version 0 and {} before the first write
-    written = conversation.agent_state.put({"step": "sizes"})   # merge_by_key by default
-    written = conversation.agent_state.put({"step": "checkout"}, mode="cas",
-                                           if_version=state.version)
+    state = await conversation.agent_state.get()      # version 0 and {} before the first write
+    written = await conversation.agent_state.put({"step": "sizes"})   # merge_by_key by default
+    written = await conversation.agent_state.put({"step": "checkout"}, mode="cas",
+                                                 if_version=state.version)
     if not written.stored:
         print(written.reason)      # over_cap, not_declared_field, conflict, or pending
+
+(the sync form is the same without ``await``). Every method is written once, as a program
+of calls (``loom.calls``), so the async form keeps the same read-your-writes versions,
+offline queue and ``conflicts`` as the sync one.
 
 A scope is ``bot.conversation(id)``, ``bot.task(id)``, ``bot.object(type, id)`` (sent as
 ``"<type>:<id>"``) or ``bot.subject(handle)``; it travels in the body, never in a URL.
@@ -32,20 +36,23 @@ What the SDK keeps, per scope and agent, on the ``Agent`` (``bot.agent_state``, 
 
 A ``put`` that Loom answers with 412 returns ``stored=False, reason="conflict"`` (the seed's
 example); ``conflicts`` holds only the replayed writes whose caller had already moved on.
-Calls on one ``Agent`` are serialised by a lock, so the queue keeps its order across threads.
+Calls on one ``Agent`` are serialised by a lock (a ``threading.RLock`` in the sync form, an
+``asyncio.Lock`` in the async one), so the queue keeps its order across threads or tasks.
+The async face that ``async with Agent(...)`` gives shares the sync face's record.
 """
 
 from __future__ import annotations
 
 import copy
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from loom.client import OpsClient
+from loom.answers import AgentStatePutAnswer, AgentStateReadAnswer
+from loom.calls import Call, Face, M, Program, Runner, runs_locked
+from loom.client import op_call
 from loom.errors import (
     AgentStateConflict,
     LoomAPIError,
@@ -169,20 +176,31 @@ def apply_write(body: Mapping[str, Any], mode: str, written: Mapping[str, Any]) 
     return merged
 
 
-class AgentStateKeeper:
+@dataclass
+class KeptState:
+    """What the SDK keeps of agent state for one Agent, whichever face (sync or async) acts."""
+
+    known: dict[StateKey, _Known] = field(default_factory=dict)
+    queue: list[QueuedWrite] = field(default_factory=list)
+    conflicts: list[ReplayFailure] = field(default_factory=list)
+    rejected: list[ReplayFailure] = field(default_factory=list)
+
+
+class AgentStateKeeper(Face[M]):
     """``bot.agent_state``: the SDK's per-Agent record of agent state (see the module doc)."""
 
     def __init__(
-        self, client: OpsClient, identity: Mapping[str, str], *, replay: bool = False
+        self, runner: Runner[M], identity: Mapping[str, str], *, replay: bool = False,
+        kept: KeptState | None = None,
     ) -> None:
-        self._client = client
+        self._runner = runner
         self._identity = identity
         self.replay = replay
-        self._known: dict[StateKey, _Known] = {}
-        self._queue: list[QueuedWrite] = []
-        self.conflicts: list[ReplayFailure] = []
-        self.rejected: list[ReplayFailure] = []
-        self._lock = threading.RLock()
+        self.kept = kept if kept is not None else KeptState()
+        self._known = self.kept.known
+        self._queue = self.kept.queue
+        self.conflicts = self.kept.conflicts
+        self.rejected = self.kept.rejected
 
     # --- naming -------------------------------------------------------------------------------
 
@@ -194,36 +212,23 @@ class AgentStateKeeper:
     @property
     def pending(self) -> list[QueuedWrite]:
         """The writes waiting for Loom, oldest first."""
-        with self._lock:
-            return list(self._queue)
+        return list(self._queue)
 
     def known(self, scope: Mapping[str, str]) -> AgentState | None:
         """What the SDK knows of a scope's state (last written or read), without a call."""
-        with self._lock:
-            found = self._known.get(self.key(scope))
-            if found is None or found.body is None:
-                return None
-            return AgentState(copy.deepcopy(found.body), found.version, found.updated_at)
+        found = self._known.get(self.key(scope))
+        if found is None or found.body is None:
+            return None
+        return AgentState(copy.deepcopy(found.body), found.version, found.updated_at)
 
     # --- the calls ----------------------------------------------------------------------------
 
-    def get(self, scope: Mapping[str, str], *, timeout: float | None = None) -> AgentState:
-        key = self.key(scope)
-        with self._lock:
-            if self.replay:
-                return self._local_state(key)
-            if self._queue:
-                self._flush(timeout)
-            if any(write.key == key for write in self._queue):
-                return self._offline_state(key)
-            try:
-                answer = self._client.call(
-                    "agent_state.read", {"scope": dict(scope)}, timeout=timeout
-                )
-            except LoomTransportError:
-                return self._offline_state(key)
-            return self._reconcile(key, answer)
+    @runs_locked
+    def get(self, scope: Mapping[str, str], *, timeout: float | None = None) -> Program[AgentState]:
+        """A scope's state (see ``AgentState``)."""
+        return (yield from self.get_program(scope, timeout))
 
+    @runs_locked
     def put(
         self,
         scope: Mapping[str, str],
@@ -233,7 +238,36 @@ class AgentStateKeeper:
         if_version: int | None = None,
         subject: str | None = None,
         timeout: float | None = None,
-    ) -> AgentStateWritten:
+    ) -> Program[AgentStateWritten]:
+        """Write a scope's state (see ``AgentStateWritten``)."""
+        return (yield from self.put_program(scope, body, mode, if_version, subject, timeout))
+
+    @runs_locked
+    def flush(self, *, timeout: float | None = None) -> Program[int]:
+        """Send the queued writes again, in order; answers how many are still queued."""
+        return (yield from self.flush_program(timeout))
+
+    # --- the programs (no I/O: they yield calls, see loom.calls) ---------------------------------
+
+    def get_program(self, scope: Mapping[str, str], timeout: float | None) -> Program[AgentState]:
+        key = self.key(scope)
+        if self.replay:
+            return self._local_state(key)
+        if self._queue:
+            yield from self._flush(timeout)
+        if any(write.key == key for write in self._queue):
+            return self._offline_state(key)
+        try:
+            answer: AgentStateReadAnswer = yield op_call(
+                "agent_state.read", self._identity, {"scope": dict(scope)}, timeout)
+        except LoomTransportError:
+            return self._offline_state(key)
+        return self._reconcile(key, answer)
+
+    def put_program(
+        self, scope: Mapping[str, str], body: Mapping[str, Any], mode: str,
+        if_version: int | None, subject: str | None, timeout: float | None,
+    ) -> Program[AgentStateWritten]:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         if not isinstance(body, Mapping):
@@ -243,44 +277,41 @@ class AgentStateKeeper:
             if_version=if_version, subject=subject, queued_at=time.time(),
             key=self.key(scope),
         )
-        with self._lock:
-            if self.replay:
-                return self._write_locally(write)
-            if self._queue:
-                self._flush(timeout)
-            if self._queue:
-                # Loom is still out of reach: this write waits behind the others, in order.
-                return self._enqueue(write)
-            try:
-                answer = self._send(write, timeout)
-            except LoomTransportError:
-                return self._enqueue(write)
-            except AgentStateConflict as error:
-                return AgentStateWritten(False, _held_version(error, write), CONFLICT)
-            return self._written(write, answer)
+        if self.replay:
+            return self._write_locally(write)
+        if self._queue:
+            yield from self._flush(timeout)
+        if self._queue:
+            # Loom is still out of reach: this write waits behind the others, in order.
+            return self._enqueue(write)
+        try:
+            answer: AgentStatePutAnswer = yield self._put_call(write, timeout)
+        except LoomTransportError:
+            return self._enqueue(write)
+        except AgentStateConflict as error:
+            return AgentStateWritten(False, _held_version(error, write), CONFLICT)
+        return self._written(write, answer)
 
-    def flush(self, *, timeout: float | None = None) -> int:
-        """Send the queued writes again, in order; answers how many are still queued."""
-        with self._lock:
-            if not self.replay:
-                self._flush(timeout)
-            return len(self._queue)
+    def flush_program(self, timeout: float | None) -> Program[int]:
+        if not self.replay:
+            yield from self._flush(timeout)
+        return len(self._queue)
 
     # --- over HTTP ----------------------------------------------------------------------------
 
-    def _send(self, write: QueuedWrite, timeout: float | None) -> dict[str, Any]:
+    def _put_call(self, write: QueuedWrite, timeout: float | None) -> Call[AgentStatePutAnswer]:
         payload: dict[str, Any] = {"scope": write.scope, "mode": write.mode, "body": write.body}
         if write.if_version is not None:
             payload["if_version"] = write.if_version
         if write.subject is not None:
             payload["subject"] = write.subject
-        return self._client.call("agent_state.put", payload, timeout=timeout)
+        return op_call("agent_state.put", self._identity, payload, timeout)
 
-    def _flush(self, timeout: float | None) -> None:
+    def _flush(self, timeout: float | None) -> Program[None]:
         while self._queue:
             write = self._queue[0]
             try:
-                answer = self._send(write, timeout)
+                answer: AgentStatePutAnswer = yield self._put_call(write, timeout)
             except (LoomTransportError, RateLimited, ServerError):
                 return  # still out of reach (or busy): the rest waits, in order
             except AgentStateConflict as error:
@@ -314,12 +345,14 @@ class AgentStateKeeper:
                 body = None  # a merge over a state this SDK did not hold
             if known is None or version >= known.version:
                 self._known[write.key] = _Known(version, body, _now_iso())
-        return AgentStateWritten(stored, version, answer.get("reason"))
+        reason = answer.get("reason")
+        return AgentStateWritten(stored, version, reason if isinstance(reason, str) else None)
 
     def _reconcile(self, key: StateKey, answer: Mapping[str, Any]) -> AgentState:
         version = int(answer.get("version") or 0)
         body = dict(answer.get("body") or {})
-        updated_at = answer.get("updated_at")
+        updated = answer.get("updated_at")
+        updated_at = updated if isinstance(updated, str) else None
         known = self._known.get(key)
         if known is None or version >= known.version:
             self._known[key] = _Known(version, copy.deepcopy(body), updated_at)
@@ -368,17 +401,20 @@ def _held_version(error: AgentStateConflict, write: QueuedWrite) -> int:
     return held if isinstance(held, int) else write.if_version or 0
 
 
-class AgentStateOf:
+class AgentStateOf(Face[M]):
     """``scope.agent_state``: get, put and flush for one scope, over the Agent's keeper."""
 
-    def __init__(self, keeper: AgentStateKeeper, scope: Mapping[str, str]) -> None:
-        self._keeper = keeper
+    def __init__(self, keeper: AgentStateKeeper[M], scope: Mapping[str, str]) -> None:
+        self._keeper: AgentStateKeeper[M] = keeper
+        self._runner = keeper._runner
         self.scope = dict(scope)
 
-    def get(self, *, timeout: float | None = None) -> AgentState:
+    @runs_locked
+    def get(self, *, timeout: float | None = None) -> Program[AgentState]:
         """The state: ``body``, ``version``, ``updated_at`` (see ``AgentState``)."""
-        return self._keeper.get(self.scope, timeout=timeout)
+        return (yield from self._keeper.get_program(self.scope, timeout))
 
+    @runs_locked
     def put(
         self,
         body: Mapping[str, Any],
@@ -387,16 +423,15 @@ class AgentStateOf:
         if_version: int | None = None,
         subject: str | None = None,
         timeout: float | None = None,
-    ) -> AgentStateWritten:
+    ) -> Program[AgentStateWritten]:
         """Write by merge_by_key (default) or cas (with ``if_version``; 0 for a new state)."""
-        return self._keeper.put(
-            self.scope, body, mode=mode, if_version=if_version, subject=subject,
-            timeout=timeout,
-        )
+        return (yield from self._keeper.put_program(
+            self.scope, body, mode, if_version, subject, timeout))
 
-    def flush(self, *, timeout: float | None = None) -> int:
+    @runs_locked
+    def flush(self, *, timeout: float | None = None) -> Program[int]:
         """Send every queued write again (all scopes, in order); answers how many remain."""
-        return self._keeper.flush(timeout=timeout)
+        return (yield from self._keeper.flush_program(timeout))
 
     @property
     def conflicts(self) -> list[ReplayFailure]:
@@ -420,15 +455,16 @@ class AgentStateOf:
         return f"<loom agent_state of {self.scope['kind']} scope>"
 
 
-class Scope:
+class Scope(Face[M]):
     """What a state belongs to: ``bot.conversation(id)`` and its kin. ``.agent_state``."""
 
-    def __init__(self, keeper: AgentStateKeeper, kind: str, id: str) -> None:
+    def __init__(self, keeper: AgentStateKeeper[M], kind: str, id: str) -> None:
         if not isinstance(id, str) or not id:
             raise ValueError(f"a {kind} scope needs a non-empty string id")
+        self._runner = keeper._runner
         self.kind = kind
         self.id = id
-        self.agent_state = AgentStateOf(keeper, {"kind": kind, "id": id})
+        self.agent_state: AgentStateOf[M] = AgentStateOf(keeper, {"kind": kind, "id": id})
 
     def __repr__(self) -> str:
         # The id stays out of reprs and logs: a conversation id can be a phone number.

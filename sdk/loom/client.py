@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import difflib
 import keyword
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Mapping
+from typing import Any, Generic, Protocol, TypeVar, overload
 
+from loom.calls import Async, Call, Face, M, Runner, Sync, single
 from loom.ops_manifest import OPS
-from loom.transport import Transport
+
+T_co = TypeVar("T_co", covariant=True)
+T = TypeVar("T")
 
 
 def known_planes() -> dict[str, dict[str, dict[str, Any]]]:
@@ -46,41 +49,87 @@ def _check_name(owner: str, name: str, known: list[str]) -> None:
         raise AttributeError(f"{owner} has no {name!r}; did you mean {close[0]!r}?")
 
 
+def op_call(
+    name: str, identity: Mapping[str, str], body: Mapping[str, Any] | None,
+    timeout: float | None, entry: Mapping[str, Any] | None = None,
+) -> Call[Any]:
+    """The ``Call`` of op ``name`` with ``body``: identity merged under it, ``None`` left out
+    (the server reads null as absent), kind and route from the manifest."""
+    if body is not None and not isinstance(body, Mapping):
+        raise TypeError(f"{name} takes a dict body, not {type(body).__name__}")
+    merged = {**identity, **{k: v for k, v in (body or {}).items() if v is not None}}
+    entry = entry if entry is not None else OPS.get(name) or {}
+    return Call(
+        name, merged, kind=entry.get("kind", "write"),
+        http_method=entry.get("http_method", "POST"), path=entry.get("path"), timeout=timeout,
+    )
+
+
+class SyncOp(Protocol[T_co]):
+    """The type of ``bot.client.<plane>.<op>`` in the sync form."""
+
+    def __call__(
+        self, body: Mapping[str, Any] | None = None, /, *, timeout: float | None = None
+    ) -> T_co: ...
+
+
+class AsyncOp(Protocol[T_co]):
+    """The type of ``bot.client.<plane>.<op>`` in the async form."""
+
+    def __call__(
+        self, body: Mapping[str, Any] | None = None, /, *, timeout: float | None = None
+    ) -> Awaitable[T_co]: ...
+
+
 class OpMethod:
-    """One op, callable with its body: ``method({"block_key": "state"})`` returns the answer.
+    """One op, callable with its body: ``method({"block_key": "state"})`` returns the answer
+    (an awaitable of it in the async form).
 
     The caller's identity (org, namespace, agent) is merged under the body, so a body field of
     the same name wins. A field set to ``None`` is left out (the server reads null as absent).
     """
 
     def __init__(
-        self, transport: Transport, identity: Mapping[str, str], name: str,
+        self, runner: Runner[Any], identity: Mapping[str, str], name: str,
         entry: Mapping[str, Any] | None,
     ) -> None:
         self.name = name
         self.entry = dict(entry) if entry is not None else None
-        self._transport = transport
+        self._runner = runner
         self._identity = identity
         self.__doc__ = _describe(name, entry)
 
     def __call__(
         self, body: Mapping[str, Any] | None = None, /, *, timeout: float | None = None
-    ) -> dict[str, Any]:
-        if body is not None and not isinstance(body, Mapping):
-            raise TypeError(f"{self.name} takes a dict body, not {type(body).__name__}")
-        merged = {**self._identity, **{k: v for k, v in (body or {}).items() if v is not None}}
-        entry = self.entry or {}
-        return self._transport.call(
-            self.name,
-            merged,
-            http_method=entry.get("http_method", "POST"),
-            path=entry.get("path"),
-            timeout=timeout,
-        )
+    ) -> Any:
+        call = op_call(self.name, self._identity, body, timeout, self.entry or {})
+        return self._runner.run(single(call))
 
     def __repr__(self) -> str:
         known = "" if self.entry is not None else " (not in this SDK's manifest)"
         return f"<loom op {self.name}{known}>"
+
+
+class Op(Generic[T]):
+    """A typed op attribute of a generated plane (``loom.answers``): answers ``T``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type[Any] | None = None) -> Op[T]: ...
+
+    @overload
+    def __get__(self, obj: Face[Sync], owner: type[Any] | None = None) -> SyncOp[T]: ...
+
+    @overload
+    def __get__(self, obj: Face[Async], owner: type[Any] | None = None) -> AsyncOp[T]: ...
+
+    def __get__(self, obj: Face[Any] | None, owner: type[Any] | None = None) -> Any:
+        if obj is None:
+            return self
+        assert isinstance(obj, Plane)
+        return obj._method(self.name.split(".", 1)[1])
 
 
 def _describe(name: str, entry: Mapping[str, Any] | None) -> str:
@@ -98,22 +147,29 @@ def _describe(name: str, entry: Mapping[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
-class Plane:
-    """The ops of one plane as attributes: ``plane.set``, ``plane.get``, ..."""
+class Plane(Face[M]):
+    """The ops of one plane as attributes: ``plane.set``, ``plane.get``, ...
+
+    The generated subclasses (``loom.answers``) type each known op; a name they lack
+    resolves as the module doc says.
+    """
 
     def __init__(
-        self, transport: Transport, identity: Mapping[str, str], name: str,
+        self, runner: Runner[M], identity: Mapping[str, str], name: str,
         ops: Mapping[str, Mapping[str, Any]],
     ) -> None:
-        self._transport = transport
+        self._runner = runner
         self._identity = identity
         self._name = name
         self._ops = ops
 
-    def __getattr__(self, method: str) -> OpMethod:
-        _check_name(f"plane {self._name}", method, sorted(self._ops))
+    def _method(self, method: str) -> OpMethod:
         full = f"{self._name}.{method}"
-        return OpMethod(self._transport, self._identity, full, self._ops.get(method))
+        return OpMethod(self._runner, self._identity, full, self._ops.get(method))
+
+    def __getattr__(self, method: str) -> Any:
+        _check_name(f"plane {self._name}", method, sorted(self._ops))
+        return self._method(method)
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(self._ops))
@@ -122,29 +178,34 @@ class Plane:
         return f"<loom plane {self._name}: {', '.join(sorted(self._ops)) or 'no known ops'}>"
 
 
-class OpsClient:
-    """``bot.client``: the planes of the manifest as attributes, and ``call`` by op name."""
+class BaseOpsClient(Face[M]):
+    """``bot.client``: the planes of the manifest as attributes, and ``call`` by op name.
 
-    def __init__(self, transport: Transport, identity: Mapping[str, str]) -> None:
-        self._transport = transport
+    ``loom.answers.OpsClient`` is this with each known plane typed.
+    """
+
+    def __init__(self, runner: Runner[M], identity: Mapping[str, str]) -> None:
+        self._runner = runner
         self._identity = identity
         self._planes = known_planes()
 
-    def __getattr__(self, plane: str) -> Plane:
+    def __getattr__(self, plane: str) -> Any:
         _check_name("bot.client", plane, sorted(self._planes))
-        return Plane(self._transport, self._identity, plane, self._planes.get(plane, {}))
+        from loom.answers import PLANES
+
+        kind = PLANES.get(plane, Plane)
+        return kind(self._runner, self._identity, plane, self._planes.get(plane, {}))
 
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(self._planes))
 
     def call(
         self, op: str, body: Mapping[str, Any] | None = None, /, *, timeout: float | None = None
-    ) -> dict[str, Any]:
+    ) -> Any:
         """Call an op by its full name, ``"working_memory.set"``; no name check."""
         if op.count(".") != 1:
             raise ValueError(f"an op name is '<plane>.<op>', not {op!r}")
-        entry = OPS.get(op)
-        return OpMethod(self._transport, self._identity, op, entry)(body, timeout=timeout)
+        return OpMethod(self._runner, self._identity, op, OPS.get(op))(body, timeout=timeout)
 
     def ops(self) -> list[str]:
         """Every op name this SDK's manifest knows."""

@@ -55,17 +55,25 @@ Hierarchy::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    import requests
+
+class Answer(Protocol):
+    """What ``response`` is: a ``requests.Response`` (sync) or an ``httpx.Response`` (async)."""
+
+    @property
+    def status_code(self) -> int: ...
+
+    @property
+    def headers(self) -> Any: ...
 
 
 class LoomError(Exception):
     """Root of every SDK exception.
 
     ``status`` is the HTTP status (None when no answer arrived), ``code`` Loom's error code,
-    ``details`` the error object's other keys, ``response`` the ``requests.Response`` if any.
+    ``details`` the error object's other keys, ``response`` the HTTP response if any
+    (``requests.Response`` in the sync form, ``httpx.Response`` in the async one).
     """
 
     default_code = "LOOM_ERROR"
@@ -77,7 +85,7 @@ class LoomError(Exception):
         status: int | None = None,
         code: str | None = None,
         details: dict[str, Any] | None = None,
-        response: requests.Response | None = None,
+        response: Answer | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -99,7 +107,16 @@ class LoomError(Exception):
 
 
 class LoomTransportError(LoomError):
+    """No answer arrived. ``may_have_reached_server`` is False only when the request never
+    left this machine (the connection could not be opened): only then is a write safe to
+    send again."""
+
     default_code = "TRANSPORT_ERROR"
+
+    def __init__(self, message: str, *, may_have_reached_server: bool = True,
+                 **options: Any) -> None:
+        super().__init__(message, **options)
+        self.may_have_reached_server = may_have_reached_server
 
 
 class LoomConnectionError(LoomTransportError):
@@ -350,7 +367,7 @@ def error_class(status: int, code: str | None) -> type[LoomAPIError]:
 
 
 def error_from_answer(
-    status: int, error: dict[str, Any] | None, response: requests.Response | None = None
+    status: int, error: dict[str, Any] | None, response: Answer | None = None
 ) -> LoomAPIError:
     """Build the exception for an error answer (``error`` is the ``"error"`` object, if any)."""
     error = dict(error or {})

@@ -43,6 +43,7 @@ from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
 
 from loom._version import __version__
+from loom.calls import Call
 from loom.errors import LoomError
 from loom.ops_manifest import OPS
 from loom.transport import DEFAULT_TIMEOUT, Transport
@@ -84,13 +85,100 @@ class LoomTool:
             description=(
                 f"{self.entry['summary']} (Loom op {self.op}; role {self.entry['role']}, {kind})"
             ),
-            input_schema=dict(self.entry["input_schema"]),
+            input_schema=portable_schema(self.entry["input_schema"]),
             annotations=types.ToolAnnotations(
                 read_only_hint=kind == "read",
                 idempotent_hint=kind in ("read", "idempotent"),
                 open_world_hint=False,
             ),
         )
+
+
+# What a JSON value may be, spelled with one ``type`` per branch.
+ANY_JSON_VALUE: dict[str, Any] = {
+    "anyOf": [{"type": kind} for kind in ("string", "number", "boolean", "object", "array")]
+}
+# JavaScript reads integers exactly up to 2^53 - 1 (Number.MAX_SAFE_INTEGER).
+MAX_SAFE_INTEGER = 2**53 - 1
+SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+# Keywords that describe a schema without constraining it.
+ANNOTATIONS = frozenset({"title", "description", "default", "examples", "deprecated",
+                         "readOnly", "writeOnly", "$comment"})
+
+
+def portable_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
+    """A tool input schema that clients with a single-``type`` dialect accept as it is.
+
+    The registry's schemas are JSON Schema from OpenAPI 3.1, where an optional field reads
+    ``{"type": ["string", "null"], "default": null}``. For a tool, null means "left out", so an
+    optional field is simply one that is not required: its type loses ``"null"`` (and an enum
+    its ``null``), and a ``null`` default is dropped. A schema that allows anything (``{}``,
+    or only a description) says so in one-type branches. Validation of a call still uses the
+    registry's schema, so a client that sends ``null`` for a field it leaves out is not
+    refused.
+    """
+    portable: dict[str, Any] = _portable(dict(schema), top=True)
+    return portable
+
+
+def _portable(node: Any, *, top: bool = False) -> Any:
+    if isinstance(node, list):
+        return [_portable(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    if not top and set(node) <= ANNOTATIONS:
+        out.update(ANY_JSON_VALUE)  # "any value", said in a way every client reads
+    for key, value in node.items():
+        if key == "type" and isinstance(value, list):
+            kinds = [kind for kind in value if kind != "null"]
+            if len(kinds) == 1:
+                out[key] = kinds[0]
+            elif kinds:
+                out.setdefault("anyOf", []).extend({"type": kind} for kind in kinds)
+        elif key == "default" and value is None:
+            continue
+        elif key == "enum" and isinstance(value, list):
+            out[key] = [item for item in value if item is not None]
+        elif key in SUBSCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: _portable(sub) for name, sub in value.items()}
+        elif key in ("additionalProperties", "items") and value == {}:
+            out[key] = True if key == "additionalProperties" else dict(ANY_JSON_VALUE)
+        else:
+            out[key] = _portable(value)
+    return out
+
+
+def with_exact_integers(value: Any) -> Any:
+    """``value`` with each integer past 2^53 also carried as a decimal string.
+
+    A key ``version`` holding such a number gains ``version_text`` (the way
+    ``profile.structured`` carries it, seed 003), unless the answer has one already; a list of
+    them gains ``<key>_text`` as a list of strings. JavaScript clients round the number; the
+    string is exact.
+    """
+    if isinstance(value, list):
+        return [with_exact_integers(item) for item in value]
+    if not isinstance(value, dict):
+        return value
+    out = {key: with_exact_integers(item) for key, item in value.items()}
+    for key, item in value.items():
+        text_key = f"{key}_text"
+        if text_key in value:
+            continue
+        if _unsafe(item):
+            out[text_key] = str(item)
+        elif isinstance(item, list) and any(_unsafe(element) for element in item):
+            out[text_key] = [str(element) if _is_int(element) else element for element in item]
+    return out
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _unsafe(value: Any) -> bool:
+    return _is_int(value) and abs(value) > MAX_SAFE_INTEGER
 
 
 def parse_toolsets(text: str | None) -> tuple[str, ...]:
@@ -121,6 +209,7 @@ def select_tools(
 
 
 def _text_result(payload: dict[str, Any], *, is_error: bool) -> types.CallToolResult:
+    payload = with_exact_integers(payload)
     return types.CallToolResult(
         content=[types.TextContent(type="text", text=json.dumps(payload, ensure_ascii=False))],
         structured_content=payload,
@@ -181,11 +270,12 @@ class LoomMCP:
             )
         body = {**self.identity, **(arguments or {})}
         entry = found.entry
+        call: Call[Any] = Call(
+            found.op, body, kind=entry.get("kind", "write"),
+            http_method=entry.get("http_method", "POST"), path=entry.get("path"),
+        )
         try:
-            answer = self._transport().call(
-                found.op, body, http_method=entry.get("http_method", "POST"),
-                path=entry.get("path"), authorization=authorization,
-            )
+            answer = self._transport().send(call, authorization=authorization)
         except LoomError as error:
             return error_result(error)
         return _text_result(answer, is_error=False)

@@ -1,0 +1,90 @@
+"""When a call is sent again, and after how long: one policy for the sync and async transports.
+
+An op's kind (from the registry, through the manifest) says what is safe:
+
+- ``read`` and ``idempotent`` ops are sent again after a connection error (refused, reset,
+  timeout), a 503 or a 429, waiting ``Retry-After`` when the answer carries it, else an
+  exponential backoff with jitter;
+- a ``write`` (``working_memory.append``, ``profile.append``, ...) is sent again only when its
+  request never left this machine (the connection could not be opened). Once it may have
+  reached the server (a reset after sending, a timeout waiting for the answer, any answer) it
+  is never sent twice: the caller gets the error and decides.
+
+Attempts and the total time are bounded; ``Retry(attempts=1)`` or ``retry=False`` on the
+``Agent`` switches retries off. An op missing from the manifest is treated as a ``write``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from loom.errors import LoomError, LoomTransportError, RateLimited, ServerError
+
+SAFE_KINDS = frozenset({"read", "idempotent"})
+RETRIED_STATUSES = frozenset({429, 503})
+
+
+@dataclass(frozen=True)
+class Retry:
+    """The retry policy of an ``Agent`` (``Agent(..., retry=Retry(attempts=5))``).
+
+    ``attempts``: tries in all, the first included (1 = never retry). ``backoff``: the first
+    wait in seconds, doubled after each try up to ``max_wait``, with up to half of it taken
+    off at random so that clients do not retry in step. ``Retry-After`` is waited as the
+    server asks, unless it is longer than ``max_wait``: then the error is raised at once.
+    ``total``: no new try starts after this many seconds since the first one began.
+    """
+
+    attempts: int = 3
+    backoff: float = 0.2
+    max_wait: float = 10.0
+    total: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("attempts counts the first try: 1 or more")
+        if self.backoff < 0 or self.max_wait < 0 or self.total < 0:
+            raise ValueError("backoff, max_wait and total are seconds, 0 or more")
+
+    def wait_before_retry(
+        self, kind: str, error: LoomError, attempt: int, elapsed: float
+    ) -> float | None:
+        """Seconds to wait before try ``attempt + 1``, or None when ``error`` is final."""
+        if attempt >= self.attempts or not retriable(kind, error):
+            return None
+        asked = retry_after(error)
+        if asked is not None:
+            wait = asked
+            if wait > self.max_wait:
+                return None
+        else:
+            step = min(self.backoff * 2 ** (attempt - 1), self.max_wait)
+            wait = step * (1 - random.random() / 2)
+        if elapsed + wait > self.total:
+            return None
+        return wait
+
+
+NO_RETRY = Retry(attempts=1)
+
+
+def retriable(kind: str, error: LoomError) -> bool:
+    """Whether ``error`` leaves an op of ``kind`` safe to send again."""
+    if isinstance(error, LoomTransportError):
+        return kind in SAFE_KINDS or not error.may_have_reached_server
+    if isinstance(error, RateLimited | ServerError) and error.status in RETRIED_STATUSES:
+        return kind in SAFE_KINDS
+    return False
+
+
+def retry_after(error: LoomError) -> float | None:
+    """The wait a 429 or 503 asks for (its error's ``retry_after``, else the header)."""
+    value = error.details.get("retry_after")
+    if value is None and error.response is not None:
+        value = error.response.headers.get("Retry-After")
+    try:
+        seconds = float(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None  # an HTTP date or garbage: back off as without one
+    return max(seconds, 0.0) if seconds is not None else None

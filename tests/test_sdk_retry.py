@@ -1,0 +1,242 @@
+"""Retries, both forms, against real sockets: a gunicorn that rate-limits, and a proxy that
+resets connections or answers 503 (``tests.support.faulty_proxy``).
+
+Reads and idempotent ops are sent again after a reset, a 503 or a 429 (waiting Retry-After);
+a ``write`` op is never sent twice once it may have reached the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from app.local import free_port
+from loom import Agent, AsyncAgent, Retry, errors
+from loom.errors import LoomConnectionError, RateLimited, ServerError
+from loom.retry import retriable
+from tests.conftest import TEST_SECRET
+from tests.support.faulty_proxy import RESET_AFTER, RESET_BEFORE, UNAVAILABLE, FaultyProxy
+from tests.support.live_server import LiveServer
+
+WHO = {"org": "default", "namespace": "support", "agent": "triage-bot"}
+FORMS = ("sync", "async")
+
+
+class RecordedRetry(Retry):
+    """A ``Retry`` that notes each wait it chose (so a test sees Retry-After was honoured)."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        object.__setattr__(self, "waits", [])
+
+    def wait_before_retry(self, kind: str, error: errors.LoomError, attempt: int,
+                          elapsed: float) -> float | None:
+        wait = super().wait_before_retry(kind, error, attempt, elapsed)
+        self.waits.append((kind, error.code, wait))  # type: ignore[attr-defined]
+        return wait
+
+
+def act(form: str, action: Callable[[Any], Any], **options: Any) -> Any:
+    """Run ``action(bot)`` with a sync ``Agent`` or, awaiting it, an ``AsyncAgent``."""
+    options = {**WHO, "timeout": 5, **options}
+    if form == "sync":
+        with Agent(**options) as bot:
+            return action(bot)
+
+    async def scenario() -> Any:
+        async with AsyncAgent(**options) as bot:
+            pending = action(bot)
+            assert inspect.isawaitable(pending)
+            return await pending
+
+    return asyncio.run(scenario())
+
+
+# --- the policy itself ------------------------------------------------------------------------
+
+
+def test_what_is_safe_to_send_again():
+    reset = LoomConnectionError("reset", may_have_reached_server=True)
+    refused = LoomConnectionError("refused", may_have_reached_server=False)
+    limited = RateLimited("slow down", status=429, code="RATE_LIMITED")
+    unavailable = ServerError("down", status=503, code="REDIS_UNAVAILABLE")
+    broken = ServerError("bug", status=500, code="INTERNAL_ERROR")
+    for kind in ("read", "idempotent"):
+        assert all(retriable(kind, error) for error in (reset, refused, limited, unavailable))
+        assert not retriable(kind, broken)
+    assert retriable("write", refused)
+    assert not any(retriable("write", error) for error in (reset, limited, unavailable, broken))
+
+
+def test_the_policy_is_bounded_and_honours_retry_after():
+    policy = Retry(attempts=3, backoff=0.1, max_wait=2.0, total=5.0)
+    limited = RateLimited("slow", status=429, details={"retry_after": 1})
+    assert policy.wait_before_retry("read", limited, 1, 0.0) == 1.0
+    assert policy.wait_before_retry("read", limited, 3, 0.0) is None  # out of attempts
+    assert policy.wait_before_retry("read", limited, 1, 4.5) is None  # past the total
+    too_long = RateLimited("slow", status=429, details={"retry_after": 30})
+    assert policy.wait_before_retry("read", too_long, 1, 0.0) is None  # more than max_wait
+    reset = LoomConnectionError("reset")
+    assert 0.05 <= policy.wait_before_retry("read", reset, 1, 0.0) <= 0.1
+    assert 0.1 <= policy.wait_before_retry("read", reset, 2, 0.0) <= 0.2
+    with pytest.raises(ValueError):
+        Retry(attempts=0)
+
+
+# --- real sockets -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def api(redis_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    env = {"REDIS_URL": redis_server_url, "LOOM_SECRET_KEY": TEST_SECRET,
+           "LOOM_DATA_DIR": str(tmp_path_factory.mktemp("api"))}
+    with LiveServer(env) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def limited_api(redis_server_url: str,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    env = {"REDIS_URL": redis_server_url, "LOOM_SECRET_KEY": TEST_SECRET,
+           "LOOM_DATA_DIR": str(tmp_path_factory.mktemp("limited")),
+           "LOOM_RATE_LIMIT": "2/second"}
+    with LiveServer(env, workers=1) as server:
+        yield server
+
+
+@pytest.fixture
+def proxy(api: LiveServer, redis_url: str) -> Iterator[FaultyProxy]:
+    with FaultyProxy(api.port) as running:
+        yield running
+
+
+def block(api: LiveServer) -> str:
+    with Agent(**WHO, base_url=api.url) as bot:
+        return str(bot.working_memory.get("state", run_id="r").get("content", ""))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", FORMS)
+def test_a_read_survives_a_reset_and_a_503(form: str, proxy: FaultyProxy, api: LiveServer):
+    act("sync", lambda bot: bot.working_memory.set("kept", block_key="state", run_id="r"),
+        base_url=api.url)
+    proxy.faults.extend([RESET_BEFORE, UNAVAILABLE, RESET_AFTER])
+    policy = RecordedRetry(attempts=4, backoff=0.05)
+    answer = act(form, lambda bot: bot.working_memory.get("state", run_id="r"),
+                 base_url=proxy.url, retry=policy)
+    assert answer["content"] == "kept"
+    assert proxy.seen["/v1/working_memory.get"] == 4
+    assert [code for _, code, _ in policy.waits] == [
+        "CONNECTION_ERROR", "SERVICE_UNAVAILABLE", "CONNECTION_ERROR"]
+    assert policy.waits[1][2] == 0.0  # the 503's Retry-After: 0, not the backoff
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", FORMS)
+def test_an_idempotent_write_is_sent_again_after_a_reset(form: str, proxy: FaultyProxy,
+                                                         api: LiveServer):
+    proxy.faults.append(RESET_AFTER)  # the first set reached Loom; its answer was lost
+    answer = act(form, lambda bot: bot.working_memory.set("v1", block_key="state", run_id="r"),
+                 base_url=proxy.url, retry=Retry(backoff=0.05))
+    assert answer["block_key"] == "state"
+    assert proxy.seen["/v1/working_memory.set"] == 2
+    assert block(api) == "v1"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("fault", [RESET_AFTER, RESET_BEFORE, UNAVAILABLE])
+def test_a_write_that_may_have_reached_loom_is_never_sent_twice(
+    form: str, fault: str, proxy: FaultyProxy, api: LiveServer,
+):
+    act("sync", lambda bot: bot.working_memory.set("a", block_key="state", run_id="r"),
+        base_url=api.url)
+    proxy.faults.append(fault)
+    expected = ServerError if fault == UNAVAILABLE else LoomConnectionError
+    with pytest.raises(expected):
+        act(form, lambda bot: bot.working_memory.append("b", block_key="state", run_id="r"),
+            base_url=proxy.url, retry=Retry(attempts=5, backoff=0.05))
+    assert proxy.seen["/v1/working_memory.append"] == 1
+    # Reached (RESET_AFTER): applied once. Not reached: not applied. Never twice.
+    assert block(api) == ("a\nb" if fault == RESET_AFTER else "a")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", FORMS)
+def test_a_write_whose_connection_never_opened_is_sent_again(form: str, api: LiveServer,
+                                                             redis_url: str):
+    port = free_port()
+    opened = threading.Event()
+
+    def open_later() -> None:
+        time.sleep(0.3)  # the first tries find nothing listening: connection refused
+        with FaultyProxy(api.port, port=port):
+            opened.set()
+            time.sleep(3)
+
+    opener = threading.Thread(target=open_later)
+    opener.start()
+    try:
+        act("sync", lambda bot: bot.working_memory.set("a", block_key="state", run_id="r"),
+            base_url=api.url)
+        answer = act(form,
+                     lambda bot: bot.working_memory.append("b", block_key="state", run_id="r"),
+                     base_url=f"http://127.0.0.1:{port}",
+                     retry=Retry(attempts=20, backoff=0.1, max_wait=0.2))
+    finally:
+        opener.join()
+    assert opened.is_set()
+    assert answer["block_key"] == "state"
+    assert block(api) == "a\nb"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", FORMS)
+def test_a_rate_limited_read_waits_as_retry_after_asks(form: str, limited_api: LiveServer,
+                                                       redis_url: str):
+    policy = RecordedRetry(attempts=3, backoff=0.05)
+
+    def reads(bot: Any) -> Any:
+        if isinstance(bot, AsyncAgent):
+            async def five() -> list[Any]:
+                return [await bot.working_memory.get("state", run_id="r") for _ in range(5)]
+            return five()
+        return [bot.working_memory.get("state", run_id="r") for _ in range(5)]
+
+    answers = act(form, reads, base_url=limited_api.url, retry=policy)
+    assert [answer["found"] for answer in answers] == [False] * 5
+    limited = [wait for _, code, wait in policy.waits if code == "RATE_LIMITED"]
+    assert limited and all(wait is not None and wait >= 1 for wait in limited)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", FORMS)
+def test_retries_switched_off_and_writes_under_a_rate_limit_raise(
+    form: str, limited_api: LiveServer, redis_url: str,
+):
+    def burst(op: str) -> Callable[[Any], Any]:
+        def run(bot: Any) -> Any:
+            method = getattr(bot.working_memory, op)
+            if isinstance(bot, AsyncAgent):
+                async def many() -> None:
+                    for _ in range(4):
+                        await method("x", block_key="b", run_id="r")
+                return many()
+            for _ in range(4):
+                method("x", block_key="b", run_id="r")
+            return None
+        return run
+
+    time.sleep(1)  # a fresh rate window
+    with pytest.raises(RateLimited) as off:
+        act(form, burst("set"), base_url=limited_api.url, retry=False)
+    assert off.value.retry_after is not None and off.value.retry_after >= 1
+    time.sleep(1)
+    with pytest.raises(RateLimited):  # append is a write: never sent again
+        act(form, burst("append"), base_url=limited_api.url, retry=Retry(attempts=5))

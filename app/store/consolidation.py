@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.store import keys
-from app.store.lua import CLEAR_UNLESS_CHANGED_SINCE
+from app.store.lua import script
 from app.store.memory import Location, MemoryRow
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class ConsolidationStore:
     def __init__(self, services: Services) -> None:
         self.redis = services.redis
         self.clock = services.clock
-        self._clear_changed = self.redis.register_script(CLEAR_UNLESS_CHANGED_SINCE)
+        self._clear_changed = script(self.redis, "clear_unless_changed_since")
 
     # --- which users ---------------------------------------------------------------------
 

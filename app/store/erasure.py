@@ -69,7 +69,7 @@ from app.store.activity import RETENTION_DAYS, ActivityStore
 from app.store.agent_state import AgentStateStore
 from app.store.batching import batches
 from app.store.identity import Identity
-from app.store.lua import RELEASE_IF_HELD, RENEW_IF_HELD
+from app.store.lua import script
 from app.store.memory import PROFILE_TYPE, MemoryRow
 from app.store.namespace_config import AuditLog
 from app.store.structured import PROFILE_KEY
@@ -403,8 +403,8 @@ class ErasureStore:
         self.audit = AuditLog(services)
         self._drop = self.redis.register_script(_DROP)
         self._add = self.redis.register_script(_ADD)
-        self._renew = self.redis.register_script(RENEW_IF_HELD)
-        self._release = self.redis.register_script(RELEASE_IF_HELD)
+        self._renew = script(self.redis, "renew_if_held")
+        self._release = script(self.redis, "release_if_held")
 
     # --- naming and reading -------------------------------------------------------------------
 

@@ -12,21 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.store import keys
-from app.store.lua import RELEASE_IF_HELD, RENEW_IF_HELD
+from app.store.lua import script
 
 if TYPE_CHECKING:
     from app.services import Services
-
-# KEYS: lease, generation counter, acquired-at. ARGV: holder, ttl ms, now (seconds).
-_ACQUIRE = r"""
-if redis.call('EXISTS', KEYS[1]) == 1 then return false end
-local token = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], ARGV[1] .. '|' .. token, 'PX', ARGV[2])
-redis.call('HSET', KEYS[3], 'token', token, 'at', ARGV[3])
-return token
-"""
-
-
 
 class LeaseLost(Exception):
     """The lease is no longer ours: stop without writing."""
@@ -59,9 +48,9 @@ class LeaseStore:
     def __init__(self, services: Services) -> None:
         self.redis = services.redis
         self.clock = services.clock
-        self._acquire = self.redis.register_script(_ACQUIRE)
-        self._renew = self.redis.register_script(RENEW_IF_HELD)
-        self._release = self.redis.register_script(RELEASE_IF_HELD)
+        self._acquire = script(self.redis, "lease_acquire")
+        self._renew = script(self.redis, "renew_if_held")
+        self._release = script(self.redis, "release_if_held")
 
     def acquire(self, name: str, holder: str, ttl_seconds: float) -> Lease | None:
         ttl_ms = max(1, int(ttl_seconds * 1000))

@@ -64,7 +64,7 @@ from app.errors import (
 )
 from app.store import keys
 from app.store.batching import pairs
-from app.store.lua import CLEAR_UNLESS_CHANGED_SINCE, VERSION_LUA
+from app.store.lua import script, source
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -135,7 +135,7 @@ def new_memory_id() -> str:
 # The shared part of every write script. KEYS: 1 row, 2 versions, 3 version order, 4 the user's
 # rows, 5 memory_id -> row key, 6 renderable profile sections, 7 sources, 8 digest, 9 source
 # expiry, 10 the user's erasure marker, 11 live rows.
-_COMMON_LUA = VERSION_LUA + r"""
+_COMMON_LUA = source("version") + r"""
 local ZERO = string.rep('0', 40)
 local SOURCE_TYPES = {semantic = true, preference = true, decision = true}
 local NUL = string.char(0)
@@ -845,7 +845,7 @@ class MemoryStore:
         self._delete_version = self.redis.register_script(_DELETE_VERSION)
         self._redact = self.redis.register_script(_REDACT)
         self._expire = self.redis.register_script(_EXPIRE)
-        self._clear_changed = self.redis.register_script(CLEAR_UNLESS_CHANGED_SINCE)
+        self._clear_changed = script(self.redis, "clear_unless_changed_since")
 
     # --- reads ---------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from app.clock import iso_from_ns
 from app.profile_schema import null_profile
 from app.store import keys
 from app.store.identity import Identity
-from app.store.lua import CLEAR_UNLESS_CHANGED_SINCE
+from app.store.lua import script
 from app.store.memory import (
     STRUCTURED_PROFILE_KEY,
     STRUCTURED_WORKER,
@@ -168,7 +168,7 @@ class StructuredStore:
         self.clock = services.clock
         self._park = self.redis.register_script(_PARK)
         self._unpark = self.redis.register_script(_UNPARK)
-        self._forget = self.redis.register_script(CLEAR_UNLESS_CHANGED_SINCE)
+        self._forget = script(self.redis, "clear_unless_changed_since")
 
     def snapshot(self, identity: Identity) -> Snapshot:
         """One round trip: the schema, the profile row, its build record, the user's digest."""

@@ -2,7 +2,7 @@
 
 A block is one field of its scope's hash, encoded ``<version>:<char_limit>:<length>:<content>``
 (length in characters, so a script can check the cap without counting UTF-8). Every write is a
-single Lua script: the read, the cap check, the version ``max(now_ns, last + 1)`` and the write
+single Lua script (``app/store/lua/working_memory_*.lua``): the read, the cap check, the version ``max(now_ns, last + 1)`` and the write
 happen in one round trip and cannot interleave with another writer, so eight clients appending
 to one block never retry and never lose an addition (docs/decisions.md, "Working-memory writes
 run as Lua"). Reads are one HGET or one HGETALL/HMGET. Blocks have no TTL.
@@ -14,15 +14,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from app.clock import iso_from_ns
-from app.errors import (
-    SubstringNotFound,
-    UserBeingErased,
-    WorkingMemoryBlockNotFound,
-    WorkingMemoryLimitExceeded,
-)
 from app.store import keys
 from app.store.identity import Identity
-from app.store.lua import VERSION_LUA
+from app.store.lua import raise_for_status, script
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -30,94 +24,6 @@ if TYPE_CHECKING:
 DEFAULT_CHAR_LIMIT = 4096
 MAX_CHAR_LIMIT = 16384
 DEFAULT_BLOCK_KEY = "scratchpad"
-
-# The parse shared by every write script: version, cap, length and the content's offset.
-_PARSE_LUA = r"""
-local function parse(raw)
-  local v, l, n, pos = string.match(raw, '^(%d+):(%d+):(%d+):()')
-  return v, tonumber(l), tonumber(n), pos
-end
--- KEYS[3] marks the user as being erased: a write then would outlive the erasure.
-local function erasing()
-  return redis.call('EXISTS', KEYS[3]) == 1
-end
-local function store(key, index, field, version, limit, length, content)
-  redis.call('HSET', key, field, version .. ':' .. limit .. ':' .. length .. ':' .. content)
-  redis.call('SADD', index, key)
-  return {'OK', version, limit, length}
-end
-"""
-
-# KEYS: scope, index, erasing marker. ARGV: block_key, now_ns, char_limit ('' keeps the
-# block's), content, content length, default char_limit.
-_SET = VERSION_LUA + _PARSE_LUA + r"""
-if erasing() then return {'ERASING'} end
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-local last, limit = nil, tonumber(ARGV[3])
-if raw then
-  local v, l = parse(raw)
-  last = v
-  if not limit then limit = l end
-end
-if not limit then limit = tonumber(ARGV[6]) end
-local length = tonumber(ARGV[5])
-if length > limit then return {'LIMIT', length, limit} end
-return store(KEYS[1], KEYS[2], ARGV[1], next_version(last, ARGV[2]), limit, length, ARGV[4])
-"""
-
-# ARGV: block_key, now_ns, addition, addition length, separator, separator length, default cap.
-_APPEND = VERSION_LUA + _PARSE_LUA + r"""
-if erasing() then return {'ERASING'} end
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-local last, limit, length, content
-if raw then
-  local v, l, n, pos = parse(raw)
-  last, limit = v, l
-  length = n + tonumber(ARGV[6]) + tonumber(ARGV[4])
-  if length > limit then return {'LIMIT', length, limit} end
-  content = string.sub(raw, pos) .. ARGV[5] .. ARGV[3]
-else
-  limit = tonumber(ARGV[7])
-  length = tonumber(ARGV[4])
-  if length > limit then return {'LIMIT', length, limit} end
-  content = ARGV[3]
-end
-return store(KEYS[1], KEYS[2], ARGV[1], next_version(last, ARGV[2]), limit, length, content)
-"""
-
-# ARGV: block_key, now_ns, old, old length, new, new length. Every occurrence is replaced, left
-# to right without overlap, as str.replace does; byte matching equals character matching for
-# valid UTF-8.
-_REPLACE = VERSION_LUA + _PARSE_LUA + r"""
-if erasing() then return {'ERASING'} end
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if not raw then return {'MISSING'} end
-local v, limit, n, pos = parse(raw)
-local content = string.sub(raw, pos)
-local parts, count, init = {}, 0, 1
-while true do
-  local s, e = string.find(content, ARGV[3], init, true)
-  if not s then break end
-  parts[#parts + 1] = string.sub(content, init, s - 1)
-  parts[#parts + 1] = ARGV[5]
-  init = e + 1
-  count = count + 1
-end
-if count == 0 then return {'ABSENT'} end
-parts[#parts + 1] = string.sub(content, init)
-local length = n - count * tonumber(ARGV[4]) + count * tonumber(ARGV[6])
-if length > limit then return {'LIMIT', length, limit} end
-return store(KEYS[1], KEYS[2], ARGV[1], next_version(v, ARGV[2]), limit, length,
-  table.concat(parts))
-"""
-
-# The index entry goes with the scope's last block, so erasure lists only live scopes.
-_DELETE = r"""
-local removed = redis.call('HDEL', KEYS[1], ARGV[1])
-if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('SREM', KEYS[2], KEYS[1]) end
-return removed
-"""
-
 
 @dataclass(frozen=True, slots=True)
 class Block:
@@ -183,10 +89,10 @@ class WorkingMemoryStore:
     def __init__(self, services: Services) -> None:
         self.redis = services.redis
         self.clock = services.clock
-        self._set = self.redis.register_script(_SET)
-        self._append = self.redis.register_script(_APPEND)
-        self._replace = self.redis.register_script(_REPLACE)
-        self._delete = self.redis.register_script(_DELETE)
+        self._set = script(self.redis, "working_memory_set")
+        self._append = script(self.redis, "working_memory_append")
+        self._replace = script(self.redis, "working_memory_replace")
+        self._delete = script(self.redis, "working_memory_delete")
 
     @staticmethod
     def scope_key(identity: Identity) -> str:
@@ -211,21 +117,7 @@ class WorkingMemoryStore:
         ]
 
     def _written(self, block_key: str, reply: list[Any]) -> BlockWrite:
-        status = reply[0]
-        if status == "ERASING":
-            raise UserBeingErased(
-                "this user is being erased; write again once the erasure is done"
-            )
-        if status == "LIMIT":
-            raise WorkingMemoryLimitExceeded(int(reply[1]), int(reply[2]))
-        if status == "MISSING":
-            raise WorkingMemoryBlockNotFound(
-                f"no working-memory block {block_key!r} in this scope", block_key=block_key
-            )
-        if status == "ABSENT":
-            raise SubstringNotFound(
-                f"the text to replace is not in block {block_key!r}", block_key=block_key
-            )
+        raise_for_status("working_memory", reply, block_key=block_key)
         return BlockWrite(block_key, int(reply[1]), int(reply[2]), int(reply[3]))
 
     def set(

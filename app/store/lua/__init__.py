@@ -1,0 +1,91 @@
+"""The stores' server-side Lua: one ``<name>.lua`` file per script, and what their replies mean.
+
+A script file may start with ``--#include <name>`` lines; each is replaced by that file's text,
+so shared functions (the decimal version arithmetic, a store's parse helpers) are written once.
+``script(client, name)`` registers a script once per Redis client and hands back the same
+redis-py ``Script`` to every store built on that client; calling it runs EVALSHA and loads the
+script again only when the server has lost it.
+
+A script refuses a write by answering ``{'<STATUS WORD>', ...}``; ``STATUS_ERRORS`` maps every
+such word, per script family, to the ``LoomError`` the caller raises, so no store decodes
+status words of its own.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import redis
+from redis.commands.core import Script
+
+from app.errors import (
+    LoomError,
+    SubstringNotFound,
+    UserBeingErased,
+    WorkingMemoryBlockNotFound,
+    WorkingMemoryLimitExceeded,
+)
+
+_INCLUDE = re.compile(r"^--#include (\w+)[ \t]*$", re.MULTILINE)
+
+
+@cache
+def source(name: str) -> str:
+    """The text of ``<name>.lua`` with its includes expanded (read from the installed package)."""
+    text = resources.files(__name__).joinpath(f"{name}.lua").read_text(encoding="utf-8")
+    return _INCLUDE.sub(lambda match: source(match.group(1)), text)
+
+
+# Keyed by the client object itself and dropped with it: a test's throwaway client does not
+# keep its scripts alive, and two clients on one server each hold their own Script objects.
+_registered: weakref.WeakKeyDictionary[Any, dict[str, Script]] = weakref.WeakKeyDictionary()
+_registering = threading.Lock()
+
+
+def script(client: redis.Redis, name: str) -> Script:
+    """The script ``<name>.lua`` registered on ``client``; the same object on every call."""
+    with _registering:
+        scripts = _registered.setdefault(client, {})
+        found = scripts.get(name)
+        if found is None:
+            found = scripts[name] = client.register_script(source(name))
+        return found
+
+
+# A factory gets the script's whole reply (status word first) and the caller's context.
+ErrorFactory = Callable[[list[Any], Mapping[str, Any]], LoomError]
+
+
+def _erasing(_reply: list[Any], _context: Mapping[str, Any]) -> LoomError:
+    return UserBeingErased("this user is being erased; write again once the erasure is done")
+
+
+STATUS_ERRORS: dict[str, dict[str, ErrorFactory]] = {
+    "working_memory": {
+        "ERASING": _erasing,
+        "LIMIT": lambda reply, _: WorkingMemoryLimitExceeded(int(reply[1]), int(reply[2])),
+        "MISSING": lambda _, context: WorkingMemoryBlockNotFound(
+            f"no working-memory block {context['block_key']!r} in this scope",
+            block_key=context["block_key"],
+        ),
+        "ABSENT": lambda _, context: SubstringNotFound(
+            f"the text to replace is not in block {context['block_key']!r}",
+            block_key=context["block_key"],
+        ),
+    },
+}
+
+
+def raise_for_status(family: str, reply: Any, **context: Any) -> None:
+    """Raise the error a refusal of ``family``'s scripts stands for; return on any other reply."""
+    if not isinstance(reply, list) or not reply or not isinstance(reply[0], str):
+        return
+    factory = STATUS_ERRORS[family].get(reply[0])
+    if factory is not None:
+        raise factory(reply, context)

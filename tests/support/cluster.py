@@ -128,8 +128,9 @@ class RedisClusterProcess:
         if self.replicas:
             # Every replica has caught up with its primary once it reports the link up.
             for replica in self.replicas:
-                if "master_link_status:up" not in replica.client().execute_command(
-                        "INFO", "replication"):
+                if replica.process is None:
+                    continue
+                if replica.client().info("replication").get("master_link_status") != "up":
                     return False
         return True
 

@@ -126,7 +126,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("REDIS_URL", "", _redis_url,
             "Redis for the data plane. Unset: the run command starts an embedded redis-server."),
     Setting("LOOM_QUEUE_URL", "", _redis_url,
-            "Redis for RQ jobs; defaults to REDIS_URL (RQ does not run on Redis Cluster)."),
+            "Redis for RQ jobs; defaults to REDIS_URL (RQ does not run on Redis Cluster). "
+            "Required with LOOM_REDIS_CLUSTER=on."),
+    Setting("LOOM_REDIS_CLUSTER", "off", _choice("off", "on"),
+            "on: REDIS_URL names a node of a Redis Cluster and the data plane uses redis-py's "
+            "cluster client."),
     Setting("LOOM_REDIS_SOCKET_TIMEOUT_SECONDS", "2", _positive_float,
             "Longest wait for one Redis reply; past it a call answers 503 STORE_UNAVAILABLE."),
     Setting("LOOM_REDIS_CONNECT_TIMEOUT_SECONDS", "2", _positive_float,
@@ -372,6 +376,11 @@ def load_settings(
     settings = Settings(**values)
     if overrides:
         settings = settings.replace(**overrides)
+    if settings.redis_cluster == "on" and not settings.queue_url:
+        raise SettingsError(
+            "LOOM_QUEUE_URL is required with LOOM_REDIS_CLUSTER=on: RQ needs a plain Redis "
+            "(it does not run on a cluster)"
+        )
     return _with_secret_key(settings)
 
 

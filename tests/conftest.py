@@ -20,6 +20,7 @@ import redis
 from app import create_app
 from app.clock import FrozenClock
 from app.local import RedisServerProcess
+from tests.support.cluster import RedisClusterProcess
 
 TEST_SECRET = "test-secret-key-for-loom"
 
@@ -41,6 +42,13 @@ def redis_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield _with_db(server.url, db)
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcess]:
+    """A three-primary Redis Cluster from the same binary, for the data plane's cluster tests."""
+    with RedisClusterProcess(tmp_path_factory.mktemp("cluster"), primaries=3) as cluster:
+        yield cluster
 
 
 @pytest.fixture

@@ -51,6 +51,12 @@ def connect(settings: Settings, url: str | None = None, *, decode: bool = True) 
             "REDIS_URL is not set: set it, or start Loom with `python -m app.local`, "
             "which runs an embedded redis-server"
         )
+    if settings.redis_cluster == "on" and url == settings.redis_url:
+        # Any node will do: the client reads the slot map from it and follows MOVED/ASK.
+        return redis.RedisCluster.from_url(  # type: ignore[return-value]
+            url, decode_responses=decode,
+            socket_timeout=settings.redis_socket_timeout_seconds,
+            socket_connect_timeout=settings.redis_connect_timeout_seconds)
     return redis.Redis.from_url(url, decode_responses=decode, **client_options(settings))
 
 

@@ -72,6 +72,10 @@ class ProfileSchemaStore:
         """Replace the schema; answers (old, new)."""
         key = keys.profile_schema(org, namespace)
         new = StoredSchema(doc, schema_sha256(doc), actor, self.clock.now_ns())
+        # The namespaces index lives in another slot than the schema, so it cannot share the
+        # transaction on Redis Cluster: listed first, a crash leaves a listed namespace with
+        # no schema, which a pass skips, never a schema the passes cannot find.
+        self.redis.sadd(keys.structured_namespaces(), namespace_member(org, namespace))
         pipe = self.redis.pipeline(transaction=True)
         pipe.hgetall(key)
         pipe.delete(key)
@@ -80,7 +84,6 @@ class ProfileSchemaStore:
         ordered = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
         pipe.hset(key, mapping={"doc": ordered, "sha": new.sha, "set_by": actor,
                                 "set_at": new.set_at})
-        pipe.sadd(keys.structured_namespaces(), namespace_member(org, namespace))
         old_row, *_ = pipe.execute()
         return parse_stored(old_row), new
 
@@ -89,8 +92,9 @@ class ProfileSchemaStore:
         pipe = self.redis.pipeline(transaction=True)
         pipe.hgetall(key)
         pipe.delete(key)
-        pipe.srem(keys.structured_namespaces(), namespace_member(org, namespace))
         old_row, *_ = pipe.execute()
+        # Unlisted after the schema is gone, for the same reason as in ``set``.
+        self.redis.srem(keys.structured_namespaces(), namespace_member(org, namespace))
         return parse_stored(old_row)
 
     def namespaces(self) -> list[tuple[str, str]]:

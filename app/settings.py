@@ -242,6 +242,7 @@ class Settings:
     # --- generated from SETTINGS: python -m app.readme ---
     redis_url: str = ''
     queue_url: str = ''
+    redis_cluster: str = 'off'
     redis_socket_timeout_seconds: float = 2.0
     redis_connect_timeout_seconds: float = 2.0
     port: int = 8000

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import redis
 
-from app.local import die_with_parent, find_redis_server, free_port
+from app.local import die_with_parent, embedded_server_binary, free_port
 
 SLOTS = 16384
 
@@ -30,7 +30,7 @@ class ClusterNode:
     def start(self) -> ClusterNode:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
-            [find_redis_server(), "--port", str(self.port), "--bind", "127.0.0.1",
+            [embedded_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
              "--dir", str(self.data_dir), "--save", "", "--appendonly", "no",
              "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
              "--cluster-port", str(self.bus_port),

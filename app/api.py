@@ -268,6 +268,7 @@ def register_error_handlers(app: Flask) -> None:
     def handle_store_unavailable(error: Exception) -> Response:
         # No traceback: the failure is Redis's, and it is logged once per request, short.
         log.warning("store unavailable on %s: %s: %s", request.path, type(error).__name__, error)
+        metrics.note_exception(error)
         return error_response(store_unavailable(error))
 
     for unavailable in UNAVAILABLE_ERRORS:

@@ -295,6 +295,20 @@ def test_metrics_still_answer_when_the_queue_redis_is_down(app_factory):
     assert value(scraped, "loom_redis_errors_total", process="web") >= 1
 
 
+def test_a_request_answered_503_for_a_dead_store_counts_as_a_redis_error(tmp_path):
+    from app import metrics
+
+    dead = f"redis://127.0.0.1:{free_port()}/0"
+    client = make_app(dead, tmp_path, queue_url=dead).test_client()
+    errors = metrics.REDIS_ERRORS.labels(process="web")
+    before = errors._value.get()
+    answer = client.post("/v1/working_memory.set", json={**NS, "block_key": "k", "content": "x"})
+    assert answer.status_code == 503
+    assert answer.get_json()["error"]["code"] == "STORE_UNAVAILABLE"
+    # Counted by the request itself, not by a scrape that meets the same dead store.
+    assert errors._value.get() == before + 1
+
+
 # --- the queue dashboard ----------------------------------------------------------------------
 
 

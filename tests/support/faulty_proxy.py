@@ -1,7 +1,7 @@
 """A TCP proxy on loopback that fails the HTTP requests it is told to, with real sockets.
 
-Each accepted connection carries one request (the upstream is a gunicorn sync worker, which
-closes after each answer). The proxy takes the next fault from ``faults`` (``PASS`` when
+Each accepted connection carries one request: the proxy forwards it with ``Connection: close``
+so that the upstream (a keep-alive gevent worker) ends the answer by closing. The proxy takes the next fault from ``faults`` (``PASS`` when
 empty, or ``default`` when set) and:
 
 - ``PASS``: forwards the request and relays the answer;
@@ -49,6 +49,14 @@ def _read_request(conn: socket.socket) -> bytes:
             break
         body += chunk
     return head + b"\r\n\r\n" + body
+
+
+def _closing(request: bytes) -> bytes:
+    """The request with ``Connection: close``, so the upstream closes after its answer."""
+    head, _, body = request.partition(b"\r\n\r\n")
+    lines = [line for line in head.split(b"\r\n")
+             if line.partition(b":")[0].strip().lower() != b"connection"]
+    return b"\r\n".join([*lines, b"Connection: close"]) + b"\r\n\r\n" + body
 
 
 def _reset(conn: socket.socket) -> None:
@@ -106,7 +114,7 @@ class FaultyProxy:
                 conn.sendall(UNAVAILABLE_ANSWER)
                 return
             with socket.create_connection(self.upstream, timeout=10) as upstream:
-                upstream.sendall(request)
+                upstream.sendall(_closing(request))
                 answer = b""
                 while chunk := upstream.recv(65536):
                     answer += chunk

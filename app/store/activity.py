@@ -3,8 +3,9 @@
 Per (org, namespace, user): a sorted set of readers, each member the JSON ``[agent, client]``
 scored by its last read in microseconds (exact in a double), and a hash member -> the op of that
 last read. A reader is one entry however often it reads, so 20 entries name 20 readers. Each
-record is one Lua script that also drops readers older than the 30-day window and keeps at
-most ``MAX_READERS``, so the keys stay small without a sweep job.
+record is one Lua script (``app/store/lua/activity_record.lua``) that also drops readers older
+than the 30-day window and keeps at most ``MAX_READERS``, so the keys stay small without a sweep
+job.
 
 Reads by the console (a client name starting ``loom-console``, sent as ``X-Loom-Client``) are
 not recorded: the activity answers "which client read my profile", and the console is where
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from app.clock import iso_from_ns
 from app.store import keys
 from app.store.identity import Identity
+from app.store.lua import script
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -29,23 +31,6 @@ RETENTION_DAYS = 30
 MAX_READERS = 200
 MAX_CLIENT_CHARS = 200
 _DAY_US = 86_400 * 1_000_000
-
-# KEYS: 1 readers, 2 last op. ARGV: 1 now (us), 2 member, 3 op, 4 cutoff (us), 5 most readers.
-_RECORD = r"""
-redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
-redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
-local old = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[4])
-for _, member in ipairs(old) do redis.call('HDEL', KEYS[2], member) end
-if #old > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[4]) end
-local extra = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[5])
-if extra > 0 then
-  for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, extra - 1)) do
-    redis.call('HDEL', KEYS[2], member)
-  end
-  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, extra - 1)
-end
-return 1
-"""
 
 
 def is_console(client: str) -> bool:
@@ -72,7 +57,7 @@ class ActivityStore:
     def __init__(self, services: Services) -> None:
         self.redis = services.redis
         self.clock = services.clock
-        self._record = self.redis.register_script(_RECORD)
+        self._record = script(self.redis, "activity_record")
 
     @staticmethod
     def _keys(identity: Identity) -> list[str]:

@@ -1,5 +1,9 @@
 """Memory rows in Redis: facts and profile sections, their versions, and what the workers read.
 
+The row's types and codec are in app/store/memory_row.py (re-exported here, so the ops and jobs
+import one module); this module is the store, and its scripts are
+``app/store/lua/memory_*.lua`` (the part every write shares in ``memory_write.lua``).
+
 A row is named by (org, namespace, user_id, agent, session_id, key) and lives under its user's
 hash tag ``{org/namespace/user_id}``. Per row: a hash of its current fields, a hash of its
 versions (zero-padded version -> JSON snapshot of every field at that version) and a sorted set
@@ -22,7 +26,8 @@ with the rows, and reading it is one HGETALL. XOR makes the digest incremental (
 out the row's old entry and puts in the new one) and order-free, which costs nothing: each
 entry carries its own date, so a change to the order a build reads in is a change to an entry.
 Lua has no sha256, so the per-entry hash is ``redis.sha1hex``; the digest detects change, it
-does not authenticate. ``source_digest_of`` computes the same value in Python.
+does not authenticate. ``source_digest_of`` computes the same value in Python. A script's
+refusals become errors through ``STATUS_ERRORS["memory"]`` (app/store/lua/__init__.py).
 
 Across slots, after the script and in one pipeline: the memory_id pointer
 (``{org/namespace}``), the namespace's set of users with profile sections and its sorted set of
@@ -30,805 +35,104 @@ users whose sources changed. They are re-asserted on every write of the row; a p
 between the two round trips leaves them behind until the row's next write, and the structured
 pass compares digests, so a lost "changed" entry is repaired by its scan (docs/decisions.md).
 
-Content is computed in Python: ``value_length`` is the length of the value's canonical JSON
-(compact, sorted keys, non-ASCII kept) and ``content_sha256`` the sha256 of it. ``append`` and
-``replace`` therefore read, compute and write with a compare-and-swap on the row's version,
-retrying when another writer came first, so concurrent appends lose nothing.
+Content (its length and hash) is computed in Python, so ``append`` and ``replace`` read,
+compute and write with a compare-and-swap on the row's version, retrying when another writer
+came first, so concurrent appends lose nothing.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
-import re
-import secrets
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from app.clock import iso_from_ns
 from app.errors import (
     CharLimitExceeded,
     HashMismatch,
-    MemoryLocked,
-    MemoryNotFound,
-    MemoryPinned,
     MemoryTypeMismatch,
     ProfileSectionNotFound,
     SubstringNotFound,
-    UserBeingErased,
     ValidationFailed,
     WriteContended,
 )
 from app.store import keys
 from app.store.batching import pairs
-from app.store.lua import script, source
+from app.store.lua import COMPARE_AND_SWAP_LOST, raise_for_status, script
+from app.store.memory_row import (
+    DEFAULT_PROFILE_CHAR_LIMIT,
+    DELETE_VERSION_TRACE,
+    MAX_CHAR_LIMIT,
+    NUL,
+    PROFILE_TYPE,
+    SOURCE_TYPES,
+    STRUCTURED_PROFILE_KEY,
+    STRUCTURED_WORKER,
+    VERSION_WIDTH,
+    ZERO_DIGEST,
+    Content,
+    Location,
+    MemoryRow,
+    Redacted,
+    SectionReach,
+    SourceDigest,
+    Written,
+    canonical_json,
+    content_sha256,
+    format_confidence,
+    new_memory_id,
+    pad_version,
+    source_digest_of,
+    source_entry,
+    tags_exclude,
+    trace_names,
+)
 
 if TYPE_CHECKING:
     from app.services import Services
 
-SOURCE_TYPES = frozenset({"semantic", "preference", "decision"})
-# The structured profile's row (agent '-', session '-') and the worker that writes it: a write
-# to that row by anyone else lists the user as changed, so the worker rebuilds over it.
-STRUCTURED_PROFILE_KEY = "structured_profile"
-STRUCTURED_WORKER = "worker:structured_profile"
-PROFILE_TYPE = "profile"
-DEFAULT_PROFILE_CHAR_LIMIT = 8192
-# The largest char_limit, and the cap of a row that has none.
-MAX_CHAR_LIMIT = 65536
-DELETE_VERSION_TRACE = "memory.delete_version:"
-ZERO_DIGEST = "0" * 40
-VERSION_WIDTH = 20
+# Importers of the row types keep importing them from here.
+__all__ = [
+    "CAS_DEADLINE_SECONDS",
+    "DEFAULT_PROFILE_CHAR_LIMIT",
+    "DELETE_VERSION_TRACE",
+    "MAX_CHAR_LIMIT",
+    "NUL",
+    "PROFILE_TYPE",
+    "SOURCE_TYPES",
+    "STRUCTURED_PROFILE_KEY",
+    "STRUCTURED_WORKER",
+    "VERSION_WIDTH",
+    "ZERO_DIGEST",
+    "Content",
+    "Location",
+    "MemoryRow",
+    "MemoryStore",
+    "Redacted",
+    "SectionReach",
+    "SourceDigest",
+    "VersionMoved",
+    "Written",
+    "canonical_json",
+    "content_sha256",
+    "format_confidence",
+    "new_memory_id",
+    "pad_version",
+    "redact_row",
+    "source_digest_of",
+    "source_entry",
+    "tags_exclude",
+    "trace_names",
+]
+
 # A compare-and-swap write (append, replace) gives up after this long under contention.
 CAS_DEADLINE_SECONDS = 5.0
-NUL = "\x00"
-
-
-# --------------------------------------------------------------------------------------------
-# Content helpers, shared with the ops and the workers
-
-
-def canonical_json(value: Any) -> str:
-    """The form ``char_limit`` measures and ``content_sha256`` hashes."""
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
-
-
-def content_sha256(canonical: str) -> str:
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-
-def format_confidence(confidence: float) -> str:
-    """One spelling per number, so equal confidences give equal digest entries."""
-    return repr(float(confidence))
-
-
-def tags_exclude(tags: Iterable[str]) -> bool:
-    """Tags that keep a fact out of every profile: about someone else, protected, forget."""
-    return any(t in ("about:other", "forget") or t.startswith("attribute:") for t in tags)
-
-
-def pad_version(version: int | str) -> str:
-    return str(version).zfill(VERSION_WIDTH)
-
-
-def source_entry(sha: str, confidence: str, date_ns: int | str) -> str:
-    return f"{sha}:{confidence}:{date_ns}"
-
-
-def source_digest_of(entries: Mapping[str, str]) -> str:
-    """The digest the write scripts keep, computed from scratch (for builds and tests)."""
-    acc = 0
-    for memory_id, entry in entries.items():
-        acc ^= int(hashlib.sha1(f"{memory_id}|{entry}".encode()).hexdigest(), 16)
-    return f"{acc:040x}"
-
-
-def new_memory_id() -> str:
-    return "mem_" + secrets.token_hex(8)
-
-
-# --------------------------------------------------------------------------------------------
-# Lua
-
-# The shared part of every write script. KEYS: 1 row, 2 versions, 3 version order, 4 the user's
-# rows, 5 memory_id -> row key, 6 renderable profile sections, 7 sources, 8 digest, 9 source
-# expiry, 10 the user's erasure marker, 11 live rows.
-_COMMON_LUA = source("version") + r"""
-local ZERO = string.rep('0', 40)
-local SOURCE_TYPES = {semantic = true, preference = true, decision = true}
-local NUL = string.char(0)
-
--- The section's three entries in the user's section index (keys.profile_sections).
-local function section_members(key, agent, session_id)
-  return {
-    'l' .. NUL .. key .. NUL .. agent .. NUL .. session_id,
-    'a' .. NUL .. agent .. NUL .. key .. NUL .. session_id,
-    's' .. NUL .. session_id .. NUL .. key .. NUL .. agent,
-  }
-end
-
-local function index_section(key, agent, session_id, renderable)
-  local members = section_members(key, agent, session_id)
-  if renderable then
-    redis.call('ZADD', KEYS[6], 0, members[1], 0, members[2], 0, members[3])
-  else
-    redis.call('ZREM', KEYS[6], members[1], members[2], members[3])
-  end
-end
-
--- The row's entries in the user's live rows (keys.memory_live); old_type is the type it had
--- before this write (nil for a new row), whose entry goes when the type changes.
-local function index_live(r, old_type, member)
-  if old_type and old_type ~= r.memory_type then
-    redis.call('ZREM', KEYS[11], old_type .. NUL .. member)
-  end
-  if r.deleted == '1' then
-    redis.call('ZREM', KEYS[11], r.memory_type .. NUL .. member, NUL .. member)
-  else
-    redis.call('ZADD', KEYS[11], 0, r.memory_type .. NUL .. member, 0, NUL .. member)
-  end
-end
-
-local function load_row()
-  local flat = redis.call('HGETALL', KEYS[1])
-  if #flat == 0 then return nil end
-  local r = {}
-  for i = 1, #flat, 2 do r[flat[i]] = flat[i + 1] end
-  return r
-end
-
-local function flatten(r)
-  local flat = {}
-  for k, v in pairs(r) do
-    flat[#flat + 1] = k
-    flat[#flat + 1] = v
-  end
-  return flat
-end
-
-local function pad(v) return string.rep('0', 20 - #v) .. v end
-
-local function xor_hex(a, b)
-  local out = {}
-  for i = 1, 40, 4 do
-    local x = bit.bxor(tonumber(string.sub(a, i, i + 3), 16), tonumber(string.sub(b, i, i + 3), 16))
-    out[#out + 1] = string.format('%04x', x)
-  end
-  return table.concat(out)
-end
-
--- The row's entry in the user's sources, or nil when it is not a source now.
-local function source_entry(r, now)
-  if r.deleted == '1' or r.redacted == '1' then return nil end
-  if not SOURCE_TYPES[r.memory_type] then return nil end
-  if r.label == 'high' or (r.duplicate_of or '') ~= '' or r.tag_excluded == '1' then
-    return nil
-  end
-  if (r.valid_to or '') ~= '' and not dec_gt(r.valid_to, now) then return nil end
-  local date = r.valid_at or ''
-  if date == '' then date = r.version end
-  return r.content_sha256 .. ':' .. r.confidence .. ':' .. date
-end
-
--- Move one source's entry in (src, dig, exp); true when the digest moved. The expiry index
--- follows valid_to even when the entry stays (a valid_at-dated fact whose valid_to moved).
-local function update_sources(src, dig, exp, mid, entry, valid_to, at)
-  local expiry_moved
-  if entry and valid_to ~= '' then
-    redis.call('ZADD', exp, valid_to, mid)
-    expiry_moved = true
-  else
-    expiry_moved = redis.call('ZREM', exp, mid) == 1
-  end
-  if expiry_moved then
-    local first = redis.call('ZRANGE', exp, 0, 0, 'WITHSCORES')
-    redis.call('HSET', dig, 'next_expiry', first[2] or '')
-  end
-  local old = redis.call('HGET', src, mid)
-  if old == false then old = nil end
-  if old == entry then return false end
-  local d = redis.call('HMGET', dig, 'digest', 'count')
-  local digest = d[1] or ZERO
-  local count = tonumber(d[2] or '0')
-  if old then
-    digest = xor_hex(digest, redis.sha1hex(mid .. '|' .. old))
-    count = count - 1
-  end
-  if entry then
-    digest = xor_hex(digest, redis.sha1hex(mid .. '|' .. entry))
-    count = count + 1
-    redis.call('HSET', src, mid, entry)
-  else
-    redis.call('HDEL', src, mid)
-  end
-  redis.call('HSET', dig, 'digest', digest, 'count', tostring(count), 'changed_at', at)
-  if old and not entry then redis.call('HSET', dig, 'removed_at', at) end
-  return true
-end
-
--- Write r as the row's next version; returns whether the user's source digest moved.
--- old_type: the row's memory_type before the write (nil for a new row).
-local function commit(r, now, member, old_type)
-  local last = r.version
-  if last == '' then last = nil end
-  r.version = next_version(last, now)
-  r.updated_at = r.version
-  if (r.created_at or '') == '' then r.created_at = r.version end
-  redis.call('HSET', KEYS[1], unpack(flatten(r)))
-  local padded = pad(r.version)
-  redis.call('HSET', KEYS[2], padded, cjson.encode(r))
-  redis.call('ZADD', KEYS[3], 0, padded)
-  redis.call('ZADD', KEYS[4], 0, member)
-  redis.call('HSET', KEYS[5], r.memory_id, KEYS[1])
-  index_section(r.key, r.agent, r.session_id,
-    r.memory_type == 'profile' and r.deleted ~= '1' and r.redacted ~= '1')
-  index_live(r, old_type, member)
-  local entry = source_entry(r, now)
-  local valid_to = ''
-  if entry then valid_to = r.valid_to or '' end
-  return update_sources(KEYS[7], KEYS[8], KEYS[9], r.memory_id, entry, valid_to, r.version)
-end
-
-local function done(status, moved, r)
-  local reply = {status, moved and '1' or '0'}
-  for _, item in ipairs(flatten(r)) do reply[#reply + 1] = item end
-  return reply
-end
-
-local function target(expected_id)
-  if redis.call('EXISTS', KEYS[10]) == 1 then return nil, {'ERASING'} end
-  local r = load_row()
-  if not r or (expected_id ~= '' and r.memory_id ~= expected_id) then
-    return nil, {'MISSING'}
-  end
-  return r, nil
-end
-"""
-
-# ARGV: 1 now, 2 memory_id for a new row, 3 rows-set member, 4 expected version ('' none, '-'
-# no live row), 5 if_match sha ('' none), 6 default char_limit ('' none), 7 char_limit ('' keeps
-# the row's), 8 written_by, 9 required type of a live row ('' any), 10 refuse pinned/high ('1'),
-# 11.. field/value pairs of the new content.
-_SET = _COMMON_LUA + r"""
-if redis.call('EXISTS', KEYS[10]) == 1 then return {'ERASING'} end
-local r = load_row()
-local live = r and r.deleted ~= '1'
-if r and r.locked == '1' then return {'LOCKED', r.memory_id} end
-if ARGV[10] == '1' and live and (r.pinned == '1' or r.label == 'high') then
-  return {'PINNED', r.memory_id}
-end
-if ARGV[9] ~= '' and live and r.memory_type ~= ARGV[9] then
-  return {'TYPE', r.memory_type}
-end
-local expected = ARGV[4]
-if expected == '-' then
-  if live then return {'CONFLICT'} end
-elseif expected ~= '' then
-  if not live or r.version ~= expected then return {'CONFLICT'} end
-end
-if ARGV[5] ~= '' then
-  local current = ''
-  if live then current = r.content_sha256 end
-  if current ~= ARGV[5] then return {'MISMATCH', current} end
-end
-local created = false
-local old_type = r and r.memory_type
-if not r then
-  created = true
-  r = {memory_id = ARGV[2], pinned = '0', locked = '0', version = '', created_at = ''}
-end
-local limit = ARGV[7]
-if limit == '' then limit = r.char_limit or '' end
-if limit == '' then limit = ARGV[6] end
-for i = 11, #ARGV, 2 do r[ARGV[i]] = ARGV[i + 1] end
-r.char_limit = limit
-if limit ~= '' and tonumber(r.value_length) > tonumber(limit) then
-  return {'LIMIT', r.value_length, limit}
-end
-r.deleted = '0'
-r.redacted = '0'
-r.written_by = ARGV[8]
-local moved = commit(r, ARGV[1], ARGV[3], old_type)
-if created then return done('CREATED', moved, r) end
-return done('OK', moved, r)
-"""
-
-# ARGV: 1 now, 2 field (locked | pinned), 3 '0' | '1', 4 written_by, 5 rows-set member,
-# 6 expected memory_id ('' any).
-_FLAG = _COMMON_LUA + r"""
-local r, err = target(ARGV[6])
-if err then return err end
-if r.deleted == '1' then return {'MISSING'} end
-if r.locked == '1' and not (ARGV[2] == 'locked' and ARGV[3] == '0') then
-  return {'LOCKED', r.memory_id}
-end
-if r[ARGV[2]] == ARGV[3] then return done('NOOP', false, r) end
-r[ARGV[2]] = ARGV[3]
-r.written_by = ARGV[4]
-return done('OK', commit(r, ARGV[1], ARGV[5], r.memory_type), r)
-"""
-
-# ARGV: 1 now, 2 written_by, 3 rows-set member, 4 expected memory_id, 5 source_trace.
-_DELETE = _COMMON_LUA + r"""
-local r, err = target(ARGV[4])
-if err then return err end
-if r.deleted == '1' then return done('NOOP', false, r) end
-if r.locked == '1' then return {'LOCKED', r.memory_id} end
-r.deleted = '1'
-r.value = 'null'
-r.value_length = '4'
-r.content_sha256 = ''
-r.source_trace = ARGV[5]
-r.written_by = ARGV[2]
-return done('OK', commit(r, ARGV[1], ARGV[3], r.memory_type), r)
-"""
-
-# ARGV: 1 now, 2 padded version to remove, 3 written_by, 4 rows-set member, 5 expected
-# memory_id, 6 the marker's source_trace. The removal is recorded as a new version carrying the
-# newest remaining version's content (a tombstone when none is left) under the marker trace.
-_DELETE_VERSION = _COMMON_LUA + r"""
-local r, err = target(ARGV[5])
-if err then return err end
-if r.locked == '1' then return {'LOCKED', r.memory_id} end
-if redis.call('HEXISTS', KEYS[2], ARGV[2]) == 0 then return {'NO_VERSION'} end
-redis.call('HDEL', KEYS[2], ARGV[2])
-redis.call('ZREM', KEYS[3], ARGV[2])
-local newest = redis.call('ZREVRANGEBYLEX', KEYS[3], '+', '-', 'LIMIT', 0, 1)
-local n = {}
-if newest[1] then
-  for k, v in pairs(cjson.decode(redis.call('HGET', KEYS[2], newest[1]))) do n[k] = v end
-else
-  for k, v in pairs(r) do n[k] = v end
-  n.deleted = '1'
-  n.value = 'null'
-  n.value_length = '4'
-  n.content_sha256 = ''
-end
--- Row-level facts stay the row's: its id, birth, last version and flags.
-n.memory_id = r.memory_id
-n.created_at = r.created_at
-n.version = r.version
-n.pinned = r.pinned
-n.locked = r.locked
-n.source_trace = ARGV[6]
-n.written_by = ARGV[3]
-return done('OK', commit(n, ARGV[1], ARGV[4], r.memory_type), n)
-"""
-
-# ARGV: 1 now, 2 written_by, 3 expected memory_id, 4 the number of derived rows. KEYS 12..:
-# per derived row, its row key and versions key. Scrubs every version of the row in place (no
-# new version: the history keeps its shape, without the text), and every profile version of a
-# derived row whose source_trace names the row's memory_id, the derived row's current fields
-# too when they do. Refused whole when the row or a derived row is locked, so a redact is all
-# or nothing and a retry reaches the same keys.
-_REDACT = _COMMON_LUA + r"""
-local r, err = target(ARGV[3])
-if err then return err end
-if r.locked == '1' then return {'LOCKED', r.memory_id} end
-local function names(trace, mid)
-  for token in string.gmatch(trace or '', '[^:,]+') do
-    if token == mid then return true end
-  end
-  return false
-end
-local function scrub(s)
-  s.value = 'null'
-  s.value_length = '4'
-  s.content_sha256 = ''
-  s.redacted = '1'
-end
-local derived = tonumber(ARGV[4])
-for d = 1, derived do
-  local flags = redis.call('HMGET', KEYS[10 + 2 * d], 'locked', 'key', 'memory_id')
-  if flags[1] == '1' then return {'DERIVED_LOCKED', flags[2] or '', flags[3] or ''} end
-end
-local versions = redis.call('HGETALL', KEYS[2])
-local count = 0
-for i = 1, #versions, 2 do
-  local s = cjson.decode(versions[i + 1])
-  scrub(s)
-  redis.call('HSET', KEYS[2], versions[i], cjson.encode(s))
-  count = count + 1
-end
-scrub(r)
-r.redacted_by = ARGV[2]
-redis.call('HSET', KEYS[1], 'value', r.value, 'value_length', r.value_length,
-  'content_sha256', '', 'redacted', '1', 'redacted_by', ARGV[2])
--- A redacted section renders nothing: it leaves the section index until it is written again.
-index_section(r.key, r.agent, r.session_id, false)
-local reached, rows = 0, 0
-for d = 1, derived do
-  local rk, vk = KEYS[10 + 2 * d], KEYS[11 + 2 * d]
-  local touched = false
-  local all = redis.call('HGETALL', vk)
-  for i = 1, #all, 2 do
-    local s = cjson.decode(all[i + 1])
-    if s.memory_type == 'profile' and names(s.source_trace, r.memory_id) then
-      scrub(s)
-      redis.call('HSET', vk, all[i], cjson.encode(s))
-      reached = reached + 1
-      touched = true
-    end
-  end
-  local current = redis.call('HMGET', rk, 'memory_type', 'source_trace', 'key', 'agent',
-    'session_id')
-  if current[1] == 'profile' and names(current[2], r.memory_id) then
-    redis.call('HSET', rk, 'value', 'null', 'value_length', '4', 'content_sha256', '',
-      'redacted', '1', 'redacted_by', ARGV[2])
-    index_section(current[3], current[4], current[5], false)
-    touched = true
-  end
-  if touched then rows = rows + 1 end
-end
-local moved = update_sources(KEYS[7], KEYS[8], KEYS[9], r.memory_id, nil, '', ARGV[1])
-local reply = done('OK', moved, r)
-reply[#reply + 1] = 'versions_redacted'
-reply[#reply + 1] = tostring(count)
-reply[#reply + 1] = 'derived_versions_redacted'
-reply[#reply + 1] = tostring(reached)
-reply[#reply + 1] = 'derived_rows_redacted'
-reply[#reply + 1] = tostring(rows)
-return reply
-"""
-
-# KEYS: 1 sources, 2 digest, 3 source expiry. ARGV: 1 now. Sources whose valid_to passed
-# leave the digest (a fact that "passes its valid_to" changes it, with no write of its own).
-_EXPIRE = r"""
-local ZERO = string.rep('0', 40)
-local function xor_hex(a, b)
-  local out = {}
-  for i = 1, 40, 4 do
-    local x = bit.bxor(tonumber(string.sub(a, i, i + 3), 16), tonumber(string.sub(b, i, i + 3), 16))
-    out[#out + 1] = string.format('%04x', x)
-  end
-  return table.concat(out)
-end
-local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', ARGV[1])
-if #due == 0 then return 0 end
-local d = redis.call('HMGET', KEYS[2], 'digest', 'count')
-local digest = d[1] or ZERO
-local count = tonumber(d[2] or '0')
-for _, mid in ipairs(due) do
-  local old = redis.call('HGET', KEYS[1], mid)
-  if old then
-    digest = xor_hex(digest, redis.sha1hex(mid .. '|' .. old))
-    count = count - 1
-    redis.call('HDEL', KEYS[1], mid)
-  end
-  redis.call('ZREM', KEYS[3], mid)
-end
-local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
-redis.call('HSET', KEYS[2], 'digest', digest, 'count', tostring(count), 'changed_at', ARGV[1],
-  'removed_at', ARGV[1], 'next_expiry', first[2] or '')
-return #due
-"""
-
-
-# --------------------------------------------------------------------------------------------
-# Rows
-
-
-@dataclass(frozen=True, slots=True)
-class Location:
-    """Where a row lives: the user's slot and the row's name inside it."""
-
-    org: str
-    namespace: str
-    user_id: str
-    agent: str
-    session_id: str
-    key: str
-
-    @property
-    def member(self) -> str:
-        return self.key + NUL + self.agent + NUL + self.session_id
-
-    @classmethod
-    def from_member(cls, org: str, namespace: str, user_id: str, member: str) -> Location:
-        key, agent, session_id = member.split(NUL)
-        return cls(org, namespace, user_id, agent, session_id, key)
-
-    @classmethod
-    def from_section_member(
-        cls, org: str, namespace: str, user_id: str, member: str
-    ) -> Location:
-        """The row behind an entry of the user's section index (keys.profile_sections)."""
-        family, first, second, third = member.split(NUL)
-        if family == "l":
-            key, agent, session_id = first, second, third
-        elif family == "a":
-            agent, key, session_id = first, second, third
-        else:
-            session_id, key, agent = first, second, third
-        return cls(org, namespace, user_id, agent, session_id, key)
-
-    def row_key(self) -> str:
-        return keys.memory_row(*self.parts())
-
-    def script_keys(self) -> list[str]:
-        parts = self.parts()
-        user = (self.org, self.namespace, self.user_id)
-        return [
-            keys.memory_row(*parts),
-            keys.memory_versions(*parts),
-            keys.memory_version_order(*parts),
-            keys.memory_keys(*user),
-            keys.memory_ids(*user),
-            keys.profile_sections(*user),
-            keys.profile_sources(*user),
-            keys.profile_source_digest(*user),
-            keys.profile_source_expiry(*user),
-            keys.user_erasing(*user),
-            keys.memory_live(*user),
-        ]
-
-    def pointer_value(self) -> str:
-        return json.dumps([self.user_id, self.agent, self.session_id, self.key])
-
-    def parts(self) -> tuple[str, str, str, str, str, str]:
-        return (self.org, self.namespace, self.user_id, self.agent, self.session_id, self.key)
-
-
-def _prefix_range(*parts: str) -> tuple[bytes, bytes]:
-    """The lex range of the index entries that start with these components."""
-    prefix = (NUL.join(parts) + NUL).encode()
-    return b"[" + prefix, b"[" + prefix + b"\xff"
-
-
-def _exact_range(*parts: str) -> tuple[bytes, bytes]:
-    member = b"[" + NUL.join(parts).encode()
-    return member, member
-
-
-@dataclass(frozen=True, slots=True)
-class SectionReach:
-    """One user's part of a render: the sessions it reaches (None: all of them) and the
-    labels (None: all of them)."""
-
-    user_id: str
-    sessions: tuple[str, ...] | None = None
-    labels: tuple[str, ...] | None = None
-
-    def ranges(self, agent: str | None) -> list[tuple[bytes, bytes]]:
-        """The ranges of the user's section index that hold exactly what this reach wants
-        (by ``agent`` when given), but for a session's unlabelled sections by any agent."""
-        labels = self.labels
-        if self.sessions is None:
-            if labels is None:
-                return [_prefix_range("a", agent) if agent is not None else _prefix_range("l")]
-            if agent is None:
-                return [_prefix_range("l", label) for label in labels]
-            return [_prefix_range("l", label, agent) for label in labels]
-        found = []
-        for session_id in self.sessions:
-            if labels is None:
-                found.append(_prefix_range("s", session_id))
-            elif agent is None:
-                found += [_prefix_range("s", session_id, label) for label in labels]
-            else:
-                found += [_exact_range("s", session_id, label, agent) for label in labels]
-        return found
-
-
-def _optional_ns(raw: str | None) -> int | None:
-    return int(raw) if raw else None
-
-
-@dataclass(frozen=True, slots=True)
-class MemoryRow:
-    """One row (or one version of it, from ``history``) as stored."""
-
-    memory_id: str
-    key: str
-    agent: str
-    user_id: str
-    session_id: str
-    memory_type: str
-    value: Any
-    value_length: int
-    content_sha256: str
-    confidence: float
-    tags: list[str]
-    label: str
-    valid_at: int | None
-    valid_to: int | None
-    duplicate_of: str
-    provenance: str
-    source_trace: str
-    actor: str
-    written_by: str
-    pinned: bool
-    locked: bool
-    deleted: bool
-    redacted: bool
-    char_limit: int | None
-    version: int
-    created_at: int
-    updated_at: int
-
-    @classmethod
-    def from_fields(cls, f: Mapping[str, str]) -> MemoryRow:
-        return cls(
-            memory_id=f["memory_id"],
-            key=f["key"],
-            agent=f["agent"],
-            user_id=f["user_id"],
-            session_id=f["session_id"],
-            memory_type=f["memory_type"],
-            value=json.loads(f.get("value") or "null"),
-            value_length=int(f.get("value_length") or 0),
-            content_sha256=f.get("content_sha256", ""),
-            confidence=float(f.get("confidence") or 1.0),
-            tags=json.loads(f.get("tags") or "[]"),
-            label=f.get("label") or "normal",
-            valid_at=_optional_ns(f.get("valid_at")),
-            valid_to=_optional_ns(f.get("valid_to")),
-            duplicate_of=f.get("duplicate_of", ""),
-            provenance=f.get("provenance") or "stated",
-            source_trace=f.get("source_trace", ""),
-            actor=f.get("actor", ""),
-            written_by=f.get("written_by", ""),
-            pinned=f.get("pinned") == "1",
-            locked=f.get("locked") == "1",
-            deleted=f.get("deleted") == "1",
-            redacted=f.get("redacted") == "1",
-            char_limit=_optional_ns(f.get("char_limit")),
-            version=int(f["version"]),
-            created_at=int(f.get("created_at") or f["version"]),
-            updated_at=int(f.get("updated_at") or f["version"]),
-        )
-
-    @property
-    def live(self) -> bool:
-        return not self.deleted
-
-    def expired(self, now_ns: int) -> bool:
-        return self.valid_to is not None and self.valid_to <= now_ns
-
-    def is_source(self, now_ns: int) -> bool:
-        """The Python statement of the scripts' rule (the scripts are the authority)."""
-        return (
-            self.live
-            and not self.redacted
-            and self.memory_type in SOURCE_TYPES
-            and self.label != "high"
-            and not self.duplicate_of
-            and not tags_exclude(self.tags)
-            and not self.expired(now_ns)
-        )
-
-    def content(self) -> Content:
-        return Content(
-            memory_type=self.memory_type,
-            value=self.value,
-            confidence=self.confidence,
-            tags=list(self.tags),
-            label=self.label,
-            valid_at=self.valid_at,
-            valid_to=self.valid_to,
-            duplicate_of=self.duplicate_of,
-            provenance=self.provenance,
-            source_trace=self.source_trace,
-            actor=self.actor,
-        )
-
-    def as_answer(self) -> dict[str, Any]:
-        return {
-            "memory_id": self.memory_id,
-            "key": self.key,
-            "agent": self.agent,
-            "user_id": self.user_id,
-            "session_id": self.session_id,
-            "memory_type": self.memory_type,
-            "value": self.value,
-            "value_length": self.value_length,
-            "content_sha256": self.content_sha256,
-            "confidence": self.confidence,
-            "tags": list(self.tags),
-            "label": self.label,
-            "valid_at": None if self.valid_at is None else iso_from_ns(self.valid_at),
-            "valid_to": None if self.valid_to is None else iso_from_ns(self.valid_to),
-            "duplicate_of": self.duplicate_of,
-            "provenance": self.provenance,
-            "source_trace": self.source_trace,
-            "actor": self.actor,
-            "written_by": self.written_by,
-            "pinned": self.pinned,
-            "locked": self.locked,
-            "deleted": self.deleted,
-            "redacted": self.redacted,
-            "char_limit": self.char_limit,
-            "version": self.version,
-            "version_text": str(self.version),
-            "created_at": iso_from_ns(self.created_at),
-            "updated_at": iso_from_ns(self.updated_at),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Content:
-    """What a caller writes: every field of a version that is not the row's bookkeeping."""
-
-    memory_type: str = "semantic"
-    value: Any = ""
-    confidence: float = 1.0
-    tags: list[str] = field(default_factory=list)
-    label: str = "normal"
-    valid_at: int | None = None
-    valid_to: int | None = None
-    duplicate_of: str = ""
-    provenance: str = "stated"
-    source_trace: str = ""
-    actor: str = ""
-
-    def fields(self, location: Location) -> tuple[list[str], int]:
-        """The flat field/value list the set script takes, and the value's length."""
-        canonical = canonical_json(self.value)
-        pairs = {
-            "key": location.key,
-            "agent": location.agent,
-            "user_id": location.user_id,
-            "session_id": location.session_id,
-            "memory_type": self.memory_type,
-            "value": canonical,
-            "value_length": str(len(canonical)),
-            "content_sha256": content_sha256(canonical),
-            "confidence": format_confidence(self.confidence),
-            "tags": json.dumps(list(self.tags), ensure_ascii=False),
-            "tag_excluded": "1" if tags_exclude(self.tags) else "0",
-            "label": self.label,
-            "valid_at": "" if self.valid_at is None else str(self.valid_at),
-            "valid_to": "" if self.valid_to is None else str(self.valid_to),
-            "duplicate_of": self.duplicate_of,
-            "provenance": self.provenance,
-            "source_trace": self.source_trace,
-            "actor": self.actor,
-        }
-        return [item for pair in pairs.items() for item in pair], len(canonical)
-
-
-@dataclass(frozen=True, slots=True)
-class Written:
-    """A write's outcome: the row after it, whether it created the row, whether it wrote a
-    version, and whether it moved the user's source digest."""
-
-    row: MemoryRow
-    created: bool = False
-    changed: bool = True
-    sources_moved: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class SourceDigest:
-    """The O(1) summary of a user's sources a structured build records and a read compares."""
-
-    digest: str
-    count: int
-    changed_at: int | None
-    removed_at: int | None
-    next_expiry: float | None
-
-    @classmethod
-    def from_fields(cls, f: Mapping[str, str]) -> SourceDigest:
-        expiry = f.get("next_expiry")
-        return cls(
-            digest=f.get("digest") or ZERO_DIGEST,
-            count=int(f.get("count") or 0),
-            changed_at=_optional_ns(f.get("changed_at")),
-            removed_at=_optional_ns(f.get("removed_at")),
-            next_expiry=float(expiry) if expiry else None,
-        )
-
-    def expiry_due(self, now_ns: int) -> bool:
-        """A source's valid_to has passed: call ``expire_sources`` before trusting the digest."""
-        return self.next_expiry is not None and self.next_expiry <= now_ns
 
 
 class VersionMoved(Exception):
     """A compare-and-swap lost to another writer; the caller re-reads and tries again."""
-
 
 
 # --------------------------------------------------------------------------------------------
@@ -839,12 +143,12 @@ class MemoryStore:
     def __init__(self, services: Services) -> None:
         self.redis = services.redis
         self.clock = services.clock
-        self._set = self.redis.register_script(_SET)
-        self._flag = self.redis.register_script(_FLAG)
-        self._delete = self.redis.register_script(_DELETE)
-        self._delete_version = self.redis.register_script(_DELETE_VERSION)
-        self._redact = self.redis.register_script(_REDACT)
-        self._expire = self.redis.register_script(_EXPIRE)
+        self._set = script(self.redis, "memory_set")
+        self._flag = script(self.redis, "memory_flag")
+        self._delete = script(self.redis, "memory_delete")
+        self._delete_version = script(self.redis, "memory_delete_version")
+        self._redact = script(self.redis, "memory_redact")
+        self._expire = script(self.redis, "memory_expire_sources")
         self._clear_changed = script(self.redis, "clear_unless_changed_since")
 
     # --- reads ---------------------------------------------------------------------------
@@ -1150,13 +454,7 @@ class MemoryStore:
                 f"{DELETE_VERSION_TRACE}{version}",
             ],
         )
-        if reply[0] == "NO_VERSION":
-            raise MemoryNotFound(
-                f"row {location.key!r} has no version {version}",
-                key=location.key,
-                version_text=str(version),
-            )
-        return self._finish(location, reply)
+        return self._finish(location, reply, version=version)
 
     def redact(
         self,
@@ -1176,15 +474,8 @@ class MemoryStore:
             keys=script_keys,
             args=[self.clock.now_ns(), written_by, memory_id, len(derived)],
         )
-        if reply[0] == "DERIVED_LOCKED":
-            raise MemoryLocked(
-                f"profile row {reply[1]!r}, built from this row, is locked: unlock it, then "
-                "redact again",
-                key=reply[1],
-                memory_id=reply[2],
-            )
         if reply[0] != "OK":
-            self._raise(location, reply)
+            self._refuse(location, reply)
         fields = pairs(reply[2:])
         count = int(fields.pop("versions_redacted"))
         derived_versions = int(fields.pop("derived_versions_redacted"))
@@ -1329,46 +620,19 @@ class MemoryStore:
                     ) from None
                 time.sleep(random.uniform(0, 0.0005 * min(tries, 20)))
 
-    def _raise(self, location: Location, reply: list[Any]) -> None:
-        status = reply[0]
-        key = location.key
-        if status == "CONFLICT":
+    def _refuse(self, location: Location, reply: list[Any], **context: Any) -> None:
+        """Raise what a script's refusal stands for (``STATUS_ERRORS["memory"]``)."""
+        if reply[0] == COMPARE_AND_SWAP_LOST:
             raise VersionMoved()
-        if status == "LOCKED":
-            raise MemoryLocked(
-                f"row {key!r} is locked: only memory.unlock writes to it",
-                key=key,
-                memory_id=reply[1],
-            )
-        if status == "PINNED":
-            raise MemoryPinned(
-                f"row {key!r} is pinned or labelled high: a worker leaves it as it is",
-                key=key,
-                memory_id=reply[1],
-            )
-        if status == "TYPE":
-            raise MemoryTypeMismatch.of(key, reply[1], "")
-        if status == "MISMATCH":
-            raise HashMismatch(
-                f"row {key!r} changed: its content_sha256 is not the one given",
-                key=key,
-                content_sha256=reply[1],
-            )
-        if status == "LIMIT":
-            raise CharLimitExceeded(int(reply[1]), int(reply[2]))
-        if status == "MISSING":
-            raise MemoryNotFound(f"no memory row {key!r} here", key=key)
-        if status == "ERASING":
-            raise UserBeingErased(
-                f"user {location.user_id!r} is being erased; writes are refused",
-                user_id=location.user_id,
-            )
-        raise RuntimeError(f"unexpected script reply {status!r}")
+        raise_for_status(
+            "memory", reply, key=location.key, user_id=location.user_id, **context
+        )
+        raise RuntimeError(f"unexpected script reply {reply[0]!r}")
 
-    def _finish(self, location: Location, reply: list[Any]) -> Written:
+    def _finish(self, location: Location, reply: list[Any], **context: Any) -> Written:
         status = reply[0]
         if status not in ("OK", "CREATED", "NOOP"):
-            self._raise(location, reply)
+            self._refuse(location, reply, **context)
         row = MemoryRow.from_fields(pairs(reply[2:]))
         written = Written(
             row,
@@ -1439,21 +703,6 @@ def _text_of(row: MemoryRow) -> str | None:
     return row.value
 
 
-def trace_names(source_trace: str, memory_id: str) -> bool:
-    """Whether a source_trace names a memory id (``profile.fold:<label>:<id>,<id>``): as one of
-    its ``:``/``,``-separated tokens. ``profile.fold:<label>`` alone names none."""
-    return bool(memory_id) and memory_id in re.split(r"[:,]", source_trace)
-
-
-@dataclass(frozen=True, slots=True)
-class Redacted:
-    """A redact's outcome: the row, its versions scrubbed, and the derived profile rows and
-    versions it reached."""
-
-    written: Written
-    versions: int
-    derived_rows: int = 0
-    derived_versions: int = 0
 
 
 def redact_row(

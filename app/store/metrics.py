@@ -7,8 +7,8 @@ scraped reads it back in one round trip. A field is a compact JSON ``[name, [[la
 ...]]``; a histogram keeps Prometheus's cumulative ``_bucket`` fields, ``_sum`` and ``_count``.
 
 Org labels are bounded: the first ``LOOM_METRICS_MAX_ORGS`` orgs seen get their own label, in
-one script with the counter so two workers cannot both take the last place; every later org
-counts under ``_other``.
+one script with the counter (``app/store/lua/metrics_add_by_org.lua``) so two workers cannot
+both take the last place; every later org counts under ``_other``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import redis
 
 from app.store import keys
+from app.store.lua import script
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -33,21 +34,6 @@ PASS_DURATION_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0
 Labels = tuple[tuple[str, str], ...]
 
 log = logging.getLogger("loom.metrics")
-
-# KEYS: metrics hash, labelled orgs set. ARGV: cap, org, then (field_for_org, field_for_other,
-# amount) per counter. The org keeps its own label if it has one or there is room for it.
-_ADD_BY_ORG = r"""
-local own = redis.call('SISMEMBER', KEYS[2], ARGV[2]) == 1
-if not own and redis.call('SCARD', KEYS[2]) < tonumber(ARGV[1]) then
-  redis.call('SADD', KEYS[2], ARGV[2])
-  own = true
-end
-for i = 3, #ARGV, 3 do
-  local field = own and ARGV[i] or ARGV[i + 1]
-  redis.call('HINCRBY', KEYS[1], field, ARGV[i + 2])
-end
-return own and 1 or 0
-"""
 
 
 def field_name(name: str, labels: Mapping[str, str] | Labels = ()) -> str:
@@ -65,7 +51,7 @@ class JobMetricsStore:
     def __init__(self, services: Services) -> None:
         self.redis = services.redis
         self.max_orgs = int(services.settings.metrics_max_orgs)
-        self._add_by_org = self.redis.register_script(_ADD_BY_ORG)
+        self._add_by_org = script(self.redis, "metrics_add_by_org")
 
     def add(self, name: str, labels: Mapping[str, str] | None = None, amount: float = 1) -> None:
         field = field_name(name, labels or {})

@@ -25,7 +25,13 @@ import redis
 from redis.commands.core import Script
 
 from app.errors import (
+    CharLimitExceeded,
+    HashMismatch,
     LoomError,
+    MemoryLocked,
+    MemoryNotFound,
+    MemoryPinned,
+    MemoryTypeMismatch,
     SubstringNotFound,
     UserBeingErased,
     WorkingMemoryBlockNotFound,
@@ -66,6 +72,24 @@ def _erasing(_reply: list[Any], _context: Mapping[str, Any]) -> LoomError:
     return UserBeingErased("this user is being erased; write again once the erasure is done")
 
 
+def _memory_locked(reply: list[Any], context: Mapping[str, Any]) -> LoomError:
+    key = context["key"]
+    return MemoryLocked(
+        f"row {key!r} is locked: only memory.unlock writes to it", key=key, memory_id=reply[1]
+    )
+
+
+def _memory_erasing(_reply: list[Any], context: Mapping[str, Any]) -> LoomError:
+    user_id = context["user_id"]
+    return UserBeingErased(
+        f"user {user_id!r} is being erased; writes are refused", user_id=user_id
+    )
+
+
+# Not a refusal: a compare-and-swap write found the row moved since it read it. The store
+# reads again and retries (app/store/memory.py), so the word never becomes an error answer.
+COMPARE_AND_SWAP_LOST = "CONFLICT"
+
 STATUS_ERRORS: dict[str, dict[str, ErrorFactory]] = {
     "working_memory": {
         "ERASING": _erasing,
@@ -77,6 +101,37 @@ STATUS_ERRORS: dict[str, dict[str, ErrorFactory]] = {
         "ABSENT": lambda _, context: SubstringNotFound(
             f"the text to replace is not in block {context['block_key']!r}",
             block_key=context["block_key"],
+        ),
+    },
+    # Context: key and user_id of the row; version for a delete_version.
+    "memory": {
+        "ERASING": _memory_erasing,
+        "LOCKED": _memory_locked,
+        "PINNED": lambda reply, context: MemoryPinned(
+            f"row {context['key']!r} is pinned or labelled high: a worker leaves it as it is",
+            key=context["key"],
+            memory_id=reply[1],
+        ),
+        "TYPE": lambda reply, context: MemoryTypeMismatch.of(context["key"], reply[1], ""),
+        "MISMATCH": lambda reply, context: HashMismatch(
+            f"row {context['key']!r} changed: its content_sha256 is not the one given",
+            key=context["key"],
+            content_sha256=reply[1],
+        ),
+        "LIMIT": lambda reply, _: CharLimitExceeded(int(reply[1]), int(reply[2])),
+        "MISSING": lambda _, context: MemoryNotFound(
+            f"no memory row {context['key']!r} here", key=context["key"]
+        ),
+        "NO_VERSION": lambda _, context: MemoryNotFound(
+            f"row {context['key']!r} has no version {context['version']}",
+            key=context["key"],
+            version_text=str(context["version"]),
+        ),
+        "DERIVED_LOCKED": lambda reply, _: MemoryLocked(
+            f"profile row {reply[1]!r}, built from this row, is locked: unlock it, then "
+            "redact again",
+            key=reply[1],
+            memory_id=reply[2],
         ),
     },
 }

@@ -1,0 +1,74 @@
+-- KEYS: 1..11 see memory_write, then per derived row its row key and versions key (12..).
+-- ARGV: 1 now, 2 written_by, 3 expected memory_id, 4 the number of derived rows. Scrubs every
+-- version of the row in place (no new version: the history keeps its shape, without the
+-- text), and every profile version of a derived row whose source_trace names the row's
+-- memory_id, the derived row's current fields too when they do. Refused whole when the row or
+-- a derived row is locked, so a redact is all or nothing and a retry reaches the same keys.
+--#include memory_write
+local r, err = target(ARGV[3])
+if err then return err end
+if r.locked == '1' then return {'LOCKED', r.memory_id} end
+local function names(trace, mid)
+  for token in string.gmatch(trace or '', '[^:,]+') do
+    if token == mid then return true end
+  end
+  return false
+end
+local function scrub(s)
+  s.value = 'null'
+  s.value_length = '4'
+  s.content_sha256 = ''
+  s.redacted = '1'
+end
+local derived = tonumber(ARGV[4])
+for d = 1, derived do
+  local flags = redis.call('HMGET', KEYS[10 + 2 * d], 'locked', 'key', 'memory_id')
+  if flags[1] == '1' then return {'DERIVED_LOCKED', flags[2] or '', flags[3] or ''} end
+end
+local versions = redis.call('HGETALL', KEYS[2])
+local count = 0
+for i = 1, #versions, 2 do
+  local s = cjson.decode(versions[i + 1])
+  scrub(s)
+  redis.call('HSET', KEYS[2], versions[i], cjson.encode(s))
+  count = count + 1
+end
+scrub(r)
+r.redacted_by = ARGV[2]
+redis.call('HSET', KEYS[1], 'value', r.value, 'value_length', r.value_length,
+  'content_sha256', '', 'redacted', '1', 'redacted_by', ARGV[2])
+-- A redacted section renders nothing: it leaves the section index until it is written again.
+index_section(r.key, r.agent, r.session_id, false)
+local reached, rows = 0, 0
+for d = 1, derived do
+  local rk, vk = KEYS[10 + 2 * d], KEYS[11 + 2 * d]
+  local touched = false
+  local all = redis.call('HGETALL', vk)
+  for i = 1, #all, 2 do
+    local s = cjson.decode(all[i + 1])
+    if s.memory_type == 'profile' and names(s.source_trace, r.memory_id) then
+      scrub(s)
+      redis.call('HSET', vk, all[i], cjson.encode(s))
+      reached = reached + 1
+      touched = true
+    end
+  end
+  local current = redis.call('HMGET', rk, 'memory_type', 'source_trace', 'key', 'agent',
+    'session_id')
+  if current[1] == 'profile' and names(current[2], r.memory_id) then
+    redis.call('HSET', rk, 'value', 'null', 'value_length', '4', 'content_sha256', '',
+      'redacted', '1', 'redacted_by', ARGV[2])
+    index_section(current[3], current[4], current[5], false)
+    touched = true
+  end
+  if touched then rows = rows + 1 end
+end
+local moved = update_sources(KEYS[7], KEYS[8], KEYS[9], r.memory_id, nil, '', ARGV[1])
+local reply = done('OK', moved, r)
+reply[#reply + 1] = 'versions_redacted'
+reply[#reply + 1] = tostring(count)
+reply[#reply + 1] = 'derived_versions_redacted'
+reply[#reply + 1] = tostring(reached)
+reply[#reply + 1] = 'derived_rows_redacted'
+reply[#reply + 1] = tostring(rows)
+return reply

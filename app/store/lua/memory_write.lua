@@ -1,0 +1,144 @@
+-- The shared part of every memory write script. KEYS: 1 row, 2 versions, 3 version order,
+-- 4 the user's rows, 5 memory_id -> row key, 6 renderable profile sections, 7 sources,
+-- 8 digest, 9 source expiry, 10 the user's erasure marker, 11 live rows.
+--#include version
+--#include memory_digest
+local SOURCE_TYPES = {semantic = true, preference = true, decision = true}
+local NUL = string.char(0)
+
+-- The section's three entries in the user's section index (keys.profile_sections).
+local function section_members(key, agent, session_id)
+  return {
+    'l' .. NUL .. key .. NUL .. agent .. NUL .. session_id,
+    'a' .. NUL .. agent .. NUL .. key .. NUL .. session_id,
+    's' .. NUL .. session_id .. NUL .. key .. NUL .. agent,
+  }
+end
+
+local function index_section(key, agent, session_id, renderable)
+  local members = section_members(key, agent, session_id)
+  if renderable then
+    redis.call('ZADD', KEYS[6], 0, members[1], 0, members[2], 0, members[3])
+  else
+    redis.call('ZREM', KEYS[6], members[1], members[2], members[3])
+  end
+end
+
+-- The row's entries in the user's live rows (keys.memory_live); old_type is the type it had
+-- before this write (nil for a new row), whose entry goes when the type changes.
+local function index_live(r, old_type, member)
+  if old_type and old_type ~= r.memory_type then
+    redis.call('ZREM', KEYS[11], old_type .. NUL .. member)
+  end
+  if r.deleted == '1' then
+    redis.call('ZREM', KEYS[11], r.memory_type .. NUL .. member, NUL .. member)
+  else
+    redis.call('ZADD', KEYS[11], 0, r.memory_type .. NUL .. member, 0, NUL .. member)
+  end
+end
+
+local function load_row()
+  local flat = redis.call('HGETALL', KEYS[1])
+  if #flat == 0 then return nil end
+  local r = {}
+  for i = 1, #flat, 2 do r[flat[i]] = flat[i + 1] end
+  return r
+end
+
+local function flatten(r)
+  local flat = {}
+  for k, v in pairs(r) do
+    flat[#flat + 1] = k
+    flat[#flat + 1] = v
+  end
+  return flat
+end
+
+local function pad(v) return string.rep('0', 20 - #v) .. v end
+
+-- The row's entry in the user's sources, or nil when it is not a source now.
+local function source_entry(r, now)
+  if r.deleted == '1' or r.redacted == '1' then return nil end
+  if not SOURCE_TYPES[r.memory_type] then return nil end
+  if r.label == 'high' or (r.duplicate_of or '') ~= '' or r.tag_excluded == '1' then
+    return nil
+  end
+  if (r.valid_to or '') ~= '' and not dec_gt(r.valid_to, now) then return nil end
+  local date = r.valid_at or ''
+  if date == '' then date = r.version end
+  return r.content_sha256 .. ':' .. r.confidence .. ':' .. date
+end
+
+-- Move one source's entry in (src, dig, exp); true when the digest moved. The expiry index
+-- follows valid_to even when the entry stays (a valid_at-dated fact whose valid_to moved).
+local function update_sources(src, dig, exp, mid, entry, valid_to, at)
+  local expiry_moved
+  if entry and valid_to ~= '' then
+    redis.call('ZADD', exp, valid_to, mid)
+    expiry_moved = true
+  else
+    expiry_moved = redis.call('ZREM', exp, mid) == 1
+  end
+  if expiry_moved then
+    local first = redis.call('ZRANGE', exp, 0, 0, 'WITHSCORES')
+    redis.call('HSET', dig, 'next_expiry', first[2] or '')
+  end
+  local old = redis.call('HGET', src, mid)
+  if old == false then old = nil end
+  if old == entry then return false end
+  local d = redis.call('HMGET', dig, 'digest', 'count')
+  local digest = d[1] or ZERO
+  local count = tonumber(d[2] or '0')
+  if old then
+    digest = xor_hex(digest, redis.sha1hex(mid .. '|' .. old))
+    count = count - 1
+  end
+  if entry then
+    digest = xor_hex(digest, redis.sha1hex(mid .. '|' .. entry))
+    count = count + 1
+    redis.call('HSET', src, mid, entry)
+  else
+    redis.call('HDEL', src, mid)
+  end
+  redis.call('HSET', dig, 'digest', digest, 'count', tostring(count), 'changed_at', at)
+  if old and not entry then redis.call('HSET', dig, 'removed_at', at) end
+  return true
+end
+
+-- Write r as the row's next version; returns whether the user's source digest moved.
+-- old_type: the row's memory_type before the write (nil for a new row).
+local function commit(r, now, member, old_type)
+  local last = r.version
+  if last == '' then last = nil end
+  r.version = next_version(last, now)
+  r.updated_at = r.version
+  if (r.created_at or '') == '' then r.created_at = r.version end
+  redis.call('HSET', KEYS[1], unpack(flatten(r)))
+  local padded = pad(r.version)
+  redis.call('HSET', KEYS[2], padded, cjson.encode(r))
+  redis.call('ZADD', KEYS[3], 0, padded)
+  redis.call('ZADD', KEYS[4], 0, member)
+  redis.call('HSET', KEYS[5], r.memory_id, KEYS[1])
+  index_section(r.key, r.agent, r.session_id,
+    r.memory_type == 'profile' and r.deleted ~= '1' and r.redacted ~= '1')
+  index_live(r, old_type, member)
+  local entry = source_entry(r, now)
+  local valid_to = ''
+  if entry then valid_to = r.valid_to or '' end
+  return update_sources(KEYS[7], KEYS[8], KEYS[9], r.memory_id, entry, valid_to, r.version)
+end
+
+local function done(status, moved, r)
+  local reply = {status, moved and '1' or '0'}
+  for _, item in ipairs(flatten(r)) do reply[#reply + 1] = item end
+  return reply
+end
+
+local function target(expected_id)
+  if redis.call('EXISTS', KEYS[10]) == 1 then return nil, {'ERASING'} end
+  local r = load_row()
+  if not r or (expected_id ~= '' and r.memory_id ~= expected_id) then
+    return nil, {'MISSING'}
+  end
+  return r, nil
+end

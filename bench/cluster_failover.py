@@ -92,14 +92,14 @@ def main() -> int:
         queue.stop()
 
 
-def _owns(client, slot: int) -> bool:  # noqa: ANN001
+def _owns(client, slot: int) -> bool:
     for first, last, *_ in client.execute_command("CLUSTER", "SLOTS"):
         if first <= slot <= last and _is_self(client, _):
             return True
     return False
 
 
-def _is_self(client, nodes) -> bool:  # noqa: ANN001
+def _is_self(client, nodes) -> bool:
     port = client.connection_pool.connection_kwargs["port"]
     return bool(nodes) and int(nodes[0][1]) == port
 

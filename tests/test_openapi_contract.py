@@ -10,7 +10,7 @@ from app.registry import load_ops
 
 
 @pytest.fixture
-def document(client):  # noqa: ANN001, ANN201
+def document(client):
     return client.get("/openapi.json").get_json()
 
 
@@ -21,7 +21,7 @@ def _resolve(document: dict, node: dict) -> dict:
     return node
 
 
-def _operations(document: dict):  # noqa: ANN202
+def _operations(document: dict):
     for path, methods in document["paths"].items():
         for method, operation in methods.items():
             if isinstance(operation, dict) and "operationId" in operation:

@@ -41,7 +41,7 @@ def _start(module: str, env: dict[str, str], log: Path) -> subprocess.Popen[byte
     )
 
 
-def _wait_ready(client, user: str, processes, timeout: float = 60.0) -> dict:  # noqa: ANN001
+def _wait_ready(client, user: str, processes, timeout: float = 60.0) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         for process in processes:
@@ -54,7 +54,7 @@ def _wait_ready(client, user: str, processes, timeout: float = 60.0) -> dict:  #
         time.sleep(0.5)
 
 
-def _fact(client, user: str, value: str) -> None:  # noqa: ANN001
+def _fact(client, user: str, value: str) -> None:
     answer = client.post("/v1/memory.set", json={
         "namespace": NS, "agent": "chat", "user_id": user, "key": "name", "value": value,
         "memory_type": "semantic"})

@@ -19,7 +19,7 @@ BLOCK = {"namespace": "support", "agent": "triage-bot", "run_id": "run-7", "bloc
 
 
 @pytest.fixture
-def owned_redis(tmp_path: Path):  # noqa: ANN201
+def owned_redis(tmp_path: Path):
     server = OwnedRedis(tmp_path / "owned-redis").start()
     try:
         yield server
@@ -28,21 +28,21 @@ def owned_redis(tmp_path: Path):  # noqa: ANN201
 
 
 @pytest.fixture
-def client(owned_redis: OwnedRedis, tmp_path: Path):  # noqa: ANN201
+def client(owned_redis: OwnedRedis, tmp_path: Path):
     app = make_app(owned_redis.url, tmp_path, redis_socket_timeout_seconds=SOCKET_TIMEOUT,
                    redis_connect_timeout_seconds=SOCKET_TIMEOUT)
     return app.test_client()
 
 
-def _set(client, content: str):  # noqa: ANN001, ANN202
+def _set(client, content: str):
     return client.post("/v1/working_memory.set", json={**BLOCK, "content": content})
 
 
-def _get(client):  # noqa: ANN001, ANN202
+def _get(client):
     return client.post("/v1/working_memory.get", json=BLOCK)
 
 
-def _assert_unavailable(response, reason: str) -> None:  # noqa: ANN001
+def _assert_unavailable(response, reason: str) -> None:
     assert response.status_code == 503, response.get_json()
     error = response.get_json()["error"]
     assert error["code"] == "STORE_UNAVAILABLE"

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from tests.test_structured_worker import SCHEMA, World, answer, model, world  # noqa: F401
+from tests import test_structured_worker
+from tests.test_structured_worker import SCHEMA, World, answer
+
+# The worker tests' fixtures, bound in this module so pytest offers them to these tests.
+world = test_structured_worker.world
+model = test_structured_worker.model
 
 ROW = {"user_id": "u-42", "agent": "-", "key": "structured_profile"}
 
@@ -61,7 +66,7 @@ def test_a_fact_passing_its_valid_to_reads_stale_and_is_rebuilt_without_cooldown
 
 
 def test_a_refusal_is_retried_after_refusal_retry_seconds_not_a_cooldown_later(
-    redis_url, tmp_path, model  # noqa: F811
+    redis_url, tmp_path, model
 ):
     w = World(redis_url, tmp_path, model, structured_profile_cooldown_seconds=600,
               structured_profile_scan_max_age_seconds=10,
@@ -89,5 +94,6 @@ def test_the_all_null_profile_is_never_written_over_a_callers_row(world, model):
     world.clock.advance(61)
     world.run_pass()
     row = world.post("memory.get", **ROW)["memory"]
-    assert row["value"] == {"preferred_name": "Mine"} and row["written_by"] != "worker:structured_profile"
+    assert row["value"] == {"preferred_name": "Mine"}
+    assert row["written_by"] != "worker:structured_profile"
     assert len(world.calls()) == 1

@@ -2,10 +2,11 @@
 
 A block is one field of its scope's hash, encoded ``<version>:<char_limit>:<length>:<content>``
 (length in characters, so a script can check the cap without counting UTF-8). Every write is a
-single Lua script (``app/store/lua/working_memory_*.lua``): the read, the cap check, the version ``max(now_ns, last + 1)`` and the write
-happen in one round trip and cannot interleave with another writer, so eight clients appending
-to one block never retry and never lose an addition (docs/decisions.md, "Working-memory writes
-run as Lua"). Reads are one HGET or one HGETALL/HMGET. Blocks have no TTL.
+single Lua script (``app/store/lua/working_memory_*.lua``): the read, the cap check, the
+version ``max(now_ns, last + 1)`` and the write happen in one round trip and cannot interleave
+with another writer, so eight clients appending to one block never retry and never lose an
+addition (docs/decisions.md, "Working-memory writes run as Lua"). Reads are one HGET or one
+HGETALL/HMGET. Blocks have no TTL.
 """
 
 from __future__ import annotations

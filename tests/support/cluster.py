@@ -135,7 +135,7 @@ class RedisClusterProcess:
         return True
 
     @staticmethod
-    def _wait(predicate, timeout: float, what: str) -> None:  # noqa: ANN001
+    def _wait(predicate, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while not predicate():
             if time.monotonic() > deadline:

@@ -1,8 +1,8 @@
 """A TCP proxy on loopback that fails the HTTP requests it is told to, with real sockets.
 
 Each accepted connection carries one request: the proxy forwards it with ``Connection: close``
-so that the upstream (a keep-alive gevent worker) ends the answer by closing. The proxy takes the next fault from ``faults`` (``PASS`` when
-empty, or ``default`` when set) and:
+so that the upstream (a keep-alive gevent worker) ends the answer by closing. The proxy takes
+the next fault from ``faults`` (``PASS`` when empty, or ``default`` when set) and:
 
 - ``PASS``: forwards the request and relays the answer;
 - ``RESET_BEFORE``: reads the request and resets the connection (RST) without forwarding it;

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -520,7 +520,10 @@ def mask_value(
     stack: list[tuple[Any, list[Any] | dict[str, Any]]] = [(value, root)]
     while stack:
         source, target = stack.pop()
-        items = enumerate(source) if isinstance(source, list) else source.items()
+        # A list's indexes are never used as keys: only a dict target takes ``key``.
+        items: Iterable[tuple[Any, Any]] = (
+            enumerate(source) if isinstance(source, list) else source.items()
+        )
         for key, item in items:
             if isinstance(item, str):
                 new: Any = mask_text(item, compiled)

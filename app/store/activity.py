@@ -22,6 +22,7 @@ from app.clock import iso_from_ns
 from app.store import keys
 from app.store.identity import Identity
 from app.store.lua import script
+from app.store.replies import optional_texts, scored
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -82,12 +83,12 @@ class ActivityStore:
         readers_key, meta_key = self._keys(identity)
         now_us = self.clock.now_ns() // 1000
         cutoff = now_us - lookback_days * _DAY_US
-        found = self.redis.zrevrangebyscore(
+        found = scored(self.redis.zrevrangebyscore(
             readers_key, "+inf", cutoff, start=0, num=limit, withscores=True
-        )
+        ))
         if not found:
             return []
-        ops = self.redis.hmget(meta_key, [member for member, _ in found])
+        ops = optional_texts(self.redis.hmget(meta_key, [member for member, _ in found]))
         readers = []
         for (member, score), op in zip(found, ops, strict=True):
             agent, client = json.loads(member)

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 from app.store import keys
 from app.store.lua import script
 from app.store.memory import Location, MemoryRow
+from app.store.replies import optional_texts, text_map
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -193,14 +194,16 @@ class ConsolidationStore:
         """The source entries of these facts now (None: no longer a source)."""
         if not memory_ids:
             return {}
-        found = self.redis.hmget(keys.profile_sources(org, namespace, user_id), list(memory_ids))
+        found = optional_texts(
+            self.redis.hmget(keys.profile_sources(org, namespace, user_id), list(memory_ids))
+        )
         return dict(zip(memory_ids, found, strict=True))
 
     # --- the record ----------------------------------------------------------------------
 
     def record(self, org: str, namespace: str, user_id: str) -> FoldRecord | None:
         return FoldRecord.from_fields(
-            self.redis.hgetall(keys.consolidation_meta(org, namespace, user_id)))
+            text_map(self.redis.hgetall(keys.consolidation_meta(org, namespace, user_id))))
 
     def record_fold(
         self, org: str, namespace: str, user_id: str, *, digest: str, content_sha256: str,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from app.store import keys
 from app.store.lua import script
+from app.store.replies import optional_texts
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -91,7 +92,7 @@ class LeaseStore:
 
     def load_state(self, name: str) -> tuple[str | None, str | None]:
         """The kept state and the generation (the holding process) it was written under."""
-        row = self.redis.hmget(keys.worker_state(name), ["generation", "state"])
+        row = optional_texts(self.redis.hmget(keys.worker_state(name), ["generation", "state"]))
         return row[0], row[1]
 
     def save_state(self, lease: Lease, state: str) -> None:

@@ -89,6 +89,7 @@ from app.store.memory_row import (
     tags_exclude,
     trace_names,
 )
+from app.store.replies import optional_texts, scored, text_map, text_set, texts
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -155,7 +156,7 @@ class MemoryStore:
 
     def read(self, location: Location) -> MemoryRow | None:
         """The row at ``location`` (live or a tombstone), or None."""
-        found = self.redis.hgetall(location.row_key())
+        found = text_map(self.redis.hgetall(location.row_key()))
         return MemoryRow.from_fields(found) if found else None
 
     def locate(self, org: str, namespace: str, memory_id: str) -> Location | None:
@@ -179,7 +180,9 @@ class MemoryStore:
         """Every row of the user named ``key``, whatever its agent and session_id."""
         low = b"[" + (key + NUL).encode()
         high = b"[" + (key + NUL).encode() + b"\xff"
-        members = self.redis.zrangebylex(keys.memory_keys(org, namespace, user_id), low, high)
+        members = texts(
+            self.redis.zrangebylex(keys.memory_keys(org, namespace, user_id), low, high)
+        )
         locations = [Location.from_member(org, namespace, user_id, m) for m in members]
         return [row for row in self._read_many(locations) if row is not None]
 
@@ -224,7 +227,7 @@ class MemoryStore:
         low = b"(" + (head + after).encode() if after is not None else b"[" + prefix
         high = b"[" + prefix + b"\xff" if prefix else b"+"
         # One entry past the batch says whether more follow, without reading its row.
-        members = self.redis.zrangebylex(index, low, high, start=0, num=batch + 1)
+        members = texts(self.redis.zrangebylex(index, low, high, start=0, num=batch + 1))
         more = len(members) > batch
         members = [m[len(head):] for m in members[:batch]]
         locations = [Location.from_member(org, namespace, user_id, m) for m in members]
@@ -237,7 +240,7 @@ class MemoryStore:
         """Versions newest first, older than ``before``; and whether older ones remain."""
         order = keys.memory_version_order(*location.parts())
         high = "(" + pad_version(before) if before is not None else "+"
-        padded = self.redis.zrevrangebylex(order, high, "-", start=0, num=limit + 1)
+        padded = texts(self.redis.zrevrangebylex(order, high, "-", start=0, num=limit + 1))
         more = len(padded) > limit
         padded = padded[:limit]
         if not padded:
@@ -290,7 +293,7 @@ class MemoryStore:
             if agent is None:
                 return dict.fromkeys(self.profile_users(org, namespace))
             return dict.fromkeys(
-                self.redis.smembers(keys.profile_agent_users(org, namespace, agent))
+                text_set(self.redis.smembers(keys.profile_agent_users(org, namespace, agent)))
             )
         wanted = list(dict.fromkeys(labels))
         pipe = self.redis.pipeline(transaction=False)
@@ -299,7 +302,7 @@ class MemoryStore:
             if agent is None:
                 pipe.smembers(label_users)
             else:
-                pipe.sinter(label_users, keys.profile_agent_users(org, namespace, agent))
+                pipe.sinter([label_users, keys.profile_agent_users(org, namespace, agent)])
         held: dict[str, list[str]] = {}
         for label, users in zip(wanted, pipe.execute(), strict=True):
             for user_id in users:
@@ -307,24 +310,24 @@ class MemoryStore:
         return {user_id: tuple(found) for user_id, found in held.items()}
 
     def profile_users(self, org: str, namespace: str) -> set[str]:
-        return self.redis.smembers(keys.profile_users(org, namespace))
+        return text_set(self.redis.smembers(keys.profile_users(org, namespace)))
 
     # --- the structured-profile inputs ---------------------------------------------------
 
     def source_digest(self, org: str, namespace: str, user_id: str) -> SourceDigest:
         """One HGETALL: the user's source digest, count and change times."""
         found = self.redis.hgetall(keys.profile_source_digest(org, namespace, user_id))
-        return SourceDigest.from_fields(found)
+        return SourceDigest.from_fields(text_map(found))
 
     def source_entries(self, org: str, namespace: str, user_id: str) -> dict[str, str]:
-        return self.redis.hgetall(keys.profile_sources(org, namespace, user_id))
+        return text_map(self.redis.hgetall(keys.profile_sources(org, namespace, user_id)))
 
     def source_rows(self, org: str, namespace: str, user_id: str) -> list[MemoryRow]:
         """The rows behind the user's current source entries (two round trips)."""
         ids = list(self.source_entries(org, namespace, user_id))
         if not ids:
             return []
-        row_keys = self.redis.hmget(keys.memory_ids(org, namespace, user_id), ids)
+        row_keys = optional_texts(self.redis.hmget(keys.memory_ids(org, namespace, user_id), ids))
         return self.read_row_keys([k for k in row_keys if k])
 
     def expire_sources(self, org: str, namespace: str, user_id: str) -> int:
@@ -352,7 +355,7 @@ class MemoryStore:
         found = self.redis.zrange(
             keys.profile_changed_users(org, namespace), 0, limit - 1, withscores=True
         )
-        return [(user_id, int(score)) for user_id, score in found]
+        return [(user_id, int(score)) for user_id, score in scored(found)]
 
     def clear_changed(self, org: str, namespace: str, user_id: str, built_at_ns: int) -> bool:
         """Forget a user's change once a build read it; a later change keeps it listed."""
@@ -496,7 +499,7 @@ class MemoryStore:
         found: list[Location] = []
         after = "-"
         while True:
-            members = self.redis.zrangebylex(rows_key, after, "+", start=0, num=100)
+            members = texts(self.redis.zrangebylex(rows_key, after, "+", start=0, num=100))
             if not members:
                 return found
             others = [

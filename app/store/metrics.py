@@ -23,6 +23,7 @@ import redis
 
 from app.store import keys
 from app.store.lua import script
+from app.store.replies import text
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -97,7 +98,7 @@ class JobMetricsStore:
         values: dict[tuple[str, Labels], float] = {}
         for field, value in raw.items():
             try:
-                values[parse_field(field)] = float(value)
+                values[parse_field(text(field))] = float(value)
             except (ValueError, TypeError):
                 continue
         return values

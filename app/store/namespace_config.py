@@ -28,6 +28,7 @@ from app.errors import SchemaRuleViolation
 from app.object_types import ObjectType, validate_object_types
 from app.pii import CompiledRule, validate_pii_rules
 from app.store import keys
+from app.store.replies import optional_texts
 
 if TYPE_CHECKING:
     from redis.client import Pipeline
@@ -204,7 +205,8 @@ class NamespaceConfigStore:
         )
 
     def get(self, org: str, namespace: str) -> NamespaceConfig:
-        return self.decode(self.redis.hmget(keys.namespace_config(org, namespace), _FIELDS))
+        stored = self.redis.hmget(keys.namespace_config(org, namespace), _FIELDS)
+        return self.decode(optional_texts(stored))
 
     # Writes: each replaces one whole document and audits it in the same transaction.
 

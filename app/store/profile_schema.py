@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from app.clock import iso_from_ns
 from app.profile_schema import schema_sha256
 from app.store import keys
+from app.store.replies import text_map, texts
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -64,7 +65,7 @@ class ProfileSchemaStore:
         self.clock = services.clock
 
     def get(self, org: str, namespace: str) -> StoredSchema | None:
-        return parse_stored(self.redis.hgetall(keys.profile_schema(org, namespace)))
+        return parse_stored(text_map(self.redis.hgetall(keys.profile_schema(org, namespace))))
 
     def set(
         self, org: str, namespace: str, doc: dict[str, Any], actor: str
@@ -98,7 +99,7 @@ class ProfileSchemaStore:
         return parse_stored(old_row)
 
     def namespaces(self) -> list[tuple[str, str]]:
-        members = self.redis.smembers(keys.structured_namespaces())
+        members = texts(self.redis.smembers(keys.structured_namespaces()))
         return sorted(split_namespace_member(member) for member in members)
 
     def all_schemas(self) -> list[tuple[str, str, StoredSchema]]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.principal import ANY, Principal
 from app.store import keys
+from app.store.replies import text_map, text_set
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -71,14 +72,13 @@ class TokenStore:
         token_id = secrets.token_hex(8)
         token = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
         now = self.clock.now_ns()
-        row = {
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(keys.token(token_id), mapping={
             "hash": self._digest(token),
             "claims": json.dumps(claims, sort_keys=True),
             "created_at": now,
             "created_by": created_by,
-        }
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hset(keys.token(token_id), mapping=row)
+        })
         pipe.sadd(keys.org_tokens(claims["org"]), token_id)
         pipe.execute()
         return token, TokenRow(token_id, claims, now, created_by, None)
@@ -90,7 +90,7 @@ class TokenStore:
         token_id, _, secret = token[len(TOKEN_PREFIX):].partition("_")
         if not token_id or not secret:
             return None
-        row = self.redis.hgetall(keys.token(token_id))
+        row = text_map(self.redis.hgetall(keys.token(token_id)))
         # Compare even when the row is missing, so timing does not tell which ids exist.
         stored = row.get("hash", "0" * 64)
         if not hmac.compare_digest(stored, self._digest(token)) or not row:
@@ -104,7 +104,7 @@ class TokenStore:
         return principal_from_claims(claims, token_id, default_org)
 
     def get(self, token_id: str) -> TokenRow | None:
-        row = self.redis.hgetall(keys.token(token_id))
+        row = text_map(self.redis.hgetall(keys.token(token_id)))
         return _row(token_id, row) if row else None
 
     def revoke(self, token_id: str) -> bool:
@@ -144,7 +144,7 @@ class TokenStore:
                 and row.claims.get("namespace") in (namespace, ANY, None)]
 
     def list(self, org: str) -> list[TokenRow]:
-        token_ids = sorted(self.redis.smembers(keys.org_tokens(org)))
+        token_ids = sorted(text_set(self.redis.smembers(keys.org_tokens(org))))
         pipe = self.redis.pipeline(transaction=False)
         for token_id in token_ids:
             pipe.hgetall(keys.token(token_id))

@@ -11,6 +11,7 @@ HGETALL/HMGET. Blocks have no TTL.
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,7 @@ from app.clock import iso_from_ns
 from app.store import keys
 from app.store.identity import Identity
 from app.store.lua import raise_for_status, script
+from app.store.replies import optional_text, optional_texts, text_map, text_set
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -166,7 +168,7 @@ class WorkingMemoryStore:
         return bool(self._delete(keys=self._keys(identity), args=[block_key]))
 
     def get(self, identity: Identity, block_key: str) -> Block | None:
-        raw = self.redis.hget(self.scope_key(identity), block_key)
+        raw = optional_text(self.redis.hget(self.scope_key(identity), block_key))
         return None if raw is None else decode_block(block_key, raw)
 
     def blocks(
@@ -176,15 +178,17 @@ class WorkingMemoryStore:
         scope = self.scope_key(identity)
         if block_keys:
             wanted = sorted(set(block_keys))
-            found = zip(wanted, self.redis.hmget(scope, wanted), strict=True)
+            found = zip(wanted, optional_texts(self.redis.hmget(scope, wanted)), strict=True)
             blocks = [decode_block(key, raw) for key, raw in found if raw is not None]
         else:
-            blocks = [decode_block(key, raw) for key, raw in self.redis.hgetall(scope).items()]
+            stored = text_map(self.redis.hgetall(scope))
+            blocks = [decode_block(key, raw) for key, raw in stored.items()]
             blocks.sort(key=lambda block: block.block_key)
         return blocks if limit is None else blocks[:limit]
 
-    def scopes_of_user(self, org: str, namespace: str, user_id: str) -> set[str]:
-        return self.redis.smembers(keys.working_memory_scopes(org, namespace, user_id))
+    # builtins.set: the class's own ``set`` method would shadow the type here.
+    def scopes_of_user(self, org: str, namespace: str, user_id: str) -> builtins.set[str]:
+        return text_set(self.redis.smembers(keys.working_memory_scopes(org, namespace, user_id)))
 
     def scope_summaries(self, org: str, namespace: str, user_id: str) -> list[ScopeSummary]:
         """The user's live scopes with their block counts, in (agent, session, run) order:

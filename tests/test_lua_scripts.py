@@ -10,7 +10,13 @@ from pathlib import Path
 import pytest
 import redis
 
-from app.errors import LoomError, UserBeingErased, WorkingMemoryLimitExceeded
+from app.errors import (
+    LoomError,
+    MemoryLocked,
+    MemoryNotFound,
+    UserBeingErased,
+    WorkingMemoryLimitExceeded,
+)
 from app.store import lua
 from app.store.lua import STATUS_ERRORS, raise_for_status, script, source
 
@@ -95,6 +101,25 @@ def test_a_success_reply_raises_nothing() -> None:
     raise_for_status("working_memory", ["OK", 1, 2, 3], block_key="notes")
     raise_for_status("working_memory", 1)
     raise_for_status("working_memory", None)
+
+
+def test_a_memory_refusal_names_the_row_it_refused() -> None:
+    with pytest.raises(MemoryNotFound) as missing:
+        raise_for_status("memory", ["NO_VERSION"], key="notes", user_id="u-1", version=7)
+    assert missing.value.details == {"key": "notes", "version_text": "7"}
+    with pytest.raises(MemoryLocked) as locked:
+        raise_for_status("memory", ["DERIVED_LOCKED", "summary", "mem_1"], key="notes",
+                         user_id="u-1")
+    assert locked.value.details == {"key": "summary", "memory_id": "mem_1"}
+    with pytest.raises(UserBeingErased) as erasing:
+        raise_for_status("memory", ["ERASING"], key="notes", user_id="u-1")
+    assert erasing.value.details == {"user_id": "u-1"}
+
+
+def test_a_lost_compare_and_swap_is_no_refusal() -> None:
+    # The store retries on it (tests/test_memory.py); the table must not turn it into an answer.
+    assert lua.COMPARE_AND_SWAP_LOST not in STATUS_ERRORS["memory"]
+    raise_for_status("memory", [lua.COMPARE_AND_SWAP_LOST], key="notes", user_id="u-1")
 
 
 def test_every_factory_builds_a_loom_error() -> None:

@@ -21,6 +21,7 @@ from app.store.memory import (
     Content,
     Location,
     MemoryStore,
+    VersionMoved,
     canonical_json,
     source_digest_of,
 )
@@ -446,6 +447,18 @@ def test_pin_and_unpin_write_versions_and_callers_still_write(client, app):
     store_of(app).set(location, Content(value="rebuilt"), written_by="worker",
                       refuse_pinned=True)
     assert ok(client, "get", key="k")["memory"]["value"] == "rebuilt"
+
+
+def test_a_write_over_a_version_that_moved_is_a_lost_swap_not_an_error(client, app):
+    first = ok(client, "set", key="k", value="v")
+    ok(client, "set", key="k", value="w")
+    location = Location(org_of(app), "support", "u-42", "triage-bot", "-", "k")
+    with pytest.raises(VersionMoved):
+        store_of(app).set(location, Content(value="x"), written_by="worker",
+                          expected_version=str(first["version"]))
+    with pytest.raises(VersionMoved):
+        store_of(app).set(location, Content(value="x"), written_by="worker", expected_version="-")
+    assert ok(client, "get", key="k")["memory"]["value"] == "w"
 
 
 def test_redact_scrubs_every_version(client, redis_client):

@@ -8,7 +8,8 @@ script again only when the server has lost it.
 
 A script refuses a write by answering ``{'<STATUS WORD>', ...}``; ``STATUS_ERRORS`` maps every
 such word, per script family, to the ``LoomError`` the caller raises, so no store decodes
-status words of its own.
+status words of its own. The one word that is no refusal, ``COMPARE_AND_SWAP_LOST``, tells a
+store to read again and retry.
 """
 
 from __future__ import annotations

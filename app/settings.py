@@ -173,6 +173,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("LOOM_LLM_TIMEOUT_SECONDS", "60", _positive_float, "Timeout of one model call."),
     Setting("LOOM_LLM_MAX_TOKENS_OVERRIDES", "", _text,
             "Per-task LLM_MAX_TOKENS (default 32), e.g. structured_profile=64."),
+    Setting("LOOM_MODEL_BUDGET_WINDOW_SECONDS", "86400", _SECONDS,
+            "The rolling window budget.set caps model calls and tokens over (budget.get)."),
     Setting("LOOM_STRUCTURED_PROFILE_MEMORY_LIMIT", "100", _int_range(1, 10000),
             "Most facts one structured-profile build reads."),
     Setting("LOOM_STRUCTURED_PROFILE_INTERVAL_SECONDS", "60", _SECONDS,
@@ -266,6 +268,7 @@ class Settings:
     llm_model: str = ''
     llm_timeout_seconds: float = 60.0
     llm_max_tokens_overrides: str = ''
+    model_budget_window_seconds: int = 86400
     structured_profile_memory_limit: int = 100
     structured_profile_interval_seconds: int = 60
     structured_profile_idle_interval_seconds: int = 600

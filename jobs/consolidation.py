@@ -28,6 +28,9 @@ stopped.
   nothing is written.
 * No model configured, or model calls switched off for the org: no call, the user stays
   listed. A failed call stays listed and is tried at the next pass.
+* The call draws on the namespace's and the org's model-call budgets (``jobs.budget``): one
+  that would pass either is not made, the user keeps its place, and the pass skips the rest of
+  that namespace (or, for the org's budget, of that org).
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from app.store.memory import DEFAULT_PROFILE_CHAR_LIMIT, Content, MemoryRow, Mem
 from app.store.memory import VersionMoved as SectionWrittenMeanwhile
 from app.store.metrics import record_pass
 from app.store.usage import UsageStore
+from jobs.budget import OutOfBudget, complete_within_budget
 from jobs.context import services
 from jobs.provider import (
     ModelCallFailed,
@@ -101,6 +105,7 @@ class Outcome(StrEnum):
     FAILED = "failed"  # the call failed or its answer is unusable
     RACED = "raced"  # a fact or the section changed under the fold: the next pass folds again
     ERASING = "erasing"  # the user is being erased
+    DEFERRED = "deferred"  # the call would pass a model-call budget: folded once there is room
 
 
 @dataclass(frozen=True)
@@ -213,8 +218,14 @@ def fold_user(svc: Services, org: str, namespace: str, user_id: str) -> FoldResu
     max_tokens = max_tokens_for(ANSWER_SCHEMA, base_max_tokens(SECTION_KEY, overrides))
     try:
         with provider:
-            completion = provider.complete(_prompt(facts), max_tokens=max_tokens,
-                                           json_schema=ANSWER_SCHEMA, schema_name=SECTION_KEY)
+            completion = complete_within_budget(
+                svc, org, namespace, provider, _prompt(facts), max_tokens=max_tokens,
+                json_schema=ANSWER_SCHEMA, schema_name=SECTION_KEY,
+                worker="profile_consolidation")
+    except OutOfBudget as out:
+        # Not a failure: the user keeps its place in the list (oldest change first), and the
+        # pass leaves the rest of the namespace, or of the org, to a pass with room.
+        return FoldResult(Outcome.DEFERRED, detail=out.scope)
     except ModelCallFailed as error:
         usage.add(org, namespace, model_calls=1, failures=1)
         folds.requeue(org, namespace, user_id, read_at)
@@ -349,10 +360,13 @@ def run_pass(svc: Services | None = None, holder: str | None = None) -> dict[str
     try:
         rotation = _rotation(folds.namespaces(), folds.cursor())
         resume_at: tuple[str, str] | None = None
+        out_of_budget: set[tuple[str, str | None]] = set()
         for index, (org, namespace) in enumerate(rotation):
             if _spent(tally, deadline):
                 resume_at = (org, namespace)  # not started: the next pass starts here
                 break
+            if (org, None) in out_of_budget:
+                continue
             users = folds.users_to_fold(org, namespace, svc.clock.now_ns(),
                                         MAX_VISITS_PER_PASS - tally.visits)
             for user_id in users:
@@ -363,10 +377,15 @@ def run_pass(svc: Services | None = None, holder: str | None = None) -> dict[str
                     break
                 lease.renew()
                 try:
-                    tally.add(fold_user(svc, org, namespace, user_id))
+                    result = fold_user(svc, org, namespace, user_id)
                 except Exception:  # one user's failure must not stop the pass
                     log.exception("profile_consolidation: fold crashed")
-                    tally.add(FoldResult(Outcome.FAILED))
+                    result = FoldResult(Outcome.FAILED)
+                tally.add(result)
+                if result.outcome is Outcome.DEFERRED:
+                    # The users after this one would be deferred too: leave them listed.
+                    out_of_budget.add((org, None if result.detail == "org" else namespace))
+                    break
             if resume_at is not None:
                 break
         folds.set_cursor(resume_at)

@@ -492,6 +492,7 @@ class Outcome(StrEnum):
     FAILED = "failed"  # a model error or an answer that is not a JSON object: backoff
     REFUSED = "refused"  # the profile row refused the write (locked, pinned, high, blacklisted)
     CUT_OFF = "cut_off"  # the model's answer was cut off at the output cap
+    DEFERRED = "deferred"  # would pass a model-call budget: stays listed, no backoff
 
 
 @dataclass(frozen=True)
@@ -661,6 +662,7 @@ class PassPlanner:
         self._taken_pairs: set[tuple[str, str]] = set()
         self._handed_out: list[tuple[str, str]] = []
         self._recorded: set[tuple[str, str]] = set()
+        self._deferred: dict[str, list[str]] = {}
         self._pending_scan: ScanStep | None = None
         self._second_round: deque[str] | None = None
         self._finished = False
@@ -834,6 +836,9 @@ class PassPlanner:
         until ``fingerprint`` (``refusal_fingerprint`` of the data the build saw, required)
         changes or refusal_retry_seconds pass; a refusal ends the failure count, since the
         build itself did not fail.
+
+        deferred (it would pass a model-call budget): no wait is earned or ended; ``finish``
+        lists the user again at the front of the namespace's scan list.
         """
         outcome = Outcome(outcome)
         pair = (ns, user_id)
@@ -842,6 +847,10 @@ class PassPlanner:
         if pair in self._recorded:
             raise ValueError(f"{user_id!r} of {ns!r} already has a result in this pass")
         self._recorded.add(pair)
+        if outcome is Outcome.DEFERRED:
+            # Not a failure: no wait is earned or ended, and ``finish`` lists the user again.
+            self._deferred.setdefault(ns, []).append(user_id)
+            return
         users = self._state.user_waits.setdefault(ns, {})
         wait = users.get(user_id, UserWait())
         if outcome in (Outcome.BUILT, Outcome.UNCHANGED):
@@ -881,6 +890,13 @@ class PassPlanner:
         self._finished = True
         state = self.snapshot()
         _prune(state, self._namespaces, now, self.settings)
+        for ns, users in self._deferred.items():
+            # Deferred for a budget: back at the front of the namespace's list, in the order
+            # they were taken, so the first pass with room builds them first. Without a list
+            # the next pass scans again, and the scan lists them (they were never unlisted).
+            scan = state.scans.get(ns)
+            if scan is not None:
+                scan.users = [*users, *(user for user in scan.users if user not in users)]
         for ns, scan in list(state.scans.items()):
             if not scan.users and not scan.complete:
                 del state.scans[ns]

@@ -42,12 +42,18 @@ _OVERRIDE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
 
 
 class ModelCallFailed(Exception):
-    """A model call that gave no usable answer; ``status`` is the HTTP status when there was one."""
+    """A model call that gave no usable answer; ``status`` is the HTTP status when there was one,
+    and ``prompt_tokens``/``completion_tokens`` what the server reported it cost (an answer
+    that arrived but is not a JSON object was still paid for)."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
+    def __init__(self, message: str, status: int | None = None, *,
+                 prompt_tokens: int | None = None,
+                 completion_tokens: int | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = completion_tokens
 
 
 @dataclass(frozen=True)
@@ -287,18 +293,39 @@ def _read_completion(response: requests.Response, mode: str, expect_json: bool) 
     cut_off = finish_reason == "length"
     usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
 
+    prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
+    completion_tokens = _int_or_none(usage.get("completion_tokens"))
     data = parse_json_object(text) if expect_json else None
     if expect_json and data is None and not cut_off:
-        raise ModelCallFailed(f"the model's answer is not a JSON object: {_snippet(text)}")
+        raise ModelCallFailed(f"the model's answer is not a JSON object: {_snippet(text)}",
+                              prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
     return Completion(
         data=data,
         text=text,
         finish_reason=finish_reason,
         cut_off=cut_off,
-        prompt_tokens=_int_or_none(usage.get("prompt_tokens")),
-        completion_tokens=_int_or_none(usage.get("completion_tokens")),
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
         mode=mode,
     )
+
+
+# Tokens counted for each message's framing (role, separators) on top of its text.
+MESSAGE_OVERHEAD_TOKENS = 4
+
+
+def estimate_call_tokens(
+    messages: list[dict[str, str]], max_tokens: int, json_schema: dict[str, Any] | None = None
+) -> int:
+    """What one call may cost at most, for a budget's reservation: the prompt at the seed's
+    two characters a token (the messages and the schema, which reaches the model either in
+    ``response_format`` or in the prompt), a few tokens of framing per message, and the output
+    cap ``max_tokens`` the answer cannot pass."""
+    chars = sum(len(str(message.get("content", ""))) for message in messages)
+    if json_schema is not None:
+        chars += len(json.dumps(json_schema, separators=(",", ":"), ensure_ascii=False))
+    framing = MESSAGE_OVERHEAD_TOKENS * (len(messages) + 1)
+    return -(-chars // 2) + framing + max_tokens
 
 
 def parse_json_object(text: str) -> dict[str, Any] | None:

@@ -49,6 +49,7 @@ from app.store.structured import (
     profile_location,
 )
 from app.store.usage import UsageStore
+from jobs.budget import OutOfBudget, complete_within_budget
 from jobs.context import services
 from jobs.planner import (
     BuildStep,
@@ -191,9 +192,13 @@ def build_user(svc: Services, org: str, namespace: str, user_id: str) -> BuildRe
     max_tokens = max_tokens_for(schema.doc, base_max_tokens(PROFILE_KEY, overrides))
     try:
         with provider:
-            completion = provider.complete(
-                _prompt(schema, facts), max_tokens=max_tokens, json_schema=_answer_schema(schema)
+            completion = complete_within_budget(
+                svc, org, namespace, provider, _prompt(schema, facts), max_tokens=max_tokens,
+                json_schema=_answer_schema(schema), worker="structured_profile",
             )
+    except OutOfBudget as out:
+        # Not a failure: no backoff, the user stays listed for the first pass with room.
+        return BuildResult(Outcome.DEFERRED, detail=f"out of the {out.scope} budget")
     except ModelCallFailed as error:
         usage.add(org, namespace, model_calls=1, failures=1)
         log.warning("structured_profile: build failed for a user of %s/%s: %s",

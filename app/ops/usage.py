@@ -26,6 +26,9 @@ class Usage(Answer):
     skipped_unchanged = fields.Integer()
     refusals = fields.Integer()
     failures = fields.Integer()
+    deferred_for_budget = fields.Integer(metadata={"description": (
+        "Builds and folds not made because they would pass the namespace's or the org's "
+        "budget (budget.set); each is made in a later pass once the window has room.")})
 
 
 class ModelCallsArgs(IdentityArgs):
@@ -42,7 +45,7 @@ class ModelCalls(Answer):
 @op("usage.get", role="admin", kind="read", listed=False, args=UsageArgs, answer=Usage,
     needs_agent=False, example={"namespace": "support"})
 def usage_get(call: Call) -> dict[str, Any]:
-    """The namespace's cost ledger: model calls, tokens, builds, skips, refusals, failures."""
+    """The namespace's cost ledger: calls, tokens, builds, skips, refusals, failures, deferrals."""
     store = call.services.store(UsageStore)
     ident = call.identity
     return {

@@ -409,3 +409,39 @@ def structured_parked(org: str, namespace: str) -> str:
     """Users whose build was refused or failed, scored by when they may be tried again; kept
     out of the changed-users index meanwhile, so they never crowd out users behind them."""
     return f"{PREFIX}:sp-parked:{namespace_tag(org, namespace)}"
+
+
+# --- model-call budgets ------------------------------------------------------------------------
+# Every key of an org's budgets shares the org's tag, so one script reserves against the org's
+# budget and a namespace's budget at once, in one slot, on Redis Cluster too.
+
+
+def budget_org_limits(org: str) -> str:
+    """Hash: the org's caps (calls, tokens; absent = no cap), who set them and when."""
+    return f"{PREFIX}:budget-org:{org_tag(org)}"
+
+
+def budget_namespace_limits(org: str, namespace: str) -> str:
+    """Hash: a namespace's caps (calls, tokens; absent = no cap), who set them and when."""
+    return f"{PREFIX}:budget-ns:{org_tag(org)}:{escape(namespace)}"
+
+
+def budget_window(org: str) -> str:
+    """Sorted set of the org's reservations in the rolling window, scored by when (ms)."""
+    return f"{PREFIX}:budget-window:{org_tag(org)}"
+
+
+def budget_reservations(org: str) -> str:
+    """Hash reservation id -> ``tokens TAB settled TAB namespace`` of the window's reservations."""
+    return f"{PREFIX}:budget-res:{org_tag(org)}"
+
+
+def budget_spent(org: str) -> str:
+    """Hash of what the window holds: ``calls``/``tokens`` for the org and
+    ``calls:<namespace>``/``tokens:<namespace>`` per namespace."""
+    return f"{PREFIX}:budget-spent:{org_tag(org)}"
+
+
+def budget_deferral_logged(org: str, namespace: str) -> str:
+    """Present (for one window) once a deferral for budget in the namespace was logged."""
+    return f"{PREFIX}:budget-logged:{org_tag(org)}:{escape(namespace)}"

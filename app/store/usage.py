@@ -23,6 +23,8 @@ COUNTERS = (
     "skipped_unchanged",
     "refusals",
     "failures",
+    # Builds and folds not made because they would pass a budget (budget.set); not failures.
+    "deferred_for_budget",
 )
 
 

@@ -54,6 +54,34 @@ class AuditListAnswer(TypedDict, total=False):
     count: int
 
 
+class BudgetGetAnswer(TypedDict, total=False):
+    ignored_args: list[str]
+    namespace: str
+    window_seconds: int
+    calls: int | None
+    tokens: int | None
+    spent_calls: int
+    spent_tokens: int
+    remaining_calls: int | None
+    remaining_tokens: int | None
+    set_by: str | None
+    set_at: str | None
+
+
+class BudgetSetAnswer(TypedDict, total=False):
+    ignored_args: list[str]
+    namespace: str
+    window_seconds: int
+    calls: int | None
+    tokens: int | None
+    spent_calls: int
+    spent_tokens: int
+    remaining_calls: int | None
+    remaining_tokens: int | None
+    set_by: str | None
+    set_at: str | None
+
+
 class ContextPackAnswer(TypedDict, total=False):
     ignored_args: list[str]
     pack: str
@@ -438,6 +466,7 @@ class UsageGetAnswer(TypedDict, total=False):
     skipped_unchanged: int
     refusals: int
     failures: int
+    deferred_for_budget: int
 
 
 class UserEraseAnswer(TypedDict, total=False):
@@ -542,6 +571,13 @@ class AuditOps(Plane[M]):
     """``bot.client.audit``: its ops, typed by their answers."""
 
     list: Op[AuditListAnswer] = Op('audit.list')
+
+
+class BudgetOps(Plane[M]):
+    """``bot.client.budget``: its ops, typed by their answers."""
+
+    get: Op[BudgetGetAnswer] = Op('budget.get')
+    set: Op[BudgetSetAnswer] = Op('budget.set')
 
 
 class ContextOps(Plane[M]):
@@ -654,6 +690,7 @@ class OpsClient(BaseOpsClient[M]):
 
     agent_state: AgentStateOps[M]
     audit: AuditOps[M]
+    budget: BudgetOps[M]
     context: ContextOps[M]
     erasure: ErasureOps[M]
     features: FeaturesOps[M]
@@ -672,6 +709,7 @@ class OpsClient(BaseOpsClient[M]):
 PLANES: dict[str, type[Plane[Any]]] = {
     'agent_state': AgentStateOps,
     'audit': AuditOps,
+    'budget': BudgetOps,
     'context': ContextOps,
     'erasure': ErasureOps,
     'features': FeaturesOps,

@@ -298,6 +298,106 @@ OPS: dict[str, dict[str, Any]] = {
             },
         },
     },
+    'budget.get': {
+        'role': 'admin',
+        'kind': 'read',
+        'listed': False,
+        'mcp': False,
+        'http_method': 'POST',
+        'path': '/v1/budget.get',
+        'summary': (
+            "A namespace's (or the org's) model-call budget: caps, spent in the window, "
+            'remaining.'
+        ),
+        'fields': {
+            'org': {'required': False, 'default': None},
+            'namespace': {'required': False, 'default': None},
+        },
+        'input_schema': {
+            'type': 'object',
+            'properties': {
+                'org': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The tenant.',
+                },
+                'namespace': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
+                },
+            },
+        },
+    },
+    'budget.set': {
+        'role': 'admin',
+        'kind': 'idempotent',
+        'listed': False,
+        'mcp': False,
+        'http_method': 'POST',
+        'path': '/v1/budget.set',
+        'summary': (
+            'Cap a namespace\'s (or, with namespace "*", the org\'s) model calls and tokens; '
+            'audited.'
+        ),
+        'fields': {
+            'org': {'required': False, 'default': None},
+            'namespace': {'required': False, 'default': None},
+            'calls': {'required': False, 'default': None},
+            'tokens': {'required': False, 'default': None},
+        },
+        'input_schema': {
+            'type': 'object',
+            'properties': {
+                'org': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The tenant.',
+                },
+                'namespace': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
+                },
+                'calls': {
+                    'type': ['integer', 'null'],
+                    'default': None,
+                    'minimum': 0,
+                    'maximum': 9007199254740991,
+                    'description': (
+                        'Most model calls per rolling window; null or left out: no cap. 0 '
+                        'stops every call.'
+                    ),
+                },
+                'tokens': {
+                    'type': ['integer', 'null'],
+                    'default': None,
+                    'minimum': 0,
+                    'maximum': 9007199254740991,
+                    'description': (
+                        'Most tokens (prompt + completion) per rolling window; null or left '
+                        'out: no cap. 0 stops every call.'
+                    ),
+                },
+            },
+        },
+    },
     'context.pack': {
         'role': 'viewer',
         'kind': 'read',
@@ -2967,8 +3067,8 @@ OPS: dict[str, dict[str, Any]] = {
         'http_method': 'POST',
         'path': '/v1/usage.get',
         'summary': (
-            "The namespace's cost ledger: model calls, tokens, builds, skips, refusals, "
-            'failures.'
+            "The namespace's cost ledger: calls, tokens, builds, skips, refusals, failures, "
+            'deferrals.'
         ),
         'fields': {
             'org': {'required': False, 'default': None},

@@ -1,0 +1,160 @@
+"""Model-call budgets in Redis: each org's and namespace's caps, and what a rolling window spent.
+
+A budget caps model calls and tokens (prompt + completion) per rolling window of
+``LOOM_MODEL_BUDGET_WINDOW_SECONDS``; a cap left out (null) is no cap, and no budget at all is no
+cap. The org's budget (``namespace "*"`` on the wire) caps all its namespaces together.
+
+Before a model call a worker ``reserve``s one call and its estimated tokens against the
+namespace's and the org's budgets in one script: both or neither, so two workers racing at the
+edge cannot both pass it. After the call it ``settle``s the reservation with the usage the model
+reported (the difference goes back), or ``release``s it when the call failed. The window is an
+exact rolling one: each reservation is an entry scored by when it was made, and every script
+first takes the entries older than the window out of the sums, so each leaves once.
+
+Every key of an org's budgets carries the org's hash tag (``app.store.keys``), so each script
+touches one slot, on Redis Cluster too. The window's entries name namespaces and amounts, never
+a user.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from app.store import keys
+from app.store.lua import script
+
+if TYPE_CHECKING:
+    from app.services import Services
+
+ORG = "*"  # the namespace name that stands for the org's own budget
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A budget's caps (None: no cap) and who set them when (ns since the epoch)."""
+
+    calls: int | None = None
+    tokens: int | None = None
+    set_by: str = ""
+    set_at: int | None = None
+
+
+@dataclass(frozen=True)
+class Window:
+    """One budget as the window stands: its caps and what it spent (in-flight estimates
+    included)."""
+
+    limits: Limits
+    spent_calls: int
+    spent_tokens: int
+
+    @property
+    def remaining_calls(self) -> int | None:
+        cap = self.limits.calls
+        return None if cap is None else max(0, cap - self.spent_calls)
+
+    @property
+    def remaining_tokens(self) -> int | None:
+        cap = self.limits.tokens
+        return None if cap is None else max(0, cap - self.spent_tokens)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A reservation's answer: granted (settle or release it), or which budget refused it."""
+
+    org: str
+    namespace: str
+    reservation_id: str
+    tokens: int
+    granted: bool
+    over: str = ""  # "namespace" or "org" when refused
+    first_deferral: bool = False  # the namespace's first refusal in the window
+
+
+def _cap(raw: Any) -> int | None:
+    return None if raw in (None, "", False) else int(raw)
+
+
+class BudgetStore:
+    def __init__(self, services: Services) -> None:
+        self.redis = services.redis
+        self.clock = services.clock
+        self.window_seconds = int(services.settings.model_budget_window_seconds)
+        self._reserve = script(self.redis, "budget_reserve")
+        self._settle = script(self.redis, "budget_settle")
+        self._read = script(self.redis, "budget_read")
+        self._set = script(self.redis, "budget_set")
+
+    @staticmethod
+    def _limits_key(org: str, namespace: str) -> str:
+        if namespace == ORG:
+            return keys.budget_org_limits(org)
+        return keys.budget_namespace_limits(org, namespace)
+
+    def _times(self) -> tuple[int, int]:
+        return self.clock.now_ns() // 1_000_000, self.window_seconds * 1000
+
+    # --- the caps ------------------------------------------------------------------------------
+
+    def set(
+        self, org: str, namespace: str, calls: int | None, tokens: int | None, actor: str
+    ) -> tuple[Limits, Limits]:
+        """Replace the budget's caps (``namespace "*"``: the org's); answers (old, new)."""
+        now = self.clock.now_ns()
+        old_calls, old_tokens = self._set(
+            keys=[self._limits_key(org, namespace)],
+            args=["" if calls is None else calls, "" if tokens is None else tokens, actor, now],
+        )
+        return Limits(_cap(old_calls), _cap(old_tokens)), Limits(calls, tokens, actor, now)
+
+    def get(self, org: str, namespace: str) -> Window:
+        """The budget's caps and what the window spent (``namespace "*"``: the org's)."""
+        now_ms, window_ms = self._times()
+        spent_calls, spent_tokens, calls, tokens, set_by, set_at = self._read(
+            keys=[keys.budget_window(org), keys.budget_reservations(org),
+                  keys.budget_spent(org), self._limits_key(org, namespace)],
+            args=[now_ms, window_ms, "" if namespace == ORG else namespace],
+        )
+        limits = Limits(_cap(calls), _cap(tokens), set_by or "", _cap(set_at))
+        return Window(limits, int(spent_calls), int(spent_tokens))
+
+    # --- reservations --------------------------------------------------------------------------
+
+    def reserve(self, org: str, namespace: str, tokens: int) -> Reservation:
+        """Reserve one call and ``tokens`` against the namespace's and the org's budgets."""
+        reservation_id = uuid.uuid4().hex
+        now_ms, window_ms = self._times()
+        reply = self._reserve(
+            keys=[keys.budget_org_limits(org), keys.budget_namespace_limits(org, namespace),
+                  keys.budget_window(org), keys.budget_reservations(org),
+                  keys.budget_spent(org), keys.budget_deferral_logged(org, namespace)],
+            args=[now_ms, window_ms, reservation_id, namespace, int(tokens)],
+        )
+        if reply[0] == "OK":
+            return Reservation(org, namespace, reservation_id, int(tokens), granted=True)
+        return Reservation(org, namespace, reservation_id, int(tokens), granted=False,
+                           over=str(reply[1]), first_deferral=bool(int(reply[2])))
+
+    def settle(self, reservation: Reservation, real_tokens: int | None) -> bool:
+        """Replace the reservation's estimate with what the call cost (None: unknown, the
+        estimate stands); answers whether the reservation was still open."""
+        return self._finish(reservation, "settle", real_tokens)
+
+    def release(self, reservation: Reservation) -> bool:
+        """Give the reservation's call and tokens back (the call failed or was not made)."""
+        return self._finish(reservation, "release", None)
+
+    def _finish(self, reservation: Reservation, mode: str, real_tokens: int | None) -> bool:
+        if not reservation.granted:
+            return False
+        now_ms, window_ms = self._times()
+        org = reservation.org
+        changed = self._settle(
+            keys=[keys.budget_window(org), keys.budget_reservations(org), keys.budget_spent(org)],
+            args=[now_ms, window_ms, reservation.reservation_id, mode,
+                  "" if real_tokens is None else int(real_tokens)],
+        )
+        return bool(changed)

@@ -151,7 +151,7 @@ RACE_CAP = 10_000
 RACE_ESTIMATE = 700
 
 
-def _race(url: str, data_dir: str, start, results) -> None:  # noqa: ANN001
+def _race(url: str, data_dir: str, start, results) -> None:
     """One worker process: reserve until refused, settle each at a real cost below the
     estimate, as a build would."""
     services = _services(url, data_dir, clock=None, model_budget_window_seconds=3600)

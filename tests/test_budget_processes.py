@@ -69,8 +69,8 @@ class Stack:
         }
         self.env.pop("LOOM_QUEUE_URL", None)
         self.tmp_path = tmp_path
-        self.web = LiveServer({k: v for k, v in self.env.items() if k.startswith(("LOOM_", "REDIS"))},
-                              workers=1, output=tmp_path / "web.log")
+        web_env = {k: v for k, v in self.env.items() if k.startswith(("LOOM_", "REDIS"))}
+        self.web = LiveServer(web_env, workers=1, output=tmp_path / "web.log")
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def __enter__(self) -> Stack:
@@ -119,7 +119,7 @@ class Stack:
                 if self.call("profile.structured", namespace=namespace, agent="chat",
                              user_id=user)["status"] == "ready"]
 
-    def wait_for(self, what: str, check, timeout: float = 120.0):  # noqa: ANN001
+    def wait_for(self, what: str, check, timeout: float = 120.0):
         deadline = time.monotonic() + timeout
         while True:
             value = check()

@@ -133,7 +133,7 @@ class BudgetStore:
                   keys.budget_spent(org), keys.budget_deferral_logged(org, namespace)],
             args=[now_ms, window_ms, reservation_id, namespace, int(tokens)],
         )
-        if reply[0] == "OK":
+        if int(reply[0]) == 1:
             return Reservation(org, namespace, reservation_id, int(tokens), granted=True)
         return Reservation(org, namespace, reservation_id, int(tokens), granted=False,
                            over=str(reply[1]), first_deferral=bool(int(reply[2])))

@@ -2,8 +2,8 @@
 -- both or neither.
 -- KEYS: org limits, namespace limits, window, reservations, spent, deferral-logged marker.
 -- ARGV: now ms, window ms, reservation id, namespace, estimated tokens.
--- Answers {'OK'}, or {'OVER', 'namespace'|'org', 1 when this is the namespace's first
--- deferral in the window (else 0)}.
+-- Answers {1} when granted, or {0, 'namespace'|'org', 1 when this is the namespace's first
+-- deferral in the window (else 0)}. Not a refusal word: a deferral is no error to a caller.
 --#include budget_window
 local now_ms, window_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local ns, estimate = ARGV[4], tonumber(ARGV[5])
@@ -26,7 +26,7 @@ elseif over(org_caps[1], spent[1], 1) or over(org_caps[2], spent[2], estimate) t
 end
 if scope then
   local first = redis.call('SET', KEYS[6], '1', 'NX', 'PX', window_ms)
-  return {'OVER', scope, first and 1 or 0}
+  return {0, scope, first and 1 or 0}
 end
 
 redis.call('ZADD', KEYS[3], now_ms, ARGV[3])
@@ -34,4 +34,4 @@ redis.call('HSET', KEYS[4], ARGV[3], estimate .. '\t0\t' .. ns)
 budget_add(KEYS[5], ns, 1, estimate)
 -- An org that stops calling leaves nothing behind once its window is over.
 for i = 3, 5 do redis.call('PEXPIRE', KEYS[i], window_ms * 2) end
-return {'OK'}
+return {1}

@@ -155,6 +155,15 @@ def test_a_failed_call_releases_its_reservation(builds, model):
     assert (window.spent_calls, window.spent_tokens) == (0, 0)
 
 
+def test_an_answer_that_is_not_json_still_settles_at_what_the_model_reported(builds, model):
+    _facts(builds, "support", ["u-1"])
+    model.script("not a JSON object", prompt_tokens=40, completion_tokens=3)
+    result = builds.run_pass()
+    assert [outcome for _, _, outcome in result["built"]] == ["failed"]
+    window = builds.services.store(BudgetStore).get("default", "support")
+    assert (window.spent_calls, window.spent_tokens) == (1, 43)
+
+
 def test_a_cut_off_answer_settles_at_what_the_model_reported(builds, model):
     _facts(builds, "support", ["u-1"])
     model.script("{\"preferred_", finish_reason="length", prompt_tokens=70, completion_tokens=9)

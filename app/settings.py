@@ -174,7 +174,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("LOOM_LLM_MAX_TOKENS_OVERRIDES", "", _text,
             "Per-task LLM_MAX_TOKENS (default 32), e.g. structured_profile=64."),
     Setting("LOOM_MODEL_BUDGET_WINDOW_SECONDS", "86400", _SECONDS,
-            "The rolling window budget.set caps model calls and tokens over (budget.get)."),
+            "Length of the rolling window the model-call budgets (budget.set) count over."),
     Setting("LOOM_STRUCTURED_PROFILE_MEMORY_LIMIT", "100", _int_range(1, 10000),
             "Most facts one structured-profile build reads."),
     Setting("LOOM_STRUCTURED_PROFILE_INTERVAL_SECONDS", "60", _SECONDS,

@@ -28,7 +28,8 @@ class Usage(Answer):
     failures = fields.Integer()
     deferred_for_budget = fields.Integer(metadata={"description": (
         "Builds and folds not made because they would pass the namespace's or the org's "
-        "budget (budget.set); each is made in a later pass once the window has room.")})
+        "budget (budget.set), once per pass that deferred them; each is made in a later pass "
+        "once the window has room.")})
 
 
 class ModelCallsArgs(IdentityArgs):

@@ -141,3 +141,26 @@ def test_concurrent_sets_leave_one_budget_and_an_exact_audit_chain(client):
     assert seen == 50
     got = client.post("/v1/budget.get", json={"namespace": "support"}).get_json()
     assert (got["calls"], got["tokens"]) == current
+
+
+def test_budget_ops_answer_503_with_retry_after_while_redis_is_down(tmp_path):
+    from tests.conftest import make_app
+    from tests.support.owned_redis import OwnedRedis
+
+    server = OwnedRedis(tmp_path / "owned-redis").start()
+    try:
+        client = make_app(server.url, tmp_path, redis_socket_timeout_seconds=0.5,
+                          redis_connect_timeout_seconds=0.5).test_client()
+        assert client.post("/v1/budget.set", json={"namespace": "support",
+                                                   "calls": 1}).status_code == 200
+        server.kill()
+        for op in ("budget.set", "budget.get"):
+            response = client.post(f"/v1/{op}", json={"namespace": "support", "calls": 2})
+            assert response.status_code == 503, (op, response.get_json())
+            assert response.get_json()["error"]["code"] == "STORE_UNAVAILABLE"
+            assert response.headers.get("Retry-After")
+        server.start()
+        got = client.post("/v1/budget.get", json={"namespace": "support"}).get_json()
+        assert got["calls"] == 1  # the refused set wrote nothing
+    finally:
+        server.stop()

@@ -12,7 +12,7 @@ HGETALLs: no scan, no model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from app.clock import iso_from_ns
 from app.profile_schema import null_profile
@@ -139,35 +139,12 @@ def _answer(
     }
 
 
-# KEYS: changed, parked. ARGV: user, until_ns, read_at_ns.
-_PARK = r"""
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if score and tonumber(score) <= tonumber(ARGV[3]) then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-end
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
-return 1
-"""
-
-# KEYS: parked, changed. ARGV: now_ns. A user whose wait is over is listed at score 0, not
-# now: the scan dates the change by the user's digest, so the retry starts no new cooldown
-# (a refusal is tried again when REFUSAL_RETRY_SECONDS pass, not a cooldown after that).
-_UNPARK = r"""
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-for _, user in ipairs(due) do
-  redis.call('ZADD', KEYS[2], 'NX', 0, user)
-  redis.call('ZREM', KEYS[1], user)
-end
-return #due
-"""
-
-
 class StructuredStore:
     def __init__(self, services: Services) -> None:
         self.redis = services.redis
         self.clock = services.clock
-        self._park = self.redis.register_script(_PARK)
-        self._unpark = self.redis.register_script(_UNPARK)
+        self._park = script(self.redis, "structured_park")
+        self._unpark = script(self.redis, "structured_unpark_due")
         self._forget = script(self.redis, "clear_unless_changed_since")
 
     def snapshot(self, identity: Identity) -> Snapshot:
@@ -211,7 +188,8 @@ class StructuredStore:
 
     def expiring_users(self, org: str, namespace: str, now_ns: int) -> list[str]:
         """Users one of whose counted sources passed its valid_to since their last build."""
-        return self.redis.zrangebyscore(keys.structured_expiry(org, namespace), "-inf", now_ns)
+        found = self.redis.zrangebyscore(keys.structured_expiry(org, namespace), "-inf", now_ns)
+        return cast(list[str], found)
 
     def forget_expiry(self, org: str, namespace: str, user_id: str, due_ns: int) -> None:
         """Drop a user's expiry entry once its facts were taken out (the next build writes the
@@ -297,7 +275,7 @@ class StructuredStore:
         swept_key = keys.structured_schema_swept(org, namespace)
         if self.redis.get(swept_key) == schema_sha:
             return 0
-        users = self.redis.smembers(keys.structured_users(org, namespace))
+        users = cast(set[str], self.redis.smembers(keys.structured_users(org, namespace)))
         now = self.clock.now_ns()
         pipe = self.redis.pipeline(transaction=False)
         if users:

@@ -147,3 +147,15 @@ def test_concurrent_toggles_audit_exactly_the_changes_that_happened(world):
     assert all(a != b for a, b in zip(states, states[1:], strict=False))  # each one flips it
     stored = world.services.redis.zscore(keys.structured_blacklist("default", NS), USER) is not None
     assert stored is states[-1]
+
+
+def test_an_erasure_removes_the_blacklist_entry_and_its_census_stays_clean(world):
+    from app.store.erasure import ErasureStore
+
+    _blacklist(world, True)
+    _blacklist(world, True, user="u-other")
+    receipt = world.services.store(ErasureStore).erase("default", NS, USER, actor="test")
+    assert receipt["status"] == "done" and receipt["census"]["clean"]
+    blacklisted = keys.structured_blacklist("default", NS)
+    assert world.services.redis.zscore(blacklisted, USER) is None
+    assert world.services.redis.zscore(blacklisted, "u-other") is not None

@@ -114,6 +114,11 @@ def register(scheduler: Scheduler, definitions: list[Periodic]) -> list[str]:
     now = datetime.now(UTC)
     for job_id, definition in wanted.items():
         if job_id in existing:
+            if existing[job_id].result_ttl != KEEP_RESULT:
+                # Scheduled by an older release with a result_ttl that could expire the hash
+                # before the next poll: keep it from now on.
+                connection.hset(existing[job_id].key, "result_ttl", KEEP_RESULT)
+                connection.persist(existing[job_id].key)
             continue
         job = _fetch(scheduler, job_id)
         if job is None or job.meta.get("interval") != definition.interval_seconds:

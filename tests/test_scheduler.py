@@ -101,6 +101,20 @@ def test_a_periodic_job_keeps_its_hash_after_it_ran(job_env):
     assert _loom_jobs(scheduler) == [definition.job_id]
 
 
+def test_a_job_an_older_release_scheduled_with_a_result_ttl_keeps_its_hash_from_now_on(job_env):
+    definition = Periodic("jobs.agent_state_sweep.sweep", MAINTENANCE, 1)
+    scheduler = Scheduler(connection=job_env)
+    scheduler.schedule(scheduled_time=datetime.now(UTC), func=definition.func, interval=1,
+                       queue_name=MAINTENANCE, id=definition.job_id, result_ttl=2)
+    key = f"rq:job:{definition.job_id}"
+    job_env.expire(key, 2)  # as a finished run of it left it
+    register(scheduler, [definition])
+    assert job_env.ttl(key) == -1 and job_env.hget(key, "result_ttl") == b"-1"
+    scheduler.enqueue_jobs()
+    SimpleWorker([Queue(MAINTENANCE, connection=job_env)], connection=job_env).work(burst=True)
+    assert job_env.ttl(key) == -1
+
+
 def test_a_missing_hash_or_entry_is_put_back_and_a_busy_job_is_not_written_over(job_env):
     definition = Periodic("jobs.agent_state_sweep.sweep", MAINTENANCE, 30)
     scheduler = Scheduler(connection=job_env)

@@ -17,7 +17,7 @@ be under a lock. The blacklist is part of the row state a refusal is remembered 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from app.clock import iso_from_ns
 from app.errors import UserBeingErased
@@ -34,6 +34,7 @@ from app.store.memory import (
 )
 from app.store.namespace_config import AUDIT_MAX_ENTRIES, canonical_json
 from app.store.profile_schema import StoredSchema, parse_stored
+from app.store.replies import text_set, texts
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -227,8 +228,8 @@ class StructuredStore:
 
     def expiring_users(self, org: str, namespace: str, now_ns: int) -> list[str]:
         """Users one of whose counted sources passed its valid_to since their last build."""
-        found = self.redis.zrangebyscore(keys.structured_expiry(org, namespace), "-inf", now_ns)
-        return cast(list[str], found)
+        return texts(
+            self.redis.zrangebyscore(keys.structured_expiry(org, namespace), "-inf", now_ns))
 
     def forget_expiry(self, org: str, namespace: str, user_id: str, due_ns: int) -> None:
         """Drop a user's expiry entry once its facts were taken out (the next build writes the
@@ -338,7 +339,7 @@ class StructuredStore:
         swept_key = keys.structured_schema_swept(org, namespace)
         if self.redis.get(swept_key) == schema_sha:
             return 0
-        users = cast(set[str], self.redis.smembers(keys.structured_users(org, namespace)))
+        users = text_set(self.redis.smembers(keys.structured_users(org, namespace)))
         now = self.clock.now_ns()
         pipe = self.redis.pipeline(transaction=False)
         if users:

@@ -1,7 +1,14 @@
 """``python -m jobs.scheduler``: registers Loom's periodic jobs, then runs rq-scheduler.
 
-Periodic jobs are data (``PERIODIC``): each definition gets a deterministic id from a hash of
-itself, registering is idempotent, and a job no longer defined is cancelled.
+Periodic jobs are data (``periodic_jobs``): each definition gets a deterministic id from a hash
+of itself, registering is idempotent, and a job no longer defined is cancelled.
+
+rq-scheduler keeps a periodic job as two things: the job's hash (``rq:job:<id>``, whose meta
+holds the interval) and its entry in ``rq:scheduler:scheduled_jobs``. When it finds an entry
+whose hash is gone, it removes the entry for good (``Scheduler.get_jobs``); and a finished
+job's hash expires after its ``result_ttl``. So Loom's periodic jobs keep their hash
+(``result_ttl=-1``: one hash per definition, its results capped by RQ), and every tick of the
+scheduler puts back whichever half of a definition has gone missing.
 """
 
 from __future__ import annotations
@@ -11,10 +18,13 @@ import json
 import logging
 import sys
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from rq.exceptions import NoSuchJobError
+from rq.job import Job, JobStatus
 from rq_scheduler import Scheduler
+from rq_scheduler.utils import to_unix
 
 from app.logs import configure_logging
 from app.settings import Settings, load_settings
@@ -23,6 +33,13 @@ from jobs.outage import ride_out
 from jobs.queues import queue_connection
 
 JOB_ID_PREFIX = "loom-periodic-"
+# A finished periodic job keeps its hash: rq-scheduler drops a schedule whose hash expired.
+KEEP_RESULT = -1
+# How long the hash of a job no longer defined stays readable (its last result) once cancelled.
+CANCELLED_JOB_TTL_SECONDS = 3600
+# The scheduler polls at least this often, and twice per shortest interval below that, so a
+# 1 s interval runs a pass about every second instead of at each of a 5 s poll.
+MAX_POLL_SECONDS = 5.0
 log = logging.getLogger("loom.jobs.scheduler")
 
 
@@ -58,28 +75,69 @@ def periodic_jobs(settings: Settings) -> list[Periodic]:
     return definitions
 
 
+def poll_seconds(definitions: list[Periodic]) -> float:
+    """How often the scheduler looks for due jobs: half the shortest interval, at most 5 s."""
+    shortest = min((d.interval_seconds for d in definitions), default=2 * MAX_POLL_SECONDS)
+    return min(MAX_POLL_SECONDS, shortest / 2)
+
+
+def _schedule(scheduler: Scheduler, definition: Periodic, when: datetime) -> None:
+    scheduler.schedule(
+        scheduled_time=when,
+        func=definition.func,
+        kwargs=definition.kwargs,
+        interval=definition.interval_seconds,
+        repeat=None,
+        queue_name=definition.queue,
+        id=definition.job_id,
+        result_ttl=KEEP_RESULT,
+    )
+
+
 def register(scheduler: Scheduler, definitions: list[Periodic]) -> list[str]:
-    """Schedule each definition once; cancel Loom's periodic jobs no longer defined."""
+    """Schedule each definition once; put back one that lost its hash or its schedule entry;
+    cancel Loom's periodic jobs no longer defined.
+
+    Idempotent, and cheap when nothing is missing (one read of the schedule, one of each
+    hash). Run under rq-scheduler's lock, so two scheduler processes never register at once;
+    a definition's id is its only schedule entry, so even a second registration adds none.
+    """
     wanted = {definition.job_id: definition for definition in definitions}
+    connection = scheduler.connection
+    # get_jobs drops the entries whose hash is gone: those are scheduled again below.
     existing = {
-        job.id for job in scheduler.get_jobs() if job.id.startswith(JOB_ID_PREFIX)
+        job.id: job for job in scheduler.get_jobs() if job.id.startswith(JOB_ID_PREFIX)
     }
-    for stale in existing - set(wanted):
+    for stale in set(existing) - set(wanted):
         scheduler.cancel(stale)
+        connection.expire(existing[stale].key, CANCELLED_JOB_TTL_SECONDS)
+    now = datetime.now(UTC)
     for job_id, definition in wanted.items():
         if job_id in existing:
+            if existing[job_id].result_ttl != KEEP_RESULT:
+                # Scheduled by an older release with a result_ttl that could expire the hash
+                # before the next poll: keep it from now on.
+                connection.hset(existing[job_id].key, "result_ttl", KEEP_RESULT)
+                connection.persist(existing[job_id].key)
             continue
-        scheduler.schedule(
-            scheduled_time=datetime.now(UTC),
-            func=definition.func,
-            kwargs=definition.kwargs,
-            interval=definition.interval_seconds,
-            repeat=None,
-            queue_name=definition.queue,
-            id=job_id,
-            result_ttl=definition.interval_seconds * 2,
-        )
+        job = _fetch(scheduler, job_id)
+        if job is None or job.meta.get("interval") != definition.interval_seconds:
+            _schedule(scheduler, definition, now)
+            continue
+        # The entry went missing but the hash is whole: put the entry back without writing
+        # over the hash (the job may be queued or running right now). A job waiting or
+        # running comes round again an interval from now, as rq-scheduler itself would.
+        busy = job.get_status(refresh=False) in (JobStatus.QUEUED, JobStatus.STARTED)
+        due = now + timedelta(seconds=definition.interval_seconds) if busy else now
+        connection.zadd(scheduler.scheduled_jobs_key, {job_id: to_unix(due)}, nx=True)
     return sorted(wanted)
+
+
+def _fetch(scheduler: Scheduler, job_id: str) -> Job | None:
+    try:
+        return Job.fetch(job_id, connection=scheduler.connection)
+    except NoSuchJobError:
+        return None
 
 
 class LoomScheduler(Scheduler):
@@ -90,8 +148,9 @@ class LoomScheduler(Scheduler):
     Both records expire by themselves, so a failure to write them is only logged.
 
     Every tick registers the periodic jobs again before enqueuing (idempotent: one read when
-    nothing is missing), so a Redis that came back without them (restarted past its fsync
-    window, or empty) gets its schedule back without anyone restarting the scheduler.
+    nothing is missing), so a periodic job whose hash or schedule entry went missing (deleted,
+    evicted, or a Redis that came back without them) is put back without anyone restarting
+    the scheduler.
     """
 
     def __init__(self, *args: Any, definitions: list[Periodic] | None = None,
@@ -121,8 +180,9 @@ def main() -> int:
     settings = load_settings()
     configure_logging(settings.log_format)
     connection = queue_connection(settings)
-    scheduler = LoomScheduler(connection=connection, interval=5,
-                              definitions=periodic_jobs(settings))
+    definitions = periodic_jobs(settings)
+    scheduler = LoomScheduler(connection=connection, interval=poll_seconds(definitions),
+                              definitions=definitions)
     runs = 0
 
     def run() -> bool:

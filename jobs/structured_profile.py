@@ -155,11 +155,8 @@ def build_user(svc: Services, org: str, namespace: str, user_id: str) -> BuildRe
     schema = snapshot.schema
     if schema is None or schema.doc is None:
         return BuildResult(Outcome.FAILED, detail="no schema")
-    row = snapshot.row
-    fingerprint = refusal_fingerprint(
-        snapshot.digest.digest, row.version if row is not None else 0, schema.sha
-    )
-    if row is not None and row.live and (row.locked or row.pinned or row.label == "high"):
+    fingerprint = refusal_fingerprint(snapshot.digest.digest, snapshot.row_state(), schema.sha)
+    if snapshot.refuses_builds():  # locked, pinned, labelled high, or the user blacklisted
         usage.add(org, namespace, refusals=1)
         return BuildResult(Outcome.REFUSED, fingerprint, detail="profile row refuses builds")
 

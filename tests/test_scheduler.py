@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from datetime import UTC, datetime, timedelta
+
 import pytest
 import redis
 from rq import Queue, SimpleWorker
@@ -77,3 +80,124 @@ def test_the_schedulers_way_out_survives_a_dead_redis():
     scheduler.remove_lock()
     with pytest.raises(redis.ConnectionError):
         Scheduler.register_death(scheduler)  # what rq-scheduler alone does
+
+
+def test_the_poll_is_twice_per_shortest_interval_and_at_most_five_seconds():
+    from jobs.scheduler import poll_seconds
+
+    assert poll_seconds([Periodic("f", MAINTENANCE, 1), Periodic("g", MAINTENANCE, 60)]) == 0.5
+    assert poll_seconds([Periodic("f", MAINTENANCE, 3600)]) == 5.0
+    assert poll_seconds([]) == 5.0
+
+
+def test_a_periodic_job_keeps_its_hash_after_it_ran(job_env):
+    """A finished job's hash expired after result_ttl; rq-scheduler then dropped its schedule."""
+    definition = Periodic("jobs.agent_state_sweep.sweep", MAINTENANCE, 1)
+    scheduler = Scheduler(connection=job_env)
+    register(scheduler, [definition])
+    scheduler.enqueue_jobs()
+    SimpleWorker([Queue(MAINTENANCE, connection=job_env)], connection=job_env).work(burst=True)
+    assert job_env.ttl(f"rq:job:{definition.job_id}") == -1
+    assert _loom_jobs(scheduler) == [definition.job_id]
+
+
+def test_a_job_an_older_release_scheduled_with_a_result_ttl_keeps_its_hash_from_now_on(job_env):
+    definition = Periodic("jobs.agent_state_sweep.sweep", MAINTENANCE, 1)
+    scheduler = Scheduler(connection=job_env)
+    scheduler.schedule(scheduled_time=datetime.now(UTC), func=definition.func, interval=1,
+                       queue_name=MAINTENANCE, id=definition.job_id, result_ttl=2)
+    key = f"rq:job:{definition.job_id}"
+    job_env.expire(key, 2)  # as a finished run of it left it
+    register(scheduler, [definition])
+    assert job_env.ttl(key) == -1 and job_env.hget(key, "result_ttl") == b"-1"
+    scheduler.enqueue_jobs()
+    SimpleWorker([Queue(MAINTENANCE, connection=job_env)], connection=job_env).work(burst=True)
+    assert job_env.ttl(key) == -1
+
+
+def test_a_missing_hash_or_entry_is_put_back_and_a_busy_job_is_not_written_over(job_env):
+    definition = Periodic("jobs.agent_state_sweep.sweep", MAINTENANCE, 30)
+    scheduler = Scheduler(connection=job_env)
+    register(scheduler, [definition])
+    key = f"rq:job:{definition.job_id}"
+
+    job_env.delete(key)
+    register(scheduler, [definition])
+    assert _loom_jobs(scheduler) == [definition.job_id] and job_env.exists(key)
+
+    job_env.zrem(Scheduler.scheduled_jobs_key, definition.job_id)
+    job_env.hset(key, "status", "started")  # a worker runs it right now
+    register(scheduler, [definition])
+    assert _loom_jobs(scheduler) == [definition.job_id]
+    assert job_env.hget(key, "status") == b"started"  # not written over
+    due = job_env.zscore(Scheduler.scheduled_jobs_key, definition.job_id)
+    assert due >= time.time() + 25  # comes round an interval from now, not at once
+
+    register(scheduler, [definition])
+    register(scheduler, [definition])
+    assert job_env.zcard(Scheduler.scheduled_jobs_key) == 1
+
+
+def _pass_results_since(connection, job_id, since):
+    from rq.exceptions import NoSuchJobError
+    from rq.job import Job
+
+    try:
+        job = Job.fetch(job_id, connection=connection)
+    except NoSuchJobError:
+        return []
+    return [r for r in job.results() if r.type == r.Type.SUCCESSFUL and r.created_at > since]
+
+
+@pytest.mark.slow
+def test_passes_at_a_one_second_interval_keep_running_and_come_back_when_deleted(
+    redis_url, tmp_path
+):
+    """Real processes: two schedulers and a worker, LOOM_STRUCTURED_PROFILE_INTERVAL_SECONDS=1.
+    Passes run about every second for as long as we watch, and come back after the job's hash
+    or its schedule entry is deleted; the two schedulers keep one schedule entry."""
+    from jobs.queues import PASSES
+    from jobs.structured_profile import PASS_FUNC
+    from tests.conftest import TEST_SECRET
+    from tests.support.processes import loom_env, start, stop, wait_for
+
+    connection = redis.Redis.from_url(redis_url)
+    env = loom_env(REDIS_URL=redis_url, LOOM_SECRET_KEY=TEST_SECRET,
+                   LOOM_DATA_DIR=str(tmp_path),
+                   LOOM_STRUCTURED_PROFILE_INTERVAL_SECONDS="1",
+                   LOOM_STRUCTURED_PROFILE_IDLE_INTERVAL_SECONDS="1")
+    pass_id = Periodic(PASS_FUNC, PASSES, 1).job_id
+    processes = [start("jobs.scheduler", env, tmp_path / "scheduler-1.log"),
+                 start("jobs.scheduler", env, tmp_path / "scheduler-2.log"),
+                 start("jobs.worker", env, tmp_path / "worker.log", PASSES)]
+
+    def passes_since(since):
+        return len(_pass_results_since(connection, pass_id, since))
+
+    def entries():
+        return [m.decode() for m in connection.zrange(Scheduler.scheduled_jobs_key, 0, -1)
+                if m.decode().startswith(JOB_ID_PREFIX)]
+
+    try:
+        wait_for(lambda: passes_since(datetime.now(UTC) - timedelta(hours=1)), 60,
+                 "the first pass")
+        watched = datetime.now(UTC)
+        time.sleep(8)
+        # A 5 s poll with a 2 s result_ttl gave at most two in 8 s, then none at all.
+        assert passes_since(watched) >= 4
+        assert entries().count(pass_id) == 1
+
+        connection.delete(f"rq:job:{pass_id}")
+        deleted = datetime.now(UTC)
+        wait_for(lambda: passes_since(deleted) >= 2, 30, "passes after the hash was deleted")
+
+        connection.zrem(Scheduler.scheduled_jobs_key, pass_id)
+        removed = datetime.now(UTC)
+        wait_for(lambda: pass_id in entries(), 30, "the schedule entry to come back")
+        wait_for(lambda: passes_since(removed) >= 2, 30,
+                 "passes after the entry was removed")
+        assert entries().count(pass_id) == 1
+        assert len(entries()) == len(set(entries()))
+    finally:
+        for process in processes:
+            stop(process)

@@ -1,4 +1,5 @@
-"""profile.structured: one user's structured profile and whether it is current (seed 003).
+"""profile.structured: one user's structured profile and whether it is current (seed 003);
+structured.blacklist: keep the worker from building one user's profile (audited).
 
 A read never calls a model: one round trip reads the schema, the profile row, the worker's
 build record and the user's source digest, and the status follows from comparing them.
@@ -10,11 +11,16 @@ from typing import Any
 
 from marshmallow import fields, validate
 
+from app.clock import iso_from_ns
 from app.errors import AuthInsufficient, IdentityIncomplete
+from app.keyed import keyed_digest
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs
 from app.store.activity import ActivityStore
 from app.store.structured import StructuredStore
+
+# Versioned purpose of the user digest an audit entry names a blacklisted user by.
+_AUDIT_USER_PURPOSE = b"loom.structured.blacklist.user.v1"
 
 
 class ProfileStructuredArgs(IdentityArgs):
@@ -58,8 +64,56 @@ def profile_structured(call: Call) -> dict[str, Any]:
     if identity.user_id == "-":
         raise IdentityIncomplete("profile.structured reads one user: user_id is required",
                                  field="user_id")
-    snapshot = call.services.store(StructuredStore).snapshot(identity)
+    snapshot = call.services.store(StructuredStore).snapshot(identity, for_build=False)
     answer = snapshot.read(call.services.clock.now_ns())
     answer["schema_sha256"] = snapshot.schema.sha if snapshot.schema is not None else ""
     call.services.store(ActivityStore).record(identity, call.client, call.op.name)
     return answer
+
+
+class JsonBoolean(fields.Boolean):
+    """true or false as JSON gives them: "yes", 1 or "false" is refused, never guessed at."""
+
+    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> Any:
+        if not isinstance(value, bool):
+            raise self.make_error("invalid")
+        return value
+
+
+class StructuredBlacklistArgs(IdentityArgs):
+    blacklisted = JsonBoolean(
+        required=True,
+        metadata={"description": "true: the worker builds no profile for the user (a build is "
+                                 "refused as a locked profile row refuses it); false: lift it."},
+    )
+
+
+class StructuredBlacklisted(Answer):
+    user_id = fields.String()
+    blacklisted = fields.Boolean()
+    blacklisted_at = fields.String(
+        allow_none=True, metadata={"description": "Since when; null when not blacklisted."})
+    changed = fields.Boolean(metadata={"description": "false when it already was so."})
+    user_digest = fields.String(
+        metadata={"description": "The keyed hash the audit entry names the user by."})
+
+
+@op("structured.blacklist", role="admin", kind="idempotent", listed=False,
+    args=StructuredBlacklistArgs, answer=StructuredBlacklisted, needs_agent=False,
+    example={"namespace": "support", "user_id": "u-42", "blacklisted": True})
+def structured_blacklist(call: Call) -> dict[str, Any]:
+    """Blacklist a user from structured-profile builds, or lift it (audited)."""
+    identity = call.identity
+    if identity.user_id == "-":
+        raise IdentityIncomplete("structured.blacklist names one user: user_id is required",
+                                 field="user_id")
+    on = bool(call.args["blacklisted"])
+    # The audit list outlives an erasure of the user: it names them by a keyed hash only.
+    user_digest = keyed_digest(call.services.settings.secret_key.encode("utf-8"),
+                               _AUDIT_USER_PURPOSE, identity.org, identity.namespace,
+                               identity.user_id)
+    changed, since = call.services.store(StructuredStore).set_blacklisted(
+        identity, on, call.principal.actor, {"blacklisted": on, "user_digest": user_digest})
+    return {"user_id": identity.user_id, "blacklisted": on,
+            "blacklisted_at": iso_from_ns(since) if since is not None else None,
+            "changed": changed, "user_digest": user_digest}

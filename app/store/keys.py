@@ -308,6 +308,13 @@ def structured_meta(org: str, namespace: str, user_id: str) -> str:
     return f"{PREFIX}:sp-meta:{user_tag(org, namespace, user_id)}"
 
 
+def structured_blacklist(org: str, namespace: str) -> str:
+    """Sorted set user_id -> since when (ns) the user is blacklisted from structured-profile
+    builds. Under the namespace's tag, beside the audit list, so a change and its audit entry
+    commit together; an erasure removes the user from it like from every namespace index."""
+    return f"{PREFIX}:sp-blacklist:{namespace_tag(org, namespace)}"
+
+
 def structured_users(org: str, namespace: str) -> str:
     """Users of a namespace the worker has written a structured profile for."""
     return f"{PREFIX}:sp-users:{namespace_tag(org, namespace)}"

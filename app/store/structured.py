@@ -5,8 +5,13 @@ type ``profile``), so ``profile.render``, ``context.pack`` and ``memory.history`
 to it, one small hash records what the worker's last write was built from: the content hash it
 wrote, the schema sha, the sources digest and count it read, when it read them, and whether it
 was short of a fact it counted. A read compares that record with the namespace's schema and
-the user's digest (kept current by every fact write), in one pipelined round trip of three
-HGETALLs: no scan, no model.
+the user's digest (kept current by every fact write), in one pipelined round trip: no scan,
+no model.
+
+A user can also be blacklisted (``structured.blacklist``, an admin op): the worker then refuses
+their builds as it refuses a locked profile row, and the row as it stands is served as it would
+be under a lock. The blacklist is part of the row state a refusal is remembered under
+(``Snapshot.row_state``), so lifting it lets the refused build try again at once.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from app.clock import iso_from_ns
+from app.errors import UserBeingErased
 from app.profile_schema import null_profile
 from app.store import keys
 from app.store.identity import Identity
@@ -26,7 +32,9 @@ from app.store.memory import (
     MemoryRow,
     SourceDigest,
 )
+from app.store.namespace_config import AUDIT_MAX_ENTRIES, canonical_json
 from app.store.profile_schema import StoredSchema, parse_stored
+from app.store.replies import text_set, texts
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -70,6 +78,21 @@ class Snapshot:
     row: MemoryRow | None
     record: BuildRecord | None
     digest: SourceDigest
+    blacklisted_since: int | None = None  # ns; None when the user is not blacklisted
+
+    def refuses_builds(self) -> bool:
+        """Whether the worker must leave the profile as it is: the user is blacklisted, or the
+        live row at the key is locked, pinned or labelled ``high`` (seed 000, Passes)."""
+        if self.blacklisted_since is not None:
+            return True
+        row = self.row
+        return row is not None and row.live and (row.locked or row.pinned or row.label == "high")
+
+    def row_state(self) -> str:
+        """What a refusal by the profile row is remembered under (with the digest and the
+        schema sha): the row's version, and the blacklist entry while there is one."""
+        return row_state(self.row.version if self.row is not None else 0,
+                         self.blacklisted_since)
 
     def served_row(self, now_ns: int) -> MemoryRow | None:
         """The worker's live row, or None: a caller's row, a deleted, expired, redacted or
@@ -115,6 +138,18 @@ class Snapshot:
         return _answer("ready" if current else "stale", profile, row, record)
 
 
+def row_state(row_version: int, blacklisted_since: int | None) -> str:
+    # A user that is not blacklisted keeps the plain version, so refusals remembered before
+    # the blacklist existed keep their fingerprint.
+    if blacklisted_since is None:
+        return str(row_version)
+    return f"{row_version}:blacklisted:{blacklisted_since}"
+
+
+def _since(raw: str | float | None) -> int | None:
+    return int(raw) if raw not in (None, "") else None
+
+
 def row_is_served(row: MemoryRow, record: BuildRecord | None, now_ns: int) -> bool:
     """Served: live, not redacted, not ``high``, not expired, and the content the worker's
     last build wrote (a caller's write over it is not)."""
@@ -139,51 +174,33 @@ def _answer(
     }
 
 
-# KEYS: changed, parked. ARGV: user, until_ns, read_at_ns.
-_PARK = r"""
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if score and tonumber(score) <= tonumber(ARGV[3]) then
-  redis.call('ZREM', KEYS[1], ARGV[1])
-end
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
-return 1
-"""
-
-# KEYS: parked, changed. ARGV: now_ns. A user whose wait is over is listed at score 0, not
-# now: the scan dates the change by the user's digest, so the retry starts no new cooldown
-# (a refusal is tried again when REFUSAL_RETRY_SECONDS pass, not a cooldown after that).
-_UNPARK = r"""
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
-for _, user in ipairs(due) do
-  redis.call('ZADD', KEYS[2], 'NX', 0, user)
-  redis.call('ZREM', KEYS[1], user)
-end
-return #due
-"""
-
-
 class StructuredStore:
     def __init__(self, services: Services) -> None:
         self.redis = services.redis
         self.clock = services.clock
-        self._park = self.redis.register_script(_PARK)
-        self._unpark = self.redis.register_script(_UNPARK)
+        self._park = script(self.redis, "structured_park")
+        self._unpark = script(self.redis, "structured_unpark_due")
         self._forget = script(self.redis, "clear_unless_changed_since")
+        self._blacklist = script(self.redis, "structured_blacklist")
 
-    def snapshot(self, identity: Identity) -> Snapshot:
-        """One round trip: the schema, the profile row, its build record, the user's digest."""
+    def snapshot(self, identity: Identity, *, for_build: bool = True) -> Snapshot:
+        """One round trip: the schema, the profile row, its build record, the user's digest,
+        and (for a build, not a read: it changes no status) whether the user is blacklisted."""
         org, namespace, user_id = identity.org, identity.namespace, identity.user_id
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(keys.profile_schema(org, namespace))
         pipe.hgetall(profile_location(org, namespace, user_id).row_key())
         pipe.hgetall(keys.structured_meta(org, namespace, user_id))
         pipe.hgetall(keys.profile_source_digest(org, namespace, user_id))
-        schema_row, row, record, digest = pipe.execute()
+        if for_build:
+            pipe.zscore(keys.structured_blacklist(org, namespace), user_id)
+        schema_row, row, record, digest, *blacklisted = pipe.execute()
         return Snapshot(
             parse_stored(schema_row),
             MemoryRow.from_fields(row) if row else None,
             BuildRecord.from_fields(record),
             SourceDigest.from_fields(digest),
+            _since(blacklisted[0]) if blacklisted else None,
         )
 
     def record_build(
@@ -211,7 +228,8 @@ class StructuredStore:
 
     def expiring_users(self, org: str, namespace: str, now_ns: int) -> list[str]:
         """Users one of whose counted sources passed its valid_to since their last build."""
-        return self.redis.zrangebyscore(keys.structured_expiry(org, namespace), "-inf", now_ns)
+        return texts(
+            self.redis.zrangebyscore(keys.structured_expiry(org, namespace), "-inf", now_ns))
 
     def forget_expiry(self, org: str, namespace: str, user_id: str, due_ns: int) -> None:
         """Drop a user's expiry entry once its facts were taken out (the next build writes the
@@ -220,26 +238,50 @@ class StructuredStore:
 
     def records(
         self, org: str, namespace: str, user_ids: list[str]
-    ) -> dict[str, tuple[BuildRecord | None, SourceDigest, int, bool]]:
-        """Build record, digest, profile row version and whether the row is served, of many
-        users in one round trip (a scan's candidates). A build record alone is no built
-        profile: the row may have been written over, redacted or deleted since."""
+    ) -> dict[str, tuple[BuildRecord | None, SourceDigest, str, bool]]:
+        """Build record, digest, profile row state (``Snapshot.row_state``) and whether the row
+        is served, of many users in one round trip (a scan's candidates). A build record alone
+        is no built profile: the row may have been written over, redacted or deleted since."""
         now_ns = self.clock.now_ns()
         pipe = self.redis.pipeline(transaction=False)
         for user_id in user_ids:
             pipe.hgetall(keys.structured_meta(org, namespace, user_id))
             pipe.hgetall(keys.profile_source_digest(org, namespace, user_id))
             pipe.hgetall(profile_location(org, namespace, user_id).row_key())
+            pipe.zscore(keys.structured_blacklist(org, namespace), user_id)
         replies = pipe.execute()
         found = {}
         for i, user_id in enumerate(user_ids):
-            record = BuildRecord.from_fields(replies[3 * i])
-            raw_row = replies[3 * i + 2]
+            raw_record, raw_digest, raw_row, blacklisted = replies[4 * i:4 * i + 4]
+            record = BuildRecord.from_fields(raw_record)
             row = MemoryRow.from_fields(raw_row) if raw_row else None
             served = row is not None and row_is_served(row, record, now_ns)
-            found[user_id] = (record, SourceDigest.from_fields(replies[3 * i + 1]),
-                              row.version if row is not None else 0, served)
+            state = row_state(row.version if row is not None else 0, _since(blacklisted))
+            found[user_id] = (record, SourceDigest.from_fields(raw_digest), state, served)
         return found
+
+    def set_blacklisted(
+        self, identity: Identity, on: bool, actor: str, audit: dict[str, Any]
+    ) -> tuple[bool, int | None]:
+        """Blacklist the user from structured-profile builds, or lift it, and append the audit
+        entry ``{"at", "at_ns", "actor", "action", **audit}`` in the same step when that
+        changed anything. Answers whether it did and since when the user is blacklisted (None:
+        not). Refused while the user's erasure runs (a blacklist entry is the user's data).
+        """
+        org, namespace, user_id = identity.org, identity.namespace, identity.user_id
+        if self.redis.exists(keys.user_erasing(org, namespace, user_id)):
+            raise UserBeingErased(
+                "this user is being erased; write again once the erasure is done")
+        now = self.clock.now_ns()
+        entry = {"at": iso_from_ns(now), "at_ns": now, "actor": actor,
+                 "action": "structured.blacklist", **audit}
+        reply = self._blacklist(
+            keys=[keys.structured_blacklist(org, namespace), keys.namespace_audit(org, namespace),
+                  keys.structured_parked(org, namespace),
+                  keys.profile_changed_users(org, namespace)],
+            args=[user_id, "1" if on else "0", now, canonical_json(entry), AUDIT_MAX_ENTRIES],
+        )
+        return int(reply[1]) == 1, _since(reply[2])
 
     def rows_by_id(
         self, org: str, namespace: str, user_id: str, memory_ids: list[str]
@@ -297,7 +339,7 @@ class StructuredStore:
         swept_key = keys.structured_schema_swept(org, namespace)
         if self.redis.get(swept_key) == schema_sha:
             return 0
-        users = self.redis.smembers(keys.structured_users(org, namespace))
+        users = text_set(self.redis.smembers(keys.structured_users(org, namespace)))
         now = self.clock.now_ns()
         pipe = self.redis.pipeline(transaction=False)
         if users:

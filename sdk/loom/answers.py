@@ -389,6 +389,15 @@ class ProfileSchemaSetAnswer(TypedDict, total=False):
     set_at: str | None
 
 
+class StructuredBlacklistAnswer(TypedDict, total=False):
+    ignored_args: list[str]
+    user_id: str
+    blacklisted: bool
+    blacklisted_at: str | None
+    changed: bool
+    user_digest: str
+
+
 class SubjectExportAnswer(TypedDict, total=False):
     ignored_args: list[str]
     format: str
@@ -647,6 +656,12 @@ class ProfileSchemaOps(Plane[M]):
     set: Op[ProfileSchemaSetAnswer] = Op('profile_schema.set')
 
 
+class StructuredOps(Plane[M]):
+    """``bot.client.structured``: its ops, typed by their answers."""
+
+    blacklist: Op[StructuredBlacklistAnswer] = Op('structured.blacklist')
+
+
 class SubjectOps(Plane[M]):
     """``bot.client.subject``: its ops, typed by their answers."""
 
@@ -699,6 +714,7 @@ class OpsClient(BaseOpsClient[M]):
     org: OrgOps[M]
     profile: ProfileOps[M]
     profile_schema: ProfileSchemaOps[M]
+    structured: StructuredOps[M]
     subject: SubjectOps[M]
     token: TokenOps[M]
     usage: UsageOps[M]
@@ -718,6 +734,7 @@ PLANES: dict[str, type[Plane[Any]]] = {
     'org': OrgOps,
     'profile': ProfileOps,
     'profile_schema': ProfileSchemaOps,
+    'structured': StructuredOps,
     'subject': SubjectOps,
     'token': TokenOps,
     'usage': UsageOps,

@@ -2761,6 +2761,86 @@ OPS: dict[str, dict[str, Any]] = {
             'required': ['json_schema'],
         },
     },
+    'structured.blacklist': {
+        'role': 'admin',
+        'kind': 'idempotent',
+        'listed': False,
+        'mcp': True,
+        'http_method': 'POST',
+        'path': '/v1/structured.blacklist',
+        'summary': 'Blacklist a user from structured-profile builds, or lift it (audited).',
+        'fields': {
+            'org': {'required': False, 'default': None},
+            'namespace': {'required': False, 'default': None},
+            'agent': {'required': False, 'default': None},
+            'user_id': {'required': False, 'default': '-'},
+            'session_id': {'required': False, 'default': '-'},
+            'run_id': {'required': False, 'default': '-'},
+            'blacklisted': {'required': True},
+        },
+        'input_schema': {
+            'type': 'object',
+            'properties': {
+                'org': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The tenant.',
+                },
+                'namespace': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
+                },
+                'agent': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
+                },
+                'user_id': {
+                    'type': 'string',
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The end user; '-' for none.",
+                },
+                'session_id': {
+                    'type': 'string',
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The session or conversation; '-' for none.",
+                },
+                'run_id': {
+                    'type': 'string',
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The agent run (task scope); '-' for none.",
+                },
+                'blacklisted': {
+                    'type': 'boolean',
+                    'description': (
+                        'true: the worker builds no profile for the user (a build is refused '
+                        'as a locked profile row refuses it); false: lift it.'
+                    ),
+                },
+            },
+            'required': ['blacklisted'],
+        },
+    },
     'subject.export': {
         'role': 'viewer',
         'kind': 'read',

@@ -1,0 +1,243 @@
+"""Structured-profile rules in the running system: a real gunicorn, ``python -m jobs.scheduler``
+and ``python -m jobs.worker`` on one Redis, a scripted model on loopback, 1 s passes.
+
+Each test asserts what ``profile.structured`` answers over HTTP and how many model calls the
+worker made for its user (each user's facts name them, and the model answers from the facts).
+The cooldown (10 s) is longer than the rules that skip it need, so a rule that waited for it
+shows; the in-process tests with the injected clock hold the exact times.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import redis
+import requests
+
+from tests.conftest import TEST_SECRET
+from tests.support.live_server import LiveServer
+from tests.support.model_server import ScriptedAnswer, ScriptedModelServer
+from tests.support.processes import loom_env, start, stop, wait_for
+from tests.test_structured_worker import SCHEMA
+
+NS = {"namespace": "live", "agent": "chat"}
+COOLDOWN = 10
+REFUSAL_RETRY = 5
+ROW = {"agent": "-", "key": "structured_profile"}
+WORKER = "worker:structured_profile"
+
+
+class FactModel:
+    """Answers each build from its facts: ``Call me <name>`` gives preferred_name, a fact
+    naming Lisbon the time zone. A name in ``cut_off`` is cut off at the output cap once."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, str | None]] = []
+        self.cut_off: set[str] = set()
+        self.lock = threading.Lock()
+
+    def __call__(self, body):
+        text = body["messages"][-1]["content"]
+        names = re.findall(r"Call me (\w+)", text)
+        name = names[0] if names else None
+        with self.lock:
+            self.calls.append((time.time(), name))
+            if name in self.cut_off:
+                self.cut_off.discard(name)
+                return ScriptedAnswer(content='{"preferred_name": "', finish_reason="length")
+        return {"preferred_name": name, "languages": None,
+                "timezone": "Europe/Lisbon" if "Lisbon" in text else None}
+
+    def times(self, name: str) -> list[float]:
+        with self.lock:
+            return [at for at, called in self.calls if called == name]
+
+
+class Loom:
+    def __init__(self, url: str, model: FactModel) -> None:
+        self.url = url
+        self.model = model
+        self.session = requests.Session()
+
+    def post(self, op: str, **body):
+        response = self.session.post(f"{self.url}/v1/{op}", json={**NS, **body}, timeout=10)
+        assert response.status_code < 500, response.text
+        return response
+
+    def call(self, op: str, **body):
+        response = self.post(op, **body)
+        assert response.status_code == 200, response.text
+        return response.json()
+
+    def structured(self, user: str):
+        return self.call("profile.structured", user_id=user)
+
+    def name(self, user: str, name: str, **fields):
+        return self.call("memory.set", user_id=user, key="name", value=f"Call me {name}",
+                         **fields)
+
+    def wait_ready(self, user: str, name: str | None, timeout: float = 30):
+        return wait_for(
+            lambda: (out := self.structured(user))["status"] == "ready"
+            and out["profile"]["preferred_name"] == name and out,
+            timeout, f"{user}'s profile to be ready as {name}", every=0.1)
+
+
+@pytest.fixture(scope="module")
+def loom(redis_server_url, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("structured-live")
+    redis.Redis.from_url(redis_server_url).flushdb()
+    fact_model = FactModel()
+    model = ScriptedModelServer(default=fact_model).start()
+    env = loom_env(
+        REDIS_URL=redis_server_url, LOOM_SECRET_KEY=TEST_SECRET, LOOM_DATA_DIR=str(folder),
+        LOOM_LLM_BASE_URL=model.base_url, LOOM_LLM_MODEL="scripted-model",
+        LOOM_STRUCTURED_PROFILE_INTERVAL_SECONDS="1",
+        LOOM_STRUCTURED_PROFILE_IDLE_INTERVAL_SECONDS="1",
+        LOOM_STRUCTURED_PROFILE_SCAN_MAX_AGE_SECONDS="1",
+        LOOM_STRUCTURED_PROFILE_COOLDOWN_SECONDS=str(COOLDOWN),
+        LOOM_STRUCTURED_PROFILE_REFUSAL_RETRY_SECONDS=str(REFUSAL_RETRY),
+    )
+    web = LiveServer(env, workers=2, output=folder / "web.log").start()
+    processes = []
+    try:
+        client = Loom(web.url, fact_model)
+        client.call("profile_schema.set", json_schema=SCHEMA)
+        processes = [start("jobs.scheduler", env, folder / "scheduler.log"),
+                     start("jobs.worker", env, folder / "worker.log")]
+        yield client
+    finally:
+        for process in processes:
+            stop(process)
+        web.stop()
+        model.close()
+        redis.Redis.from_url(redis_server_url).flushdb()
+
+
+def _iso(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, tz=UTC).isoformat().replace("+00:00", "Z")
+
+
+@pytest.mark.slow
+def test_a_callers_overwrite_of_a_built_profile_is_rebuilt(loom):
+    loom.name("u-1", "Ann")
+    loom.wait_ready("u-1", "Ann")
+    loom.call("memory.set", user_id="u-1", **ROW, memory_type="profile",
+              value={"preferred_name": "Forged"})
+    out = loom.structured("u-1")
+    assert out["profile"]["preferred_name"] != "Forged"  # pending, or rebuilt already
+    loom.wait_ready("u-1", "Ann", timeout=COOLDOWN - 2)  # pending: no cooldown to wait for
+    row = loom.call("memory.get", user_id="u-1", **ROW)["memory"]
+    assert row["written_by"] == WORKER
+    assert len(loom.model.times("Ann")) == 2
+
+
+@pytest.mark.slow
+def test_a_redacted_built_profile_is_rebuilt(loom):
+    loom.name("u-2", "Bea")
+    loom.wait_ready("u-2", "Bea")
+    loom.call("memory.redact", user_id="u-2", **ROW)
+    loom.wait_ready("u-2", "Bea", timeout=COOLDOWN - 2)
+    assert len(loom.model.times("Bea")) == 2
+
+
+@pytest.mark.slow
+def test_a_fact_passing_its_valid_to_reads_stale_and_is_rebuilt_without_cooldown(loom):
+    valid_to = time.time() + 10
+    loom.name("u-3", "Cat")
+    loom.call("memory.set", user_id="u-3", key="tz", value="Lives in Lisbon for now",
+              valid_to=_iso(valid_to))
+    built = loom.wait_ready("u-3", "Cat", timeout=8)
+    assert built["profile"]["timezone"] == "Europe/Lisbon"
+    time.sleep(max(0.0, valid_to - time.time()) + 0.05)
+    seen = []
+    deadline = valid_to + COOLDOWN - 3
+    while time.time() < deadline:
+        out = loom.structured("u-3")
+        seen.append((out["status"], out["profile"]["timezone"]))
+        # Once the fact is past its valid_to, a profile still holding it is never ready.
+        assert seen[-1] in (("stale", "Europe/Lisbon"), ("ready", None)), seen
+        if seen[-1] == ("ready", None):
+            break
+        time.sleep(0.1)
+    assert seen[-1] == ("ready", None), seen
+    assert len(loom.model.times("Cat")) == 2
+
+
+@pytest.mark.slow
+def test_a_refusal_is_retried_when_refusal_retry_seconds_pass_not_a_cooldown_later(loom):
+    loom.name("u-6", "Dan")
+    loom.wait_ready("u-6", "Dan")
+    loom.model.cut_off.add("Daniel")
+    changed = time.time()
+    loom.name("u-6", "Daniel")
+    wait_for(lambda: loom.model.times("Daniel"), COOLDOWN + 20, "the cut-off build")
+    (cut_off,) = loom.model.times("Daniel")
+    assert cut_off - changed >= COOLDOWN - 0.5  # an edit waits for its cooldown
+    out = loom.structured("u-6")
+    assert out["status"] == "stale" and out["profile"]["preferred_name"] == "Dan"
+    retried = wait_for(lambda: loom.model.times("Daniel")[1:], REFUSAL_RETRY + COOLDOWN + 20,
+                       "the retry")[0]
+    # Tried again once REFUSAL_RETRY_SECONDS passed (give or take a pass), not a cooldown on.
+    assert REFUSAL_RETRY - 0.5 <= retried - cut_off < REFUSAL_RETRY + COOLDOWN / 2
+    loom.wait_ready("u-6", "Daniel", timeout=5)
+    assert len(loom.model.times("Daniel")) == 2
+
+
+@pytest.mark.slow
+def test_the_all_null_profile_is_never_written_over_a_callers_row(loom):
+    loom.name("u-7", "Eve")
+    loom.wait_ready("u-7", "Eve")
+    loom.call("memory.delete", user_id="u-7", key="name")
+    loom.wait_ready("u-7", None, timeout=COOLDOWN - 2)  # all facts gone: all null, no call
+    loom.call("memory.set", user_id="u-7", **ROW, memory_type="profile",
+              value={"preferred_name": "Mine"})
+    time.sleep(5)  # several passes
+    row = loom.call("memory.get", user_id="u-7", **ROW)["memory"]
+    assert row["value"] == {"preferred_name": "Mine"} and row["written_by"] != WORKER
+    assert loom.structured("u-7")["status"] == "pending"
+    assert len(loom.model.times("Eve")) == 1
+
+
+@pytest.mark.slow
+def test_a_blacklisted_user_gets_no_model_call_until_the_blacklist_is_lifted(loom):
+    assert loom.call("structured.blacklist", user_id="u-9", blacklisted=True)["changed"]
+    loom.name("u-9", "Fay")
+    time.sleep(5)  # a pending user would be built at the next pass
+    assert loom.model.times("Fay") == []
+    assert loom.structured("u-9")["status"] == "pending"
+    assert loom.call("structured.blacklist", user_id="u-9", blacklisted=False)["changed"]
+    loom.wait_ready("u-9", "Fay", timeout=COOLDOWN - 2)
+    assert len(loom.model.times("Fay")) == 1
+
+
+@pytest.mark.slow
+def test_field_list_rules_hold_through_gunicorn(loom):
+    """Issue 13 point 10 over the wire: default caps, exact updated_at, control characters,
+    the schema's property order."""
+    written = loom.call("working_memory.set", block_key="state", content="x", char_limit=100)
+    assert written["char_limit"] == 100
+    assert loom.call("working_memory.set", block_key="state", content="y")["char_limit"] == 4096
+    loom.call("profile.set", label="persona", value="Terse.", char_limit=100)
+    assert loom.call("profile.set", label="persona", value="x" * 500)["char_limit"] == 8192
+
+    for index in range(20):  # a float rounds about half of all versions' microseconds up
+        version = loom.call("working_memory.set", block_key=f"t{index}", content="x")["version"]
+        block = loom.call("working_memory.get", block_key=f"t{index}")
+        moment = datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=version // 1000)
+        assert block["updated_at"] == moment.isoformat().replace("+00:00", "Z")
+
+    for op, field, body in (("working_memory.set", "block_key", {"content": "x"}),
+                            ("profile.set", "label", {"value": "x"})):
+        for bad in ("two\nlines", "nul\x00byte"):
+            response = loom.post(op, **{field: bad}, **body)
+            assert response.status_code == 422, response.text
+            assert field in response.json()["error"]["fields"]
+
+    text = loom.post("profile.structured", user_id="u-order").text
+    positions = [text.index(f'"{name}"') for name in SCHEMA["properties"]]
+    assert positions == sorted(positions)

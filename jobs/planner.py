@@ -47,8 +47,10 @@ __all__ = [
     "ScanStep",
     "UserCandidate",
     "UserWait",
+    "give_back",
     "next_backoff",
     "plan_pass",
+    "record_outcome",
     "refusal_fingerprint",
     "rotation_order",
     "state_for_generation",
@@ -851,23 +853,7 @@ class PassPlanner:
             # Not a failure: no wait is earned or ended, and ``finish`` lists the user again.
             self._deferred.setdefault(ns, []).append(user_id)
             return
-        users = self._state.user_waits.setdefault(ns, {})
-        wait = users.get(user_id, UserWait())
-        if outcome in (Outcome.BUILT, Outcome.UNCHANGED):
-            wait = UserWait()
-        elif outcome is Outcome.FAILED:
-            failures = wait.failures + 1
-            wait = UserWait(failures, now + next_backoff(failures, self.settings), wait.refusal)
-        else:
-            if not fingerprint:
-                raise ValueError("a refused or cut-off build needs the refusal fingerprint")
-            wait = UserWait(refusal=Refusal(now, fingerprint))
-        if wait.is_empty():
-            users.pop(user_id, None)
-        else:
-            users[user_id] = wait
-        if not users:
-            del self._state.user_waits[ns]
+        record_outcome(self._state, ns, user_id, outcome, now, self.settings, fingerprint)
 
     def snapshot(self) -> PlannerState:
         """The state as it stands mid-pass (a copy), for a caller that stores it after each
@@ -892,11 +878,8 @@ class PassPlanner:
         _prune(state, self._namespaces, now, self.settings)
         for ns, users in self._deferred.items():
             # Deferred for a budget: back at the front of the namespace's list, in the order
-            # they were taken, so the first pass with room builds them first. Without a list
-            # the next pass scans again, and the scan lists them (they were never unlisted).
-            scan = state.scans.get(ns)
-            if scan is not None:
-                scan.users = [*users, *(user for user in scan.users if user not in users)]
+            # they were taken, so the first pass with room builds them first.
+            give_back(state, ns, users)
         for ns, scan in list(state.scans.items()):
             if not scan.users and not scan.complete:
                 del state.scans[ns]
@@ -951,6 +934,53 @@ class PassPlanner:
             failures, now + next_backoff(failures, self.settings), info.schema_sha
         )
         self._failed.add(ns)
+
+
+def record_outcome(
+    state: PlannerState,
+    ns: str,
+    user_id: str,
+    outcome: Outcome | str,
+    now: float,
+    settings: PlannerSettings,
+    fingerprint: str | None = None,
+) -> None:
+    """``PassPlanner.record_result`` on a stored state: for a pass whose builds end after the
+    planner that handed them out has finished (builds fanned out as jobs of their own). A
+    deferred build changes no wait: the caller gives the user back (``give_back``)."""
+    outcome = Outcome(outcome)
+    if outcome is Outcome.DEFERRED:
+        return
+    if outcome in (Outcome.REFUSED, Outcome.CUT_OFF) and not fingerprint:
+        raise ValueError("a refused or cut-off build needs the refusal fingerprint")
+    users = state.user_waits.setdefault(ns, {})
+    wait = users.get(user_id, UserWait())
+    if outcome in (Outcome.BUILT, Outcome.UNCHANGED):
+        wait = UserWait()
+    elif outcome is Outcome.FAILED:
+        failures = wait.failures + 1
+        wait = UserWait(failures, now + next_backoff(failures, settings), wait.refusal)
+    else:
+        assert fingerprint
+        wait = UserWait(refusal=Refusal(now, fingerprint))
+    if wait.is_empty():
+        users.pop(user_id, None)
+    else:
+        users[user_id] = wait
+    if not users:
+        del state.user_waits[ns]
+
+
+def give_back(state: PlannerState, ns: str, user_ids: Sequence[str]) -> None:
+    """Users a pass handed out but did not build (deferred for a budget, or not reached before
+    its time ran out) go back to the front of their namespace's scan list, in the order they
+    were taken, so the next pass takes them first. Without a list the next pass scans again,
+    and the scan lists them: they were never unlisted from the changed index."""
+    scan = state.scans.get(ns)
+    if scan is None:
+        return
+    returned = list(dict.fromkeys(user_ids))
+    scan.users = [*returned, *(user for user in scan.users if user not in returned)]
 
 
 def plan_pass(

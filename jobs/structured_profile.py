@@ -3,9 +3,15 @@
 ``run_pass`` is the periodic job. It takes the worker lease (a fencing token, so two passes
 never plan at once), loads what the worker keeps between passes (under the holding process),
 and drives ``jobs.planner.PassPlanner``: scans list the users whose sources or schema moved,
-builds run for the users it hands out. With more than one RQ worker listening, builds fan out
-as ``build_user_job`` jobs so that more workers mean more model throughput; with one, the pass
-builds them itself.
+builds run for the users it hands out. Every build takes its user under a fence of the lease
+(``jobs.pass_lease``) and writes the profile row only while that fence holds the pass's token,
+so a pass that lost its lease writes nothing more. No user is taken once half of
+LOOM_STRUCTURED_PROFILE_MAX_PASS_SECONDS has gone; at the whole of it the pass is abandoned.
+
+Run by an RQ worker, a pass fans its builds out: one ``build_user_job`` per user on the builds
+queue, and a closing ``end_pass`` job that RQ enqueues once they have all ended. No job waits
+on another, so N workers on the builds queue make N builds at once. Called directly, a pass
+builds in its own process, one user at a time.
 
 ``build_user`` is one build, every rule of seed 000 "Structured profiles": sources under the
 fold's filter, most confident and newest first, at most the memory limit; a refusal (row
@@ -26,13 +32,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rq import Queue, Worker
+from rq import Queue, get_current_job
+from rq.job import Dependency, Job
+from rq.results import Result
 
 from app.errors import LoomError
 from app.profile_schema import max_tokens_for, null_profile, validate_answer
 from app.services import Services
 from app.store.identity import Identity
-from app.store.lease import LeaseLost, LeaseStore
+from app.store.lease import Fence, LeaseLost, LeaseStore
 from app.store.memory import Content, MemoryRow, MemoryStore
 from app.store.metrics import record_pass
 from app.store.profile_schema import (
@@ -51,6 +59,7 @@ from app.store.structured import (
 from app.store.usage import UsageStore
 from jobs.budget import OutOfBudget, complete_within_budget
 from jobs.context import services
+from jobs.pass_lease import LeaseKeeper, PassTicket, lease_ttl
 from jobs.planner import (
     BuildStep,
     NamespaceInfo,
@@ -58,7 +67,10 @@ from jobs.planner import (
     PassPlanner,
     PlannerSettings,
     PlannerState,
+    ScanStep,
     UserCandidate,
+    give_back,
+    record_outcome,
     refusal_fingerprint,
     state_for_generation,
 )
@@ -68,13 +80,17 @@ from jobs.provider import (
     parse_max_tokens_overrides,
     provider_from_settings,
 )
-from jobs.queues import BUILDS
+from jobs.queues import BUILDS, PASSES
 
 log = logging.getLogger("loom.jobs.structured_profile")
 
 LEASE = "structured_profile"
 TRACE_PREFIX = "profile.fold:structured_profile:"
 PASS_FUNC = "jobs.structured_profile.run_pass"
+# A fanned-out build still running this long after the pass's limit is stopped by RQ.
+ABANDON_GRACE_SECONDS = 5
+# How long the build jobs' results stay for the closing job to read, past the pass's limit.
+RESULT_KEEP_SECONDS = 600
 
 
 @dataclass(frozen=True)
@@ -85,6 +101,10 @@ class BuildResult:
     wrote: bool = False
     detail: str = ""
     short: bool = False  # written from fewer facts than it counted
+    # False for a user the pass handed out but never built: taken too late (the pass's second
+    # half), abandoned at its limit, or fenced off. It is neither a success nor a failure: it
+    # stays listed for the next pass, with no backoff.
+    reached: bool = True
 
     @property
     def metric_outcome(self) -> str:
@@ -94,13 +114,18 @@ class BuildResult:
     def to_dict(self) -> dict[str, Any]:
         return {"outcome": str(self.outcome), "fingerprint": self.fingerprint,
                 "model_calls": self.model_calls, "wrote": self.wrote, "detail": self.detail,
-                "short": self.short}
+                "short": self.short, "reached": self.reached}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BuildResult:
         return cls(Outcome(data["outcome"]), data.get("fingerprint", ""),
                    int(data.get("model_calls", 0)), bool(data.get("wrote")),
-                   data.get("detail", ""), bool(data.get("short")))
+                   data.get("detail", ""), bool(data.get("short")),
+                   bool(data.get("reached", True)))
+
+    @classmethod
+    def not_reached(cls, detail: str, model_calls: int = 0) -> BuildResult:
+        return cls(Outcome.UNCHANGED, model_calls=model_calls, detail=detail, reached=False)
 
 
 # --- one build ---------------------------------------------------------------------------------
@@ -140,7 +165,11 @@ def _prompt(schema: StoredSchema, facts: list[MemoryRow]) -> list[dict[str, str]
     ]
 
 
-def build_user(svc: Services, org: str, namespace: str, user_id: str) -> BuildResult:
+def build_user(
+    svc: Services, org: str, namespace: str, user_id: str, fence: Fence | None = None
+) -> BuildResult:
+    """One build. With a ``fence`` (a pass's claim on the user), the profile row is written
+    only while the fence holds the pass's token: LeaseLost, and nothing written, otherwise."""
     settings = svc.settings
     identity = Identity(org, namespace, "-", user_id)
     memory = svc.store(MemoryStore)
@@ -165,7 +194,8 @@ def build_user(svc: Services, org: str, namespace: str, user_id: str) -> BuildRe
     entries = memory.source_entries(org, namespace, user_id)
     served = snapshot.served_row(now_ns)
     if not entries:
-        return _write_all_null(svc, identity, schema, snapshot, served, digest, read_at, [])
+        return _write_all_null(svc, identity, schema, snapshot, served, digest, read_at, [],
+                               fence=fence)
 
     chosen = _ordered_sources(entries, settings.structured_profile_memory_limit)
     facts = _read_facts(structured, org, namespace, user_id, chosen, now_ns)
@@ -173,7 +203,7 @@ def build_user(svc: Services, org: str, namespace: str, user_id: str) -> BuildRe
     if not facts:
         # Served none of the facts it counted: no model call (seed 000, Staleness).
         return _write_all_null(svc, identity, schema, snapshot, served, digest, read_at,
-                               [], short=True)
+                               [], short=True, fence=fence)
 
     provider = provider_from_settings(settings.llm_base_url, settings.llm_api_key,
                                       settings.llm_model, settings.llm_timeout_seconds)
@@ -220,7 +250,7 @@ def build_user(svc: Services, org: str, namespace: str, user_id: str) -> BuildRe
         return BuildResult(Outcome.UNCHANGED, model_calls=1,
                            detail="a fact it read changed while the model ran")
     return _write(svc, identity, schema, snapshot, profile, read_ids, digest, read_at, short,
-                  model_calls=1)
+                  model_calls=1, fence=fence)
 
 
 def _answer_schema(schema: StoredSchema) -> dict[str, Any]:
@@ -263,6 +293,7 @@ def _write_all_null(
     read_at: int,
     read_ids: list[str],
     short: bool = False,
+    fence: Fence | None = None,
 ) -> BuildResult:
     if not snapshot.worker_row():
         # No facts and no row the worker wrote: write nothing, so an erased user gets no new
@@ -271,7 +302,7 @@ def _write_all_null(
                                              identity.user_id, read_at)
         return BuildResult(Outcome.UNCHANGED, detail="no facts and no profile")
     return _write(svc, identity, schema, snapshot, null_profile(schema.doc or {}), read_ids,
-                  digest, read_at, short, model_calls=0)
+                  digest, read_at, short, model_calls=0, fence=fence)
 
 
 def _write(
@@ -285,6 +316,7 @@ def _write(
     read_at: int,
     short: bool,
     model_calls: int,
+    fence: Fence | None = None,
 ) -> BuildResult:
     memory = svc.store(MemoryStore)
     row = snapshot.row
@@ -313,6 +345,7 @@ def _write(
             default_char_limit=None,
             expected_version=str(row.version) if row is not None else "-",
             refuse_pinned=True,
+            fence=fence,
         )
     except LoomError as error:
         # Locked, pinned, high, being erased, or written by someone since the snapshot.
@@ -330,11 +363,6 @@ def _write(
     memory.clear_changed(identity.org, identity.namespace, identity.user_id, read_at)
     svc.store(UsageStore).add(identity.org, identity.namespace, builds=1)
     return BuildResult(Outcome.BUILT, model_calls=model_calls, wrote=True, short=short)
-
-
-def build_user_job(org: str, namespace: str, user_id: str) -> dict[str, Any]:
-    """One build as its own RQ job (a pass fans out to these); idempotent."""
-    return build_user(services(), org, namespace, user_id).to_dict()
 
 
 # --- one pass ----------------------------------------------------------------------------------
@@ -419,124 +447,300 @@ def _scan(
     return planner.users_behind(ns_id, candidates, now)
 
 
-def _build_many(svc: Services, steps: list[BuildStep]) -> list[BuildResult]:
-    """Run the builds: as RQ jobs when other workers can take them, else here."""
-    connection = svc.queue_redis
-    try:
-        helpers = Worker.count(queue=Queue(BUILDS, connection=connection))
-    except Exception:  # no RQ here (a direct call): build inline
-        helpers = 0
-    if helpers <= 1 or len(steps) <= 1:
-        built_here = []
-        for step in steps:
-            org, namespace = split_namespace_member(step.namespace)
-            built_here.append(build_user(svc, org, namespace, step.user_id))
-        return built_here
-    queue = Queue(BUILDS, connection=connection)
-    jobs = []
-    for step in steps:
-        org, namespace = split_namespace_member(step.namespace)
-        jobs.append(queue.enqueue(build_user_job, org, namespace, step.user_id,
-                                  job_timeout=int(svc.settings.llm_timeout_seconds * 3) + 30,
-                                  result_ttl=600, failure_ttl=3600))
-    deadline = time.monotonic() + svc.settings.structured_profile_max_pass_seconds / 2
-    results: list[BuildResult] = []
-    for job in jobs:
-        while True:
-            status = job.get_status(refresh=True)
-            if status == "finished":
-                results.append(BuildResult.from_dict(job.return_value() or {}))
-                break
-            if status in ("failed", "stopped", "canceled") or time.monotonic() > deadline:
-                results.append(BuildResult(Outcome.FAILED, detail=f"build job {status}"))
-                break
-            time.sleep(0.05)
-    return results
-
-
 def _park_if_waiting(
-    svc: Services, planner: PassPlanner, step: BuildStep, result: BuildResult
+    svc: Services, settings: PlannerSettings, state: PlannerState, ns_id: str, user_id: str,
+    result: BuildResult,
 ) -> None:
     """A refused, cut-off or failed user waits; park it so it does not hold the scan window."""
     if result.outcome not in (Outcome.REFUSED, Outcome.CUT_OFF, Outcome.FAILED):
         return
-    wait = planner.snapshot().user_waits.get(step.namespace, {}).get(step.user_id)
+    wait = state.user_waits.get(ns_id, {}).get(user_id)
     if wait is None:
         return
-    settings = planner.settings
     if wait.backoff_until is not None:
         until = wait.backoff_until
     elif wait.refusal is not None:
         until = wait.refusal.refused_at + settings.refusal_retry_seconds
     else:
         return
-    org, namespace = split_namespace_member(step.namespace)
-    svc.store(StructuredStore).park(org, namespace, step.user_id, int(until * 1e9),
+    org, namespace = split_namespace_member(ns_id)
+    svc.store(StructuredStore).park(org, namespace, user_id, int(until * 1e9),
                                     svc.clock.now_ns())
 
 
+# --- builds under the pass's lease -------------------------------------------------------------
+
+
+def _build_taken(svc: Services, keeper: LeaseKeeper, ns_id: str, user_id: str) -> BuildResult:
+    """Take one user now and build them under a fence: the write happens only while the pass
+    still holds the user. LeaseLost when the lease is gone or the fence lapsed meanwhile."""
+    org, namespace = split_namespace_member(ns_id)
+    fence = keeper.take(org, namespace, user_id)
+    if fence is None:
+        return BuildResult.not_reached("the pass may not take this user")
+    try:
+        return build_user(svc, org, namespace, user_id, fence=fence)
+    finally:
+        keeper.drop(fence)
+
+
+def build_user_job(
+    org: str, namespace: str, user_id: str, ticket: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One build as its own RQ job, fanned out by a pass; idempotent.
+
+    It takes the user when it starts, so a build that starts in the pass's second half takes
+    nobody; it renews the pass's lease while it runs, and writes only under the pass's fence.
+    A build the pass could not make returns as not reached (listed for the next pass, no
+    backoff). A job without a ticket (queued before passes fenced their builds) just builds.
+    """
+    svc = services()
+    if ticket is None:
+        return build_user(svc, org, namespace, user_id).to_dict()
+    pass_ticket = PassTicket.from_dict(ticket)
+    if svc.clock.now() >= pass_ticket.take_until:
+        return BuildResult.not_reached("started in the pass's second half").to_dict()
+    ns_id = namespace_member(org, namespace)
+    try:
+        with LeaseKeeper(svc.store(LeaseStore), pass_ticket, svc.clock) as keeper:
+            return _build_taken(svc, keeper, ns_id, user_id).to_dict()
+    except LeaseLost:
+        log.info("structured_profile: a build was fenced off (lease lost or the pass's limit "
+                 "passed); nothing written")
+        return BuildResult.not_reached("fenced off: lease lost or the limit passed").to_dict()
+
+
+# --- one pass ----------------------------------------------------------------------------------
+
+
+def _load_state(leases: LeaseStore, holder: str) -> PlannerState:
+    generation, raw = leases.load_state(LEASE)
+    stored = None
+    if raw:
+        try:
+            stored = PlannerState.from_json(raw)
+            stored.generation = generation
+        except ValueError:
+            stored = None
+    return state_for_generation(stored, holder)
+
+
+def _scan_step(svc: Services, planner: PassPlanner, step: ScanStep, shas: dict[str, str]) -> None:
+    try:
+        users = _scan(svc, planner, step.namespace, step.limit, step.excluded,
+                      shas[step.namespace], svc.clock.now())
+        planner.record_scan(step.namespace, users, svc.clock.now())
+    except LeaseLost:
+        raise
+    except Exception:  # a failing namespace backs off, the pass goes on
+        log.exception("structured_profile: scan failed")
+        planner.record_scan_failure(step.namespace, svc.clock.now())
+
+
+def _pass_inline(
+    svc: Services, planner: PassPlanner, shas: dict[str, str], keeper: LeaseKeeper
+) -> tuple[list[BuildStep], list[BuildResult]]:
+    """Scan and build in this process, one user at a time: the planner is asked for the next
+    user only once the last build is done, so a pass whose builds are slow stops taking users
+    at half time, and the users not reached stay on their scan lists."""
+    steps: list[BuildStep] = []
+    results: list[BuildResult] = []
+    while (step := planner.next_step(svc.clock.now())) is not None:
+        keeper.check()
+        if isinstance(step, ScanStep):
+            _scan_step(svc, planner, step, shas)
+            continue
+        result = _build_taken(svc, keeper, step.namespace, step.user_id)
+        if not result.reached:
+            # Only a later holder of the lease takes a user from under this pass.
+            raise LeaseLost("a later pass took a user of this one")
+        planner.record_result(step.namespace, step.user_id, result.outcome, svc.clock.now(),
+                              result.fingerprint or None)
+        _park_if_waiting(svc, planner.settings, planner.snapshot(), step.namespace,
+                         step.user_id, result)
+        steps.append(step)
+        results.append(result)
+    return steps, results
+
+
+def _plan_all(svc: Services, planner: PassPlanner, shas: dict[str, str]) -> list[BuildStep]:
+    """Every user the pass may build, handed out at once (scans run here; no model call), for
+    build jobs that each take their user only when they start."""
+    steps: list[BuildStep] = []
+    while (step := planner.next_step(svc.clock.now())) is not None:
+        if isinstance(step, ScanStep):
+            _scan_step(svc, planner, step, shas)
+        else:
+            steps.append(step)
+    return steps
+
+
+def _fan_out(
+    svc: Services, ticket: PassTicket, steps: list[BuildStep], next_pass_in: float
+) -> tuple[list[str], str]:
+    """Enqueue one build job per user on the builds queue, and the pass's closing job, which
+    RQ enqueues once every build job has ended (failed ones too): no process waits on them."""
+    connection = svc.queue_redis
+    now = svc.clock.now()
+    left = max(1, math.ceil(ticket.hard_until - now))
+    # A build still running at the pass's limit can write nothing by then (its fence lapsed);
+    # RQ's job timeout stops it soon after, and the closing job runs.
+    timeout = left + ABANDON_GRACE_SECONDS
+    keep = left + ABANDON_GRACE_SECONDS + RESULT_KEEP_SECONDS
+    datas = []
+    for step in steps:
+        org, namespace = split_namespace_member(step.namespace)
+        datas.append(Queue.prepare_data(
+            build_user_job, args=(org, namespace, step.user_id),
+            kwargs={"ticket": ticket.to_dict()}, timeout=timeout, result_ttl=keep,
+            failure_ttl=keep,
+        ))
+    jobs = Queue(BUILDS, connection=connection).enqueue_many(datas)
+    build_ids = [job.id for job in jobs]
+    closing = Queue(PASSES, connection=connection).enqueue(
+        end_pass, kwargs={"ticket": ticket.to_dict(), "build_job_ids": build_ids,
+                          "next_pass_in": next_pass_in},
+        depends_on=Dependency(jobs=jobs, allow_failure=True),
+        job_timeout=max(60, timeout), result_ttl=keep, failure_ttl=keep,
+    )
+    return build_ids, closing.id
+
+
+def _fanned_out_results(
+    connection: Any, build_ids: list[str]
+) -> list[tuple[str, str, BuildResult]]:
+    """(namespace id, user, result) of each build job still there (an erasure deletes the
+    jobs about its user)."""
+    found = []
+    for job in Job.fetch_many(build_ids, connection=connection):
+        if job is None:
+            continue
+        org, namespace, user_id = job.args[:3]
+        latest = job.latest_result()
+        if latest is not None and latest.type == Result.Type.SUCCESSFUL:
+            result = BuildResult.from_dict(latest.return_value or {})
+        elif latest is not None and latest.type == Result.Type.FAILED:
+            if "JobTimeoutException" in (latest.exc_string or ""):
+                result = BuildResult.not_reached("abandoned at the pass's limit")
+            else:
+                result = BuildResult(Outcome.FAILED, detail="the build job failed")
+        else:
+            result = BuildResult.not_reached(f"build job {job.get_status(refresh=False)}")
+        found.append((namespace_member(org, namespace), user_id, result))
+    return found
+
+
+def end_pass(
+    ticket: dict[str, Any], build_job_ids: list[str], next_pass_in: float
+) -> dict[str, Any]:
+    """The closing job of a pass whose builds fanned out: records each build's outcome (waits,
+    backoffs, refusals), puts the users not reached back on their scan lists, stores the kept
+    state and releases the lease. Nothing, when the lease is no longer the pass's."""
+    svc = services()
+    pass_ticket = PassTicket.from_dict(ticket)
+    leases = svc.store(LeaseStore)
+    lease = pass_ticket.lease_in(leases)
+    if not lease.holds():
+        log.warning("structured_profile: the pass lost its lease before it closed; its kept "
+                    "state is left as it is")
+        return {"skipped": "lease lost"}
+    settings = PlannerSettings.from_settings(svc.settings)
+    state = _load_state(leases, pass_ticket.holder)
+    now = svc.clock.now()
+    results = _fanned_out_results(svc.queue_redis, build_job_ids)
+    not_reached: dict[str, list[str]] = {}
+    for ns_id, user_id, result in results:
+        if not result.reached:
+            not_reached.setdefault(ns_id, []).append(user_id)
+            continue
+        record_outcome(state, ns_id, user_id, result.outcome, now, settings,
+                       result.fingerprint or None)
+        _park_if_waiting(svc, settings, state, ns_id, user_id, result)
+    for ns_id, users in not_reached.items():
+        give_back(state, ns_id, users)
+    state.generation = pass_ticket.holder
+    try:
+        leases.save_state(lease, state.to_json())
+    except LeaseLost:
+        log.warning("structured_profile: the pass lost its lease as it closed")
+        return {"skipped": "lease lost"}
+    leases.set_next_pass_due(lease, now + next_pass_in)
+    reached = [r for _ns, _user, r in results if r.reached]
+    record_pass(svc, LEASE, max(0.0, now - pass_ticket.started_at),
+                [r.metric_outcome for r in reached])
+    lease.release()
+    calls = sum(r.model_calls for _ns, _user, r in results)
+    log.info("structured_profile: pass built %d of %d users (%d not reached) with %d model calls",
+             sum(1 for r in reached if r.outcome == Outcome.BUILT), len(results),
+             len(results) - len(reached), calls)
+    return {
+        "built": [(ns, user, str(r.outcome) if r.reached else "not_reached")
+                  for ns, user, r in results],
+        "model_calls": calls,
+        "next_pass_in": next_pass_in,
+    }
+
+
 def run_pass(
-    svc: Services | None = None, holder: str | None = None, force: bool = False
+    svc: Services | None = None, holder: str | None = None, force: bool = False,
+    fan_out: bool | None = None,
 ) -> dict[str, Any]:
     """One pass; idempotent: a duplicate pass finds the lease taken or nobody behind.
 
     After a pass that found nobody behind, the passes the scheduler enqueues at the worker's
     interval return at once until the idle interval is over (``force`` runs one anyway).
+
+    Run as an RQ job (``fan_out`` None), the pass plans and hands its builds to the builds
+    queue, then returns: the build jobs and the closing job ``end_pass`` carry the lease on.
+    Called directly, it builds here, one user at a time.
     """
     svc = svc or services()
+    if fan_out is None:
+        fan_out = get_current_job() is not None
     planner_settings = PlannerSettings.from_settings(svc.settings)
     leases = svc.store(LeaseStore)
     holder = holder or _holder()
-    lease = leases.acquire(LEASE, holder, planner_settings.max_pass_seconds)
+    lease = leases.acquire(LEASE, holder, lease_ttl(planner_settings.max_pass_seconds))
     if lease is None:
         return {"skipped": "another pass holds the lease"}
-    started = time.monotonic()
+    started = svc.clock.now()
+    started_monotonic = time.monotonic()
+    ticket = PassTicket.start(lease, started, planner_settings.max_pass_seconds)
+    handed_on = False
     try:
-        generation, raw = leases.load_state(LEASE)
-        stored = None
-        if raw:
-            try:
-                stored = PlannerState.from_json(raw)
-                stored.generation = generation
-            except ValueError:
-                stored = None
-        state = state_for_generation(stored, holder)
-        now = svc.clock.now()
+        state = _load_state(leases, holder)
         due = leases.next_pass_due(LEASE)
-        if not force and due is not None and now < due:
+        if not force and due is not None and started < due:
             return {"skipped": "idle until the next pass is due"}
         infos = _namespaces(svc)
         shas = {info.id: info.schema_sha for info in infos}
-        planner = PassPlanner(state, infos, planner_settings, now)
-        steps: list[BuildStep] = []
-        while (step := planner.next_step(svc.clock.now())) is not None:
-            if isinstance(step, BuildStep):
-                steps.append(step)
-                continue
-            try:
-                users = _scan(svc, planner, step.namespace, step.limit, step.excluded,
-                              shas[step.namespace], svc.clock.now())
-                planner.record_scan(step.namespace, users, svc.clock.now())
-            except Exception:  # a failing namespace backs off, the pass goes on
-                log.exception("structured_profile: scan failed")
-                planner.record_scan_failure(step.namespace, svc.clock.now())
-        lease.renew()
-        results = _build_many(svc, steps)
-        calls = 0
-        for step, result in zip(steps, results, strict=True):
-            planner.record_result(step.namespace, step.user_id, result.outcome,
-                                  svc.clock.now(), result.fingerprint or None)
-            calls += result.model_calls
-            _park_if_waiting(svc, planner, step, result)
+        planner = PassPlanner(state, infos, planner_settings, started)
+        if fan_out:
+            steps = _plan_all(svc, planner, shas)
+            results: list[BuildResult] = []
+            if steps:
+                # The users handed out leave the scan lists now; the closing job puts back the
+                # ones no build reached.
+                new_state, delay = planner.finish(svc.clock.now())
+                new_state.generation = holder
+                leases.save_state(lease, new_state.to_json())
+                build_ids, closing = _fan_out(svc, ticket, steps, delay)
+                handed_on = True
+                return {"namespaces": len(infos), "fanned_out": len(build_ids),
+                        "build_jobs": build_ids, "closing_job": closing, "next_pass_in": delay}
+        else:
+            with LeaseKeeper(leases, ticket, svc.clock) as keeper:
+                steps, results = _pass_inline(svc, planner, shas, keeper)
         new_state, delay = planner.finish(svc.clock.now())
         new_state.generation = holder
         leases.save_state(lease, new_state.to_json())
         leases.set_next_pass_due(lease, svc.clock.now() + delay)
-        record_pass(svc, LEASE, time.monotonic() - started,
+        record_pass(svc, LEASE, time.monotonic() - started_monotonic,
                     [result.metric_outcome for result in results])
+        calls = sum(result.model_calls for result in results)
         log.info("structured_profile: pass built %d of %d users in %.3f s with %d model calls",
                  sum(1 for r in results if r.outcome == Outcome.BUILT), len(results),
-                 time.monotonic() - started, calls)
+                 time.monotonic() - started_monotonic, calls)
         return {
             "namespaces": len(infos),
             "built": [(step.namespace, step.user_id, str(r.outcome))
@@ -548,4 +752,5 @@ def run_pass(
         log.warning("structured_profile: lease lost mid-pass; nothing more written")
         return {"skipped": "lease lost"}
     finally:
-        lease.release()
+        if not handed_on:
+            lease.release()

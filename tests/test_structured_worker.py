@@ -11,9 +11,10 @@ from rq_scheduler import Scheduler
 from app.clock import FrozenClock
 from app.services import Services
 from app.settings import load_settings
+from app.store import keys
 from app.store.usage import UsageStore
 from jobs import context
-from jobs.queues import PASSES
+from jobs.queues import BUILDS, PASSES
 from jobs.scheduler import periodic_jobs, register
 from jobs.structured_profile import run_pass
 from tests.conftest import TEST_SECRET, make_app
@@ -347,8 +348,12 @@ def test_the_scheduler_enqueues_passes_and_a_real_worker_builds(world, model, mo
         scheduler.enqueue_jobs()
         queue = Queue(PASSES, connection=world.services.queue_redis)
         assert queue.count == 1
-        SimpleWorker([queue], connection=world.services.queue_redis).work(burst=True)
+        # The pass hands its build to the builds queue and a closing job back to the passes
+        # queue: a worker on both runs the three.
+        builds = Queue(BUILDS, connection=world.services.queue_redis)
+        SimpleWorker([queue, builds], connection=world.services.queue_redis).work(burst=True)
         assert world.structured()["status"] == "ready"
+        assert world.services.redis.exists(keys.worker_lease("structured_profile")) == 0
     finally:
         context.use_services(None)
 

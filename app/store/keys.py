@@ -99,6 +99,12 @@ def worker_lease_acquired(name: str) -> str:
     return f"{PREFIX}:lease-at:{{{escape(name)}}}"
 
 
+def worker_lease_fence(name: str, org: str, namespace: str, user_id: str) -> str:
+    """The lease's fence on one user: the token of the pass building them, in the user's slot,
+    so the script that writes the user's rows can check it (on Redis Cluster too)."""
+    return f"{PREFIX}:lease-fence:{escape(name)}:{user_tag(org, namespace, user_id)}"
+
+
 def job_metrics() -> str:
     """The counters and histograms the worker and scheduler processes add to, for /metrics."""
     return f"{PREFIX}:metrics:{{metrics}}"

@@ -5,10 +5,17 @@ generation the holder's kept state lives under). A holder renews before the TTL 
 write made under the lease first checks, in the same script, that the lease still holds that
 token, so a pass that lost its lease (paused, partitioned, slow) cannot write over the next
 holder's work.
+
+A lease may also fence single users: ``claim_fence`` puts the token in a key of the user's own
+slot, and the scripts that write the user's rows refuse a write whose token is not the one there
+(``Fence``). Only one slot is involved, so the check is atomic with the write on Redis Cluster
+as well; a later holder that takes the user raises the token, and a fence that is not renewed
+lapses, so a holder that lost the lease writes nothing more.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.store import keys
@@ -20,6 +27,14 @@ if TYPE_CHECKING:
 
 class LeaseLost(Exception):
     """The lease is no longer ours: stop without writing."""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A lease's claim on one user: a write under it names the key and the token it expects."""
+
+    key: str
+    token: str
 
 
 class Lease:
@@ -34,8 +49,10 @@ class Lease:
     def value(self) -> str:
         return f"{self.holder}|{self.token}"
 
-    def renew(self) -> None:
-        if not self.store.renew(self):
+    def renew(self, ttl_seconds: float | None = None) -> None:
+        """Extend the lease by its TTL (or ``ttl_seconds``); LeaseLost once it is not ours."""
+        ttl_ms = self.ttl_ms if ttl_seconds is None else max(1, int(ttl_seconds * 1000))
+        if not self.store.renew(self, ttl_ms):
             raise LeaseLost(f"lease {self.name} token {self.token} was taken over")
 
     def holds(self) -> bool:
@@ -52,6 +69,7 @@ class LeaseStore:
         self._acquire = script(self.redis, "lease_acquire")
         self._renew = script(self.redis, "renew_if_held")
         self._release = script(self.redis, "release_if_held")
+        self._claim = script(self.redis, "lease_fence_claim")
 
     def acquire(self, name: str, holder: str, ttl_seconds: float) -> Lease | None:
         ttl_ms = max(1, int(ttl_seconds * 1000))
@@ -64,9 +82,34 @@ class LeaseStore:
             return None
         return Lease(self, name, holder, int(token), ttl_ms)
 
-    def renew(self, lease: Lease) -> bool:
-        return bool(self._renew(keys=[keys.worker_lease(lease.name)], args=[lease.value,
-                                                                             lease.ttl_ms]))
+    def lease(self, name: str, holder: str, token: int, ttl_seconds: float) -> Lease:
+        """The lease a holder took earlier, for another process carrying its work on (a
+        pass's build jobs and its closing job); nothing is read or written."""
+        return Lease(self, name, holder, int(token), max(1, int(ttl_seconds * 1000)))
+
+    def renew(self, lease: Lease, ttl_ms: int | None = None) -> bool:
+        ttl = lease.ttl_ms if ttl_ms is None else ttl_ms
+        return bool(self._renew(keys=[keys.worker_lease(lease.name)], args=[lease.value, ttl]))
+
+    def claim_fence(
+        self, lease: Lease, org: str, namespace: str, user_id: str, ttl_seconds: float
+    ) -> Fence | None:
+        """Take one user under the lease's token for ``ttl_seconds``; None when a later holder
+        of the lease took them, or the user is being erased."""
+        key = keys.worker_lease_fence(lease.name, org, namespace, user_id)
+        taken = self._claim(
+            keys=[key, keys.user_erasing(org, namespace, user_id)],
+            args=[lease.token, max(1, int(ttl_seconds * 1000))],
+        )
+        return Fence(key, str(lease.token)) if taken else None
+
+    def renew_fence(self, fence: Fence, ttl_seconds: float) -> bool:
+        """Extend a fence while it still holds its token (a lapsed one is never recreated)."""
+        return bool(self._renew(keys=[fence.key],
+                                args=[fence.token, max(1, int(ttl_seconds * 1000))]))
+
+    def release_fence(self, fence: Fence) -> None:
+        self._release(keys=[fence.key], args=[fence.token])
 
     def release(self, lease: Lease) -> None:
         self._release(keys=[keys.worker_lease(lease.name)], args=[lease.value])

@@ -60,7 +60,8 @@ from app.errors import (
 )
 from app.store import keys
 from app.store.batching import pairs
-from app.store.lua import COMPARE_AND_SWAP_LOST, raise_for_status, script
+from app.store.lease import Fence, LeaseLost
+from app.store.lua import COMPARE_AND_SWAP_LOST, FENCE_LOST, raise_for_status, script
 from app.store.memory_row import (
     DEFAULT_PROFILE_CHAR_LIMIT,
     DELETE_VERSION_TRACE,
@@ -379,6 +380,7 @@ class MemoryStore:
         expected_version: str = "",
         required_type: str = "",
         refuse_pinned: bool = False,
+        fence: Fence | None = None,
     ) -> Written:
         """Write a new version with ``content``.
 
@@ -386,13 +388,15 @@ class MemoryStore:
         None there means only ``MAX_CHAR_LIMIT``). ``expected_version`` '' writes whatever is
         there, '-' only when there is no live row, a version only over that version.
         ``required_type`` refuses to overwrite a live row of another type. ``refuse_pinned``
-        (the workers) refuses a pinned or ``high`` row, as a lock refuses everyone.
+        (the workers) refuses a pinned or ``high`` row, as a lock refuses everyone. With a
+        ``fence`` (a worker holding a lease) the write is made only while the fence holds its
+        token, checked in the same script: LeaseLost otherwise.
         """
         field_list, length = content.fields(location)
         if length > MAX_CHAR_LIMIT:
             raise CharLimitExceeded(length, MAX_CHAR_LIMIT)
         reply = self._set(
-            keys=location.script_keys(),
+            keys=location.script_keys() + ([fence.key] if fence is not None else []),
             args=[
                 self.clock.now_ns(),
                 new_memory_id(),
@@ -404,6 +408,7 @@ class MemoryStore:
                 written_by,
                 required_type,
                 "1" if refuse_pinned else "0",
+                fence.token if fence is not None else "",
                 *field_list,
             ],
         )
@@ -627,6 +632,8 @@ class MemoryStore:
         """Raise what a script's refusal stands for (``STATUS_ERRORS["memory"]``)."""
         if reply[0] == COMPARE_AND_SWAP_LOST:
             raise VersionMoved()
+        if reply[0] == FENCE_LOST:
+            raise LeaseLost(f"row {location.key!r}: the lease's fence no longer holds its token")
         raise_for_status(
             "memory", reply, key=location.key, user_id=location.user_id, **context
         )

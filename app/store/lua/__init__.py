@@ -8,8 +8,8 @@ script again only when the server has lost it.
 
 A script refuses a write by answering ``{'<STATUS WORD>', ...}``; ``STATUS_ERRORS`` maps every
 such word, per script family, to the ``LoomError`` the caller raises, so no store decodes
-status words of its own. The one word that is no refusal, ``COMPARE_AND_SWAP_LOST``, tells a
-store to read again and retry.
+status words of its own. Two words are no refusal: ``COMPARE_AND_SWAP_LOST`` tells a store to
+read again and retry, and ``FENCE_LOST`` that a worker's lease no longer covers the write.
 """
 
 from __future__ import annotations
@@ -90,6 +90,10 @@ def _memory_erasing(_reply: list[Any], context: Mapping[str, Any]) -> LoomError:
 # Not a refusal: a compare-and-swap write found the row moved since it read it. The store
 # reads again and retries (app/store/memory.py), so the word never becomes an error answer.
 COMPARE_AND_SWAP_LOST = "CONFLICT"
+# Not a refusal either: a worker's write under a lease's fence whose token is not the one
+# there (a later pass took the user, or the fence lapsed). The store raises LeaseLost, which
+# stops the worker's pass; no caller ever sees it.
+FENCE_LOST = "FENCED"
 
 STATUS_ERRORS: dict[str, dict[str, ErrorFactory]] = {
     "working_memory": {

@@ -23,6 +23,8 @@ from typing import Any
 from app.clock import Clock
 from app.store.lease import Fence, Lease, LeaseLost, LeaseStore
 
+__all__ = ["MIN_LEASE_TTL_SECONDS", "LeaseKeeper", "LimitReached", "PassTicket", "lease_ttl"]
+
 log = logging.getLogger("loom.jobs.pass_lease")
 
 # The lease's TTL is a tenth of the pass's limit, at least this (or the whole limit when that is
@@ -62,6 +64,10 @@ class PassTicket:
 
     def lease_in(self, leases: LeaseStore) -> Lease:
         return leases.lease(self.lease, self.holder, self.token, self.ttl)
+
+
+class LimitReached(Exception):
+    """The pass's limit passed: what is still running is abandoned and writes nothing."""
 
 
 class LeaseKeeper:
@@ -106,14 +112,18 @@ class LeaseKeeper:
         return min(self.ticket.ttl, self.ticket.hard_until - self.clock.now())
 
     def take(self, org: str, namespace: str, user_id: str) -> Fence | None:
-        """Fence one user for a build under the lease; None when the pass may not build them
-        (past its limit, a later holder took them, or they are being erased). LeaseLost when
-        the lease is gone."""
+        """Fence one user for a build under the lease; None while they are being erased.
+        LimitReached past the pass's limit; LeaseLost when the lease is gone or a later holder
+        took the user."""
         self.check()
         ttl = self.fence_ttl()
         if ttl <= 0:
-            return None
-        fence = self.leases.claim_fence(self.lease, org, namespace, user_id, ttl)
+            raise LimitReached("the pass's limit passed")
+        try:
+            fence = self.leases.claim_fence(self.lease, org, namespace, user_id, ttl)
+        except LeaseLost:
+            self._lost.set()
+            raise
         try:
             # After the claim: the fence then lapses no later than the lease renewed here.
             self.lease.renew()

@@ -59,7 +59,7 @@ from app.store.structured import (
 from app.store.usage import UsageStore
 from jobs.budget import OutOfBudget, complete_within_budget
 from jobs.context import services
-from jobs.pass_lease import LeaseKeeper, PassTicket, lease_ttl
+from jobs.pass_lease import LeaseKeeper, LimitReached, PassTicket, lease_ttl
 from jobs.planner import (
     BuildStep,
     NamespaceInfo,
@@ -166,10 +166,13 @@ def _prompt(schema: StoredSchema, facts: list[MemoryRow]) -> list[dict[str, str]
 
 
 def build_user(
-    svc: Services, org: str, namespace: str, user_id: str, fence: Fence | None = None
+    svc: Services, org: str, namespace: str, user_id: str, fence: Fence | None = None,
+    write_until: float | None = None,
 ) -> BuildResult:
     """One build. With a ``fence`` (a pass's claim on the user), the profile row is written
-    only while the fence holds the pass's token: LeaseLost, and nothing written, otherwise."""
+    only while the fence holds the pass's token: LeaseLost, and nothing written, otherwise.
+    Past ``write_until`` (the pass's limit, on the services' clock) it writes nothing either:
+    LimitReached."""
     settings = svc.settings
     identity = Identity(org, namespace, "-", user_id)
     memory = svc.store(MemoryStore)
@@ -195,7 +198,7 @@ def build_user(
     served = snapshot.served_row(now_ns)
     if not entries:
         return _write_all_null(svc, identity, schema, snapshot, served, digest, read_at, [],
-                               fence=fence)
+                               fence=fence, write_until=write_until)
 
     chosen = _ordered_sources(entries, settings.structured_profile_memory_limit)
     facts = _read_facts(structured, org, namespace, user_id, chosen, now_ns)
@@ -203,7 +206,7 @@ def build_user(
     if not facts:
         # Served none of the facts it counted: no model call (seed 000, Staleness).
         return _write_all_null(svc, identity, schema, snapshot, served, digest, read_at,
-                               [], short=True, fence=fence)
+                               [], short=True, fence=fence, write_until=write_until)
 
     provider = provider_from_settings(settings.llm_base_url, settings.llm_api_key,
                                       settings.llm_model, settings.llm_timeout_seconds)
@@ -250,7 +253,7 @@ def build_user(
         return BuildResult(Outcome.UNCHANGED, model_calls=1,
                            detail="a fact it read changed while the model ran")
     return _write(svc, identity, schema, snapshot, profile, read_ids, digest, read_at, short,
-                  model_calls=1, fence=fence)
+                  model_calls=1, fence=fence, write_until=write_until)
 
 
 def _answer_schema(schema: StoredSchema) -> dict[str, Any]:
@@ -294,6 +297,7 @@ def _write_all_null(
     read_ids: list[str],
     short: bool = False,
     fence: Fence | None = None,
+    write_until: float | None = None,
 ) -> BuildResult:
     if not snapshot.worker_row():
         # No facts and no row the worker wrote: write nothing, so an erased user gets no new
@@ -302,7 +306,7 @@ def _write_all_null(
                                              identity.user_id, read_at)
         return BuildResult(Outcome.UNCHANGED, detail="no facts and no profile")
     return _write(svc, identity, schema, snapshot, null_profile(schema.doc or {}), read_ids,
-                  digest, read_at, short, model_calls=0, fence=fence)
+                  digest, read_at, short, model_calls=0, fence=fence, write_until=write_until)
 
 
 def _write(
@@ -317,6 +321,7 @@ def _write(
     short: bool,
     model_calls: int,
     fence: Fence | None = None,
+    write_until: float | None = None,
 ) -> BuildResult:
     memory = svc.store(MemoryStore)
     row = snapshot.row
@@ -328,6 +333,8 @@ def _write(
         memory.clear_changed(identity.org, identity.namespace, identity.user_id, read_at)
         svc.store(UsageStore).add(identity.org, identity.namespace, skipped_unchanged=1)
         return BuildResult(Outcome.UNCHANGED, model_calls=model_calls, detail="same profile")
+    if write_until is not None and svc.clock.now() >= write_until:
+        raise LimitReached("the pass's limit passed while the build ran")
     location = profile_location(identity.org, identity.namespace, identity.user_id)
     content = Content(
         memory_type="profile",
@@ -365,7 +372,7 @@ def _write(
     return BuildResult(Outcome.BUILT, model_calls=model_calls, wrote=True, short=short)
 
 
-# --- one pass ----------------------------------------------------------------------------------
+# --- the pass's parts: its holder, its namespaces, its scans ----------------------------------
 
 
 def _holder() -> str:
@@ -473,13 +480,15 @@ def _park_if_waiting(
 
 def _build_taken(svc: Services, keeper: LeaseKeeper, ns_id: str, user_id: str) -> BuildResult:
     """Take one user now and build them under a fence: the write happens only while the pass
-    still holds the user. LeaseLost when the lease is gone or the fence lapsed meanwhile."""
+    still holds the user, and before its limit. A user being erased is not reached. LeaseLost
+    when the lease is gone or a later pass took the user; LimitReached past the limit."""
     org, namespace = split_namespace_member(ns_id)
     fence = keeper.take(org, namespace, user_id)
     if fence is None:
-        return BuildResult.not_reached("the pass may not take this user")
+        return BuildResult.not_reached("the user is being erased")
     try:
-        return build_user(svc, org, namespace, user_id, fence=fence)
+        return build_user(svc, org, namespace, user_id, fence=fence,
+                          write_until=keeper.ticket.hard_until)
     finally:
         keeper.drop(fence)
 
@@ -490,9 +499,10 @@ def build_user_job(
     """One build as its own RQ job, fanned out by a pass; idempotent.
 
     It takes the user when it starts, so a build that starts in the pass's second half takes
-    nobody; it renews the pass's lease while it runs, and writes only under the pass's fence.
-    A build the pass could not make returns as not reached (listed for the next pass, no
-    backoff). A job without a ticket (queued before passes fenced their builds) just builds.
+    nobody; it renews the pass's lease while it runs, and writes only under the pass's fence
+    and before the pass's limit. A build the pass could not make returns as not reached
+    (listed for the next pass, no backoff). A job without a ticket (queued before passes
+    fenced their builds) just builds.
     """
     svc = services()
     if ticket is None:
@@ -504,10 +514,12 @@ def build_user_job(
     try:
         with LeaseKeeper(svc.store(LeaseStore), pass_ticket, svc.clock) as keeper:
             return _build_taken(svc, keeper, ns_id, user_id).to_dict()
+    except LimitReached:
+        log.info("structured_profile: a build ran past the pass's limit; nothing written")
+        return BuildResult.not_reached("abandoned at the pass's limit").to_dict()
     except LeaseLost:
-        log.info("structured_profile: a build was fenced off (lease lost or the pass's limit "
-                 "passed); nothing written")
-        return BuildResult.not_reached("fenced off: lease lost or the limit passed").to_dict()
+        log.info("structured_profile: a build's pass lost its lease; nothing written")
+        return BuildResult.not_reached("fenced off: the pass lost its lease").to_dict()
 
 
 # --- one pass ----------------------------------------------------------------------------------
@@ -530,8 +542,6 @@ def _scan_step(svc: Services, planner: PassPlanner, step: ScanStep, shas: dict[s
         users = _scan(svc, planner, step.namespace, step.limit, step.excluded,
                       shas[step.namespace], svc.clock.now())
         planner.record_scan(step.namespace, users, svc.clock.now())
-    except LeaseLost:
-        raise
     except Exception:  # a failing namespace backs off, the pass goes on
         log.exception("structured_profile: scan failed")
         planner.record_scan_failure(step.namespace, svc.clock.now())
@@ -539,10 +549,11 @@ def _scan_step(svc: Services, planner: PassPlanner, step: ScanStep, shas: dict[s
 
 def _pass_inline(
     svc: Services, planner: PassPlanner, shas: dict[str, str], keeper: LeaseKeeper
-) -> tuple[list[BuildStep], list[BuildResult]]:
+) -> tuple[list[BuildStep], list[BuildResult], list[BuildStep]]:
     """Scan and build in this process, one user at a time: the planner is asked for the next
     user only once the last build is done, so a pass whose builds are slow stops taking users
-    at half time, and the users not reached stay on their scan lists."""
+    at half time, and the users not reached stay on their scan lists. Answers the builds made
+    and the one abandoned at the pass's limit (to be listed again). LeaseLost ends the pass."""
     steps: list[BuildStep] = []
     results: list[BuildResult] = []
     while (step := planner.next_step(svc.clock.now())) is not None:
@@ -550,17 +561,19 @@ def _pass_inline(
         if isinstance(step, ScanStep):
             _scan_step(svc, planner, step, shas)
             continue
-        result = _build_taken(svc, keeper, step.namespace, step.user_id)
+        try:
+            result = _build_taken(svc, keeper, step.namespace, step.user_id)
+        except LimitReached:
+            return steps, results, [step]
         if not result.reached:
-            # Only a later holder of the lease takes a user from under this pass.
-            raise LeaseLost("a later pass took a user of this one")
+            continue  # being erased: the erasure takes them off the lists
         planner.record_result(step.namespace, step.user_id, result.outcome, svc.clock.now(),
                               result.fingerprint or None)
         _park_if_waiting(svc, planner.settings, planner.snapshot(), step.namespace,
                          step.user_id, result)
         steps.append(step)
         results.append(result)
-    return steps, results
+    return steps, results, []
 
 
 def _plan_all(svc: Services, planner: PassPlanner, shas: dict[str, str]) -> list[BuildStep]:
@@ -715,9 +728,10 @@ def run_pass(
         infos = _namespaces(svc)
         shas = {info.id: info.schema_sha for info in infos}
         planner = PassPlanner(state, infos, planner_settings, started)
+        results: list[BuildResult] = []
+        abandoned: list[BuildStep] = []
         if fan_out:
             steps = _plan_all(svc, planner, shas)
-            results: list[BuildResult] = []
             if steps:
                 # The users handed out leave the scan lists now; the closing job puts back the
                 # ones no build reached.
@@ -730,8 +744,10 @@ def run_pass(
                         "build_jobs": build_ids, "closing_job": closing, "next_pass_in": delay}
         else:
             with LeaseKeeper(leases, ticket, svc.clock) as keeper:
-                steps, results = _pass_inline(svc, planner, shas, keeper)
+                steps, results, abandoned = _pass_inline(svc, planner, shas, keeper)
         new_state, delay = planner.finish(svc.clock.now())
+        for step in abandoned:
+            give_back(new_state, step.namespace, [step.user_id])
         new_state.generation = holder
         leases.save_state(lease, new_state.to_json())
         leases.set_next_pass_due(lease, svc.clock.now() + delay)

@@ -1,5 +1,10 @@
 """``python -m jobs.worker``: an RQ worker on Loom's queues (scale by running more of them).
 
+``python -m jobs.worker --queues loom-builds`` (or the queue names as arguments) listens on
+those queues only: a builds-only worker makes model calls for the structured-profile passes
+and nothing else, so N of them make N builds at once while the passes and maintenance jobs
+keep their own workers.
+
 Its log lines are Loom's (``LOOM_LOG_FORMAT``), and every line written while a job runs
 carries the job's id and function. RQ's own lines leave out the job's arguments: a build's
 arguments are a user id, which no log line may hold.
@@ -7,6 +12,7 @@ arguments are a user id, which no log line may hold.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import signal
 import sys
@@ -23,6 +29,8 @@ from jobs.outage import ride_out
 from jobs.queues import ALL_QUEUES, queue, queue_connection
 
 log = logging.getLogger("loom.jobs.worker")
+
+PRELOADED = ("jobs.agent_state_sweep", "jobs.consolidation", "jobs.structured_profile")
 
 
 def job_function(job: Job) -> str:
@@ -73,11 +81,40 @@ def count_job_error(job: Job, exc_type: type[BaseException], exc_value: BaseExce
     return True
 
 
+def parse_queues(args: list[str]) -> tuple[list[str], bool]:
+    """(queue names, burst) from ``[--burst] [--queues a,b] [name ...]``; every queue when
+    none is named. An unknown name is an error: a worker on a queue nothing feeds would idle."""
+    burst = False
+    names: list[str] = []
+    rest = iter(args)
+    for arg in rest:
+        if arg == "--burst":
+            burst = True
+        elif arg == "--queues" or arg.startswith("--queues="):
+            value = arg.partition("=")[2] if "=" in arg else next(rest, "")
+            names += [name.strip() for name in value.split(",") if name.strip()]
+        elif arg.startswith("--"):
+            raise SystemExit(f"jobs.worker: unknown option {arg}")
+        else:
+            names.append(arg)
+    unknown = [name for name in names if name not in ALL_QUEUES]
+    if unknown:
+        raise SystemExit(f"jobs.worker: no such queue {', '.join(unknown)} "
+                         f"(queues: {', '.join(ALL_QUEUES)})")
+    return list(dict.fromkeys(names)) or list(ALL_QUEUES), burst
+
+
+def preload_jobs() -> None:
+    """Import the job modules before RQ forks a work horse per job: each horse then starts
+    with them loaded, instead of importing them for every build."""
+    for module in PRELOADED:
+        importlib.import_module(module)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = list(argv or [])
-    burst = "--burst" in args
-    names = [name for name in args if not name.startswith("--")] or list(ALL_QUEUES)
+    names, burst = parse_queues(list(argv or []))
     settings = load_settings()
+    preload_jobs()
     logs.configure_logging(settings.log_format)
     connection = queue_connection(settings)
 

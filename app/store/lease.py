@@ -94,13 +94,16 @@ class LeaseStore:
     def claim_fence(
         self, lease: Lease, org: str, namespace: str, user_id: str, ttl_seconds: float
     ) -> Fence | None:
-        """Take one user under the lease's token for ``ttl_seconds``; None when a later holder
-        of the lease took them, or the user is being erased."""
+        """Take one user under the lease's token for ``ttl_seconds``; None while the user is
+        being erased. LeaseLost when a later holder of the lease has taken them."""
         key = keys.worker_lease_fence(lease.name, org, namespace, user_id)
-        taken = self._claim(
+        taken = int(self._claim(
             keys=[key, keys.user_erasing(org, namespace, user_id)],
             args=[lease.token, max(1, int(ttl_seconds * 1000))],
-        )
+        ))
+        if taken < 0:
+            raise LeaseLost(f"lease {lease.name}: a later token took a user of token "
+                            f"{lease.token}")
         return Fence(key, str(lease.token)) if taken else None
 
     def renew_fence(self, fence: Fence, ttl_seconds: float) -> bool:

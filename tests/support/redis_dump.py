@@ -7,7 +7,13 @@ import redis
 
 def dump_everything(client: redis.Redis) -> str:
     """All keys and their values, of every type, as one string (bytes decoded leniently)."""
-    raw = redis.Redis(connection_pool=client.connection_pool)
+    raw: redis.Redis
+    if isinstance(client, redis.RedisCluster):
+        # A cluster client's scan visits every primary; its own keyword options stay its own.
+        node = client.get_default_node()
+        raw = redis.RedisCluster(host=node.host, port=node.port)  # type: ignore[assignment]
+    else:
+        raw = redis.Redis(connection_pool=client.connection_pool)
     parts: list[str] = []
     for key in raw.scan_iter(count=1000):
         kind = raw.type(key)

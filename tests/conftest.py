@@ -90,22 +90,21 @@ def queue_url(redis_server_url: str) -> Iterator[str]:
         client.close()
 
 
-def _flush_data_plane(url: str, request: pytest.FixtureRequest) -> None:
-    if ON_CLUSTER:
-        request.getfixturevalue("redis_cluster").flush()
-    else:
-        with redis.Redis.from_url(url) as client:
-            client.flushdb()
+def flush_data_plane(url: str) -> None:
+    """Empty the data plane: the test database, or every primary of the cluster."""
+    client = (redis.RedisCluster.from_url(url) if ON_CLUSTER  # FLUSHALL goes to every primary
+              else redis.Redis.from_url(url))
+    with client:
+        client.flushall() if ON_CLUSTER else client.flushdb()
 
 
 @pytest.fixture
-def redis_url(data_plane_url: str, queue_url: str, request: pytest.FixtureRequest
-              ) -> Iterator[str]:
-    _flush_data_plane(data_plane_url, request)
+def redis_url(data_plane_url: str, queue_url: str) -> Iterator[str]:
+    flush_data_plane(data_plane_url)
     try:
         yield data_plane_url
     finally:
-        _flush_data_plane(data_plane_url, request)
+        flush_data_plane(data_plane_url)
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import pytest
 from app.registry import ROLE_RANK, load_ops
 from app.store import keys
 from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint
+from tests.conftest import flush_data_plane
 
 OPS = list(load_ops())
 VICTIM = {"org": "victim-org", "namespace": "victim-ns", "user_id": "victim-user",
@@ -52,15 +53,13 @@ def send(client, declared, body, token=None):
 
 
 @pytest.fixture(scope="module")
-def world(redis_server_url, tmp_path_factory):
+def world(data_plane_url, tmp_path_factory):
     """An auth-on app with victim data planted through every write op, and the tokens."""
-    import redis
-
-    redis.Redis.from_url(redis_server_url).flushdb()
+    flush_data_plane(data_plane_url)
     from tests.conftest import make_app
 
     app = auth_app(
-        lambda **o: make_app(redis_server_url, tmp_path_factory.mktemp("matrix"), **o)
+        lambda **o: make_app(data_plane_url, tmp_path_factory.mktemp("matrix"), **o)
     )
     client = app.test_client()
     planted: dict[str, str] = {}
@@ -104,9 +103,9 @@ def world(redis_server_url, tmp_path_factory):
                                           "org": VICTIM["org"]}, headers=bearer(ADMIN_TOKEN))
     tokens["revoked"] = revoked_answer["token"]
     tokens["_memory_id"] = planted["memory_id"]
-    tokens["_redis"] = redis_server_url
+    tokens["_redis"] = data_plane_url
     yield client, tokens
-    redis.Redis.from_url(redis_server_url).flushdb()
+    flush_data_plane(data_plane_url)
 
 
 def _victim_body(declared, **overrides):
@@ -291,7 +290,6 @@ def test_every_write_naming_a_user_being_erased_is_409(world, declared):
         "user_id" not in fields and "subject" not in fields
     ):
         pytest.skip("the op writes nothing about a user")
-    import redis
 
     from app.store.agent_state import AgentStateStore
 
@@ -304,7 +302,7 @@ def test_every_write_naming_a_user_being_erased_is_409(world, declared):
         VICTIM["org"], VICTIM["namespace"], VICTIM["user_id"])
     markers = [keys.user_erasing(VICTIM["org"], VICTIM["namespace"], VICTIM["user_id"]),
                keys.agent_state_subject_erasing(VICTIM["org"], VICTIM["namespace"], digest)]
-    raw = redis.Redis.from_url(tokens["_redis"])
+    raw = services.redis  # the data plane, one server or the cluster
     raw.set(markers[1], 1)
     raw.hset(markers[0], "since", 1)
     try:

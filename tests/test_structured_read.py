@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint
+from tests.conftest import on_cluster_skip
 from tests.test_structured_worker import SCHEMA
 
 NS = {"namespace": "support", "agent": "chat"}
@@ -14,6 +15,7 @@ def _commands(redis_client) -> int:
                                                                            "cmdstat_config")))
 
 
+@on_cluster_skip  # INFO commandstats of one server
 def test_a_read_costs_the_same_redis_work_with_1_or_300_facts(client, redis_client):
     client.post("/v1/profile_schema.set", json={**NS, "json_schema": SCHEMA})
     client.post("/v1/memory.set", json={**NS, "user_id": "few", "key": "k", "value": "v"})

@@ -41,7 +41,7 @@ import json
 import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 from redis.exceptions import NoScriptError
@@ -51,7 +51,7 @@ from app.errors import (
     AgentStateConflict,
     AuthInsufficient,
     FeatureDisabled,
-    UserBeingErased,
+    LoomError,
     ValidationFailed,
     WriteContended,
 )
@@ -67,7 +67,7 @@ from app.pii import mask_value
 from app.scope_ids import canonical_scope_id, scope_digest, subject_digest
 from app.store import keys
 from app.store.batching import batches, pairs
-from app.store.lua import script
+from app.store.lua import STATUS_ERRORS, raise_for_status, script
 from app.store.namespace_config import NamespaceConfig, NamespaceConfigStore
 
 if TYPE_CHECKING:
@@ -322,7 +322,7 @@ class AgentStateStore:
             if reply[0] == "ERASING":
                 self._unindex_entries(org, namespace, [
                     (state_key, str(expires_ms), named_subject or "", True)])
-                raise _being_erased()
+                raise_for_status("agent_state", reply)
             if reply[0] == "OK":
                 if marker is not None and kind != "subject" and self.redis.exists(marker):
                     # The subject's erasure began between the read and the write, in another
@@ -479,7 +479,7 @@ class AgentStateStore:
         digest = self.subject_digest(org, namespace, handle, path="profile_id")
         config, found = self._subject_states(org, namespace, digest)
         now = self.clock.now_ns()
-        out = []
+        out: list[dict[str, Any]] = []
         for _key, raw in found:
             state = live_state(raw, now, _retention_type(config, raw.get("type"), raw["agent"]))
             if not state.exists:
@@ -546,7 +546,8 @@ class AgentStateStore:
         _config, found = self._subject_states(org, namespace, digest)
         erased = self._erase_states(org, namespace, found)
         # Entries of states that name another subject since: this subject's index forgets them.
-        indexed = self.redis.zrange(keys.agent_state_subject(org, namespace, digest), 0, -1)
+        indexed = cast(list[str], self.redis.zrange(
+            keys.agent_state_subject(org, namespace, digest), 0, -1))
         erased_keys = {key for key, _raw in found}
         stale = [key for key in indexed if key not in erased_keys]
         if stale:
@@ -562,7 +563,7 @@ class AgentStateStore:
         """Delete every agent's state of one scope; the count deleted."""
         canonical = canonical_scope_id(kind, scope_id, namespace)
         digest = self.scope_digest(org, namespace, kind, canonical)
-        agents = self.redis.hkeys(keys.agent_state_agents(org, namespace, digest))
+        agents = cast(list[str], self.redis.hkeys(keys.agent_state_agents(org, namespace, digest)))
         state_keys = [keys.agent_state(org, namespace, digest, agent) for agent in agents]
         return self._erase_states(org, namespace, self._hashes(state_keys))
 
@@ -641,7 +642,7 @@ class AgentStateStore:
 
         # 1. States whose last write is past retention. Redis's own expiry has usually removed
         # them already; one still there (a clock ahead of Redis's) goes through its etag.
-        due = self.redis.zrangebyscore(expiry_key, "-inf", now_ms)
+        due = cast(list[str], self.redis.zrangebyscore(expiry_key, "-inf", now_ms))
         for key, raw in self._hashes(due):
             if not raw:
                 continue
@@ -716,10 +717,9 @@ def _outside_reach() -> AuthInsufficient:
                             field="scope")
 
 
-def _being_erased() -> UserBeingErased:
-    return UserBeingErased(
-        "this customer is being erased; write again once the erasure is done"
-    )
+def _being_erased() -> LoomError:
+    """The refusal the write script answers ERASING with, raised the same from Python."""
+    return STATUS_ERRORS["agent_state"]["ERASING"](["ERASING"], {})
 
 
 def _apply(

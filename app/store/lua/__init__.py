@@ -37,6 +37,7 @@ from app.errors import (
     UserBeingErased,
     WorkingMemoryBlockNotFound,
     WorkingMemoryLimitExceeded,
+    WriteContended,
 )
 
 _INCLUDE = re.compile(r"^--#include (\w+)[ \t]*$", re.MULTILINE)
@@ -96,6 +97,14 @@ COMPARE_AND_SWAP_LOST = "CONFLICT"
 FENCE_LOST = "FENCED"
 
 STATUS_ERRORS: dict[str, dict[str, ErrorFactory]] = {
+    "agent_state": {
+        "ERASING": lambda _reply, _context: UserBeingErased(
+            "this customer is being erased; write again once the erasure is done"),
+        # The state changed since it was read: the store retries from the hash the script
+        # answered, and gives up with this after its attempts.
+        "CONFLICT": lambda _reply, _context: WriteContended(
+            "the state kept changing under the write; try again", retry_after=1),
+    },
     "working_memory": {
         "ERASING": _erasing,
         "LIMIT": lambda reply, _: WorkingMemoryLimitExceeded(int(reply[1]), int(reply[2])),

@@ -16,10 +16,11 @@ Writes: one pipelined read of the namespace config and the state, the merge, mas
 computed in Python, then one pipelined write whose Lua script applies the new hash only if the
 ``etag`` is the one read. On a mismatch the script answers the current hash, so a merge_by_key
 retries with no extra read (two round trips per attempt; sub-agents merging different fields
-never lose one); a cas or an ``if_version`` write re-checks the version and answers 412 when it
-moved. The key carries ``PEXPIREAT`` at the last write + the type's ``retention.state``, so an
-expired state vanishes even without the sweep; field retention is checked on every read and
-write from ``written``.
+never lose one; on a Redis Cluster the namespace-slot index writes go first as one cluster
+pipeline, then the script alone in the scope's slot); a cas or an ``if_version`` write
+re-checks the version and answers 412 when it moved. The key carries ``PEXPIREAT`` at the
+last write + the type's ``retention.state``, so an expired state vanishes even without the
+sweep; field retention is checked on every read and write from ``written``.
 
 Indexes (all entries are keys or digests, never raw ids):
 

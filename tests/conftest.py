@@ -12,6 +12,7 @@ needs (``LOOM_QUEUE_URL``): ``redis_url`` and ``redis_client`` then name the clu
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -90,12 +91,18 @@ def queue_url(redis_server_url: str) -> Iterator[str]:
         client.close()
 
 
+@functools.cache
+def _cluster_client(url: str) -> redis.RedisCluster:
+    return redis.RedisCluster.from_url(url)  # built once: it reads the slot map first
+
+
 def flush_data_plane(url: str) -> None:
     """Empty the data plane: the test database, or every primary of the cluster."""
-    client = (redis.RedisCluster.from_url(url) if ON_CLUSTER  # FLUSHALL goes to every primary
-              else redis.Redis.from_url(url))
-    with client:
-        client.flushall() if ON_CLUSTER else client.flushdb()
+    if ON_CLUSTER:
+        _cluster_client(url).flushall()  # a cluster client sends FLUSHALL to every primary
+        return
+    with redis.Redis.from_url(url) as client:
+        client.flushdb()
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
@@ -60,12 +61,11 @@ class ClusterNode:
             self.process = None
 
     def stop(self) -> None:
+        # SIGTERM, not SHUTDOWN: the client would take the closed connection for a failure and
+        # retry with back-off. Nothing here is kept (no save, no append-only file).
         if self.process is None:
             return
-        try:
-            self.client().shutdown(nosave=True)
-        except redis.RedisError:
-            pass
+        self.process.terminate()
         try:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
@@ -135,7 +135,7 @@ class RedisClusterProcess:
         return True
 
     @staticmethod
-    def _wait(predicate, timeout: float, what: str) -> None:
+    def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while not predicate():
             if time.monotonic() > deadline:
@@ -158,6 +158,10 @@ class RedisClusterProcess:
                 if node.process is not None}
 
     def stop(self) -> None:
+        # Every node is told at once, then waited for.
+        for node in self.nodes:
+            if node.process is not None:
+                node.process.terminate()
         for node in self.nodes:
             node.stop()
 

@@ -106,3 +106,43 @@ def test_the_cluster_refuses_a_script_over_two_slots(cluster):
                                   " and redis.call('SET', KEYS[2], '1')")
     with pytest.raises(redis.RedisClusterException):
         script(keys=[f"loom:probe:{first}", f"loom:probe:{second}"])
+
+
+def test_agent_states_spread_over_the_primaries_and_the_sweep_job_reaches_them_all(
+        cluster, queue_url, tmp_path, monkeypatch):
+    """Scopes of one namespace land in different slots; the sweep job, listing them from the
+    namespace's own indexes (never a SCAN), strips an expired field on every primary."""
+    import time
+
+    from app.clock import FrozenClock
+    from jobs import agent_state_sweep
+    from jobs.context import use_services
+    from tests.test_agent_state import enable, guide_type, put
+
+    # Written ten days ago by the real clock's reckoning; the job runs on the real clock.
+    clock = FrozenClock(start=time.time() - 10 * 86_400)
+    app = make_app(cluster.url, tmp_path, redis_cluster="on", queue_url=queue_url, clock=clock)
+    client = app.test_client()
+    enable(client, types=[guide_type(retention={"state": "60d", "cart_note": "7d"})])
+    conversations = [f"conv-{i}" for i in range(12)]
+    for conversation in conversations:
+        status, out = put(client, {"step": "sizes", "cart_note": "wrap it"},
+                          {"kind": "conversation", "id": conversation})
+        assert status == 200 and out["stored"] is True, out
+    data = app.extensions["loom"].redis
+    state_keys = list(data.scan_iter(match="loom:as:*"))
+    assert len(state_keys) == len(conversations)
+    owners = {data.get_node_from_key(key).port for key in state_keys}
+    assert len(owners) >= 2, owners  # one namespace's states on more than one primary
+
+    for name, value in {"REDIS_URL": cluster.url, "LOOM_REDIS_CLUSTER": "on",
+                        "LOOM_QUEUE_URL": queue_url, "LOOM_SECRET_KEY": TEST_SECRET,
+                        "LOOM_DATA_DIR": str(tmp_path)}.items():
+        monkeypatch.setenv(name, value)
+    use_services(None)  # the job builds its own from the environment, as a worker does
+    try:
+        totals = agent_state_sweep.sweep()
+    finally:
+        use_services(None)
+    assert totals["namespaces"] == 1 and totals["fields_removed"] == len(conversations)
+    assert all("wrap it" not in data.hget(key, "body") for key in state_keys)

@@ -5,6 +5,8 @@ reads never serve an expired field; the sweep removes expired fields from what i
 deletes a state whose expiry Redis has not applied yet, and prunes the indexes. It is
 idempotent and safe beside live writes (see ``AgentStateStore.sweep``), so a duplicate run or
 an RQ retry does no harm. It logs counts only: never a scope, a subject or content.
+It uses no SCAN: the namespaces set and each namespace's indexes name every state key, so on
+a Redis Cluster it reaches the states on every primary.
 """
 
 from __future__ import annotations

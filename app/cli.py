@@ -93,6 +93,9 @@ def _invoke(op_name: str, body: Mapping[str, object]) -> dict[str, Any]:
 # --- erasure and the data package --------------------------------------------------------------
 
 
+ERASE_POLL_SECONDS = 0.25
+
+
 def _show_progress(step: str, counts: dict[str, object]) -> None:
     """One line per finished step, on stderr (stdout may be the data package)."""
     done = ", ".join(f"{kind} {n}" for kind, n in counts.items() if n)
@@ -124,22 +127,52 @@ def _user_body(user_id: str, org: str | None, namespace: str,
 @click.option("--namespace", required=True, help="The namespace whose user is erased.")
 @click.option("--handle", "handles", multiple=True,
               help="Another handle of the customer (email, phone) whose agent states go too.")
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="Follow the erasure until it ends (a worker runs it either way).")
 @with_appcontext
-def erase_user(user_id: str, org: str | None, namespace: str, handles: tuple[str, ...]) -> None:
+def erase_user(user_id: str, org: str | None, namespace: str, handles: tuple[str, ...],
+               wait: bool) -> None:
     """Erase a user of a namespace, step by step; run it again to finish a failed one."""
+    import time
+
+    from app.store.erasure import STEPS
+
     click.echo(f"erasing a user of {namespace}", err=True)
-    receipt = _with_progress("user.erase", _user_body(user_id, org, namespace, handles))
+    body = _user_body(user_id, org, namespace, handles)
+    receipt = _invoke("user.erase", body)
+    status_body = {"namespace": namespace, "erasure_id": receipt["erasure_id"],
+                   **({"org": org} if org else {})}
+    shown = 0
+    while True:
+        # A worker runs the saga: follow it through erasure.status, one line per step done.
+        done = int(receipt.get("steps_done") or 0)
+        for step in STEPS[shown:done]:
+            _show_progress(step, receipt["counts"])
+        shown = max(shown, done)
+        if not wait or receipt["status"] != "running":
+            break
+        time.sleep(ERASE_POLL_SECONDS)
+        receipt = _invoke("erasure.status", status_body)
     census = receipt.get("census") or {}
     click.echo(f"erasure_id: {receipt['erasure_id']}")
     click.echo(f"status:     {receipt['status']} (attempt {receipt['attempts']})")
-    for kind, n in receipt["counts"].items():  # type: ignore[attr-defined]
+    for kind, n in receipt["counts"].items():
         click.echo(f"  {kind:<22} {n}")
+    if receipt["status"] == "running":
+        click.echo("a worker runs it; follow it with erasure.status", err=True)
+        return
+    if receipt["status"] == "interrupted":
+        raise click.ClickException("the erasure's worker died; a worker starting, the "
+                                   "scheduler's resume pass or this command again resumes it")
     if isinstance(census, dict) and not census.get("clean", False):
         found = ", ".join(f"{k} {n}" for k, n in census.get("found", {}).items())
         raise click.ClickException(
             f"the census found data left ({found}); the erasure is failed and retryable: "
             "run this command again"
         )
+    if receipt["status"] != "done":
+        raise click.ClickException(f"the erasure {receipt['status']} ({receipt['error']}); "
+                                   "run this command again")
     click.echo(f"aof_rewrite: {receipt['aof_rewrite']}")
 
 

@@ -69,6 +69,16 @@ def _positive_float(value: str) -> float:
     return number
 
 
+def _non_negative_float(value: str) -> float:
+    try:
+        number = float(value.strip())
+    except ValueError:
+        raise ValueError("must be a number") from None
+    if not number >= 0:
+        raise ValueError("must be 0 or above")
+    return number
+
+
 def _choice(*options: str) -> Callable[[str], str]:
     def parse(value: str) -> str:
         lowered = value.strip().lower()
@@ -205,6 +215,11 @@ SETTINGS: tuple[Setting, ...] = (
             "Time between sweeps removing expired agent states and fields."),
     Setting("LOOM_ERASURE_REWRITE_AOF", "false", _bool,
             "Rewrite Redis's append-only file after an erasure so erased data leaves the disk."),
+    Setting("LOOM_ERASURE_RESUME_INTERVAL_SECONDS", "60", _SECONDS,
+            "Time between passes that enqueue again an erasure whose worker died."),
+    Setting("LOOM_ERASURE_STEP_PAUSE_SECONDS", "0", _non_negative_float,
+            "Pause after each erasure step (for exercising a worker killed mid-erasure); 0 "
+            "in production."),
     Setting("LOOM_MCP_TOOLSETS", "all", _text,
             "MCP listing: all (the seeds' default listing), full (every op), or plane names, "
             "comma-separated."),
@@ -284,6 +299,8 @@ class Settings:
     memory_attribute_tagging: bool = False
     agent_state_sweep_interval_seconds: int = 3600
     erasure_rewrite_aof: bool = False
+    erasure_resume_interval_seconds: int = 60
+    erasure_step_pause_seconds: float = 0.0
     mcp_toolsets: str = 'all'
     mcp_org: str = ''
     mcp_namespace: str = ''

@@ -60,12 +60,13 @@ class Periodic:
 
 def periodic_jobs(settings: Settings) -> list[Periodic]:
     """Every periodic job Loom runs, from the settings."""
-    from jobs import agent_state_sweep, consolidation
+    from jobs import agent_state_sweep, consolidation, erasure
     from jobs.queues import PASSES
     from jobs.structured_profile import PASS_FUNC
 
     definitions = [
         agent_state_sweep.periodic(settings),
+        erasure.periodic(settings),  # enqueues again an erasure whose worker died
         Periodic(PASS_FUNC, PASSES, settings.structured_profile_interval_seconds),
     ]
     if settings.profile_consolidation_enabled:

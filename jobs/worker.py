@@ -111,12 +111,24 @@ def preload_jobs() -> None:
         importlib.import_module(module)
 
 
+def resume_erasures() -> None:
+    """An erasure whose worker died mid-saga is enqueued again as soon as a worker starts."""
+    from jobs.context import services
+    from jobs.erasure import resume_interrupted
+
+    try:
+        resume_interrupted(services())
+    except UNAVAILABLE_ERRORS as error:  # the scheduler's resume pass will do it
+        log.warning("could not resume erasures: %s", type(error).__name__)
+
+
 def main(argv: list[str] | None = None) -> int:
     names, burst = parse_queues(list(argv or []))
     settings = load_settings()
     preload_jobs()
     logs.configure_logging(settings.log_format)
     connection = queue_connection(settings)
+    resume_erasures()
 
     def work() -> bool:
         # A new worker each time: RQ refuses to register a second birth under one name.

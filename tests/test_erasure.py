@@ -31,6 +31,7 @@ from app.store.erasure import KINDS, ErasureStore, scrub_user
 from jobs.queues import BUILDS
 from jobs.structured_profile import build_user, build_user_job, run_pass
 from tests.conftest import ON_CLUSTER, make_app, on_cluster_skip
+from tests.support.erasure_worker import erasure_worker_thread, run_erasure_jobs
 from tests.support.model_server import ScriptedModelServer
 from tests.support.persistence import append_only_bytes, own_server
 from tests.support.redis_dump import dump_everything
@@ -114,7 +115,11 @@ class World:
         return response.get_json()
 
     def erase(self, user: str = USER, **body: Any) -> dict[str, Any]:
-        return self.post("user.erase", user_id=user, **body)
+        """user.erase answers at once (running); a worker's run of the job finishes it."""
+        started = self.post("user.erase", user_id=user, **body)
+        assert started["status"] == "running" and started["steps_done"] == 0, started
+        run_erasure_jobs(self.services)
+        return self.post("erasure.status", erasure_id=started["erasure_id"])
 
     def store(self) -> ErasureStore:
         return self.services.store(ErasureStore)

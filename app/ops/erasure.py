@@ -1,17 +1,19 @@
 """Erasure and the data package: user.erase, erasure.status, subject.export.
 
-``user.erase`` (admin) runs the erasure saga of ``app.store.erasure`` for one user of a
-namespace, in the request: its job payload would name the user, and a queued job naming the
-user is one of the things an erasure removes. The answer is the receipt: counts per kind, the
-census, the times, never the user id. A receipt with status ``failed`` (the census found data,
-for example a row a racing build wrote) is retryable: calling user.erase again finishes it, and
-until then memory writes for the user are refused 409 ``USER_BEING_ERASED``. An erasure that ran
-in another process and stopped reads as ``interrupted``, retryable the same way.
+``user.erase`` (admin) starts the erasure saga of ``app.store.erasure`` for one user of a
+namespace and answers at once: the receipt with status ``running``. From that answer on, every
+write for the user is refused 409 ``USER_BEING_ERASED``; an RQ worker runs the steps (the job's
+arguments name the erasure id, never the user: a queued job naming the user is one of the
+things an erasure removes). Asked again while the run is due, it answers that run's receipt.
+A receipt with status ``failed`` (the census found data, for example a row a racing build
+wrote) is retryable: calling user.erase again enqueues the run again. A run whose worker died
+reads ``interrupted`` and is enqueued again by the resume pass (or by user.erase).
 
 ``erasure.status`` (admin) reads the receipt by the user id or by the receipt's
-``erasure_id``. ``subject.export`` is the data package, for an admin or for a token pinned to
-that user (an end user's own token). None of them is an MCP tool: erasure and export are
-governance acts done from code, the console or the ``flask loom`` commands, never by a model.
+``erasure_id``: status, the steps done of the total and the current one, counts, census, times.
+``subject.export`` is the data package, for an admin or for a token pinned to that user (an
+end user's own token). None of them is an MCP tool: erasure and export are governance acts done
+from code, the console or the ``flask loom`` commands, never by a model.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from marshmallow import fields, validate
 from app.errors import AuthInsufficient, IdentityIncomplete, ValidationFailed
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, IdentityText
-from app.store.erasure import KINDS, MAX_HANDLES, ErasureStore
+from app.store.erasure import KINDS, MAX_HANDLES, STEPS, ErasureStore, SubjectExportStore
 
 _WHO = {"namespace": "support", "user_id": "u-42"}
 
@@ -78,6 +80,11 @@ class ErasureReceipt(Answer):
     )
     retryable = fields.Boolean()
     step = fields.String(metadata={"description": "The last step finished."})
+    current_step = fields.String(
+        metadata={"description": "The step a running erasure is on (empty once it ended): "
+                  + ", ".join(STEPS) + ", then finishing."})
+    steps_done = fields.Integer(metadata={"description": "Steps finished of steps_total."})
+    steps_total = fields.Integer()
     attempts = fields.Integer()
     started_at = fields.String(allow_none=True)
     finished_at = fields.String(allow_none=True)
@@ -144,10 +151,11 @@ def _named_user(call: Call) -> str:
 @op("user.erase", role="admin", kind="idempotent", listed=False, mcp=False,
     args=UserEraseArgs, answer=ErasureReceipt, needs_agent=False, example=_WHO)
 def user_erase(call: Call) -> dict[str, Any]:
-    """Erase everything of one user of a namespace, with a census; answers the receipt."""
+    """Erase everything of one user of a namespace, with a census, in the background; answers
+    the receipt at once (status running): follow it with erasure.status."""
     identity = call.identity
     user_id = _named_user(call)
-    return _store(call).erase(
+    return _store(call).start(
         identity.org, identity.namespace, user_id,
         actor=call.principal.actor, handles=_handles_in_reach(call, user_id),
     )
@@ -183,7 +191,10 @@ def subject_export(call: Call) -> dict[str, Any]:
                                "this user", required_role="admin")
     store = _store(call)
     handles = _handles_in_reach(call, user_id)
-    package = store.export(identity.org, identity.namespace, user_id, handles=handles)
+    subjects = [handle for handle, _digest in
+                store.subject_digests(identity.org, identity.namespace, user_id, handles)]
+    package = call.services.store(SubjectExportStore).export(
+        identity.org, identity.namespace, user_id, subjects=subjects)
     if not (principal.reaches_role("writer") and principal.has_scope("agent_state")):
         # Agent-state content is read with the writer role and the agent_state scope, through
         # the export as directly; without them the package lists the states, not their values.

@@ -543,7 +543,12 @@ class AgentStateStore:
 
     def erase_subject(self, org: str, namespace: str, handle_or_user_id: Any) -> int:
         """Delete the subject's scope states and every state naming them; the count deleted."""
-        digest = self.subject_digest(org, namespace, handle_or_user_id)
+        return self.erase_subject_digest(
+            org, namespace, self.subject_digest(org, namespace, handle_or_user_id))
+
+    def erase_subject_digest(self, org: str, namespace: str, digest: str) -> int:
+        """``erase_subject`` by the subject's keyed digest: what a background erasure keeps in
+        place of the handle, which is never stored."""
         _config, found = self._subject_states(org, namespace, digest)
         erased = self._erase_states(org, namespace, found)
         # Entries of states that name another subject since: this subject's index forgets them.

@@ -366,6 +366,12 @@ def erasure_lock(org: str, namespace: str, erasure_id: str) -> str:
     return f"{PREFIX}:erasure-lock:{namespace_tag(org, namespace)}:{erasure_id}"
 
 
+def erasures_due() -> str:
+    """Set of the erasures whose run is due (JSON ``[org, namespace, erasure_id]``): what the
+    resume pass reads to find a run whose worker died."""
+    return f"{PREFIX}:erasures-due"
+
+
 def user_pattern(org: str, namespace: str, user_id: str) -> str:
     """Every key under the user's hash tag. Escaped components hold no brace, so the tag
     appears in a key only as that key's own tag."""

@@ -116,6 +116,9 @@ class ErasureStatusAnswer(TypedDict, total=False):
     status: str
     retryable: bool
     step: str
+    current_step: str
+    steps_done: int
+    steps_total: int
     attempts: int
     started_at: str | None
     finished_at: str | None
@@ -484,6 +487,9 @@ class UserEraseAnswer(TypedDict, total=False):
     status: str
     retryable: bool
     step: str
+    current_step: str
+    steps_done: int
+    steps_total: int
     attempts: int
     started_at: str | None
     finished_at: str | None

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import redis
 from rq import Queue
+from rq.executions import Execution
 from rq.job import JobStatus
 from rq.registry import FailedJobRegistry
 
@@ -28,7 +29,8 @@ from app.clock import FrozenClock
 from app.services import Services
 from app.store import keys
 from app.store.erasure import KINDS, ErasureStore, scrub_user
-from jobs.queues import BUILDS
+from app.store.erasure.leftovers import pointers_naming
+from jobs.queues import BUILDS, MAINTENANCE
 from jobs.structured_profile import build_user, build_user_job, run_pass
 from tests.conftest import ON_CLUSTER, make_app, on_cluster_skip
 from tests.support.erasure_worker import erasure_worker_thread, run_erasure_jobs
@@ -429,13 +431,15 @@ def test_a_second_erasure_while_one_runs_is_409(world):
 
 
 def test_concurrent_erasures_of_one_user_count_once(world):
+    """Four user.erase calls at once start one run: each answers that run's receipt (or 409
+    while another call holds the start), one job is queued, and the counts are counted once."""
     plant(world, USER, "MARK-ERASED")
     results: list[tuple[int, dict[str, Any]]] = []
     start = threading.Barrier(4)
 
     def erase() -> None:
         client = world.app.test_client()
-        start.wait()
+        start.wait(120)
         response = client.post("/v1/user.erase", json={"namespace": NS, "user_id": USER})
         results.append((response.status_code, response.get_json()))
 
@@ -443,11 +447,43 @@ def test_concurrent_erasures_of_one_user_count_once(world):
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(30)
+        thread.join(120)
     assert len(results) == 4
     assert all(status == 200 or out["error"]["code"] == "ERASURE_RUNNING"
                for status, out in results)
-    assert any(status == 200 for status, _ in results)
+    answered = [out for status, out in results if status == 200]
+    assert answered and all(out["status"] == "running" for out in answered)
+    named = {out["erasure_id"] if status == 200 else out["error"]["erasure_id"]
+             for status, out in results}
+    assert named == {world.store().erasure_id(ORG, NS, USER)}
+    assert Queue(MAINTENANCE, connection=world.services.queue_redis).count == 1
+    run_erasure_jobs(world.services)
+    final = world.post("erasure.status", user_id=USER)
+    assert final["status"] == "done" and final["attempts"] == 1
+    assert {k: final["counts"][k] for k in PLANTED} == PLANTED
+    assert user_keys(world, USER) == []
+
+
+def test_concurrent_runs_of_one_erasure_count_once(world):
+    """Two workers' runs of one erasure at once (a job enqueued twice): one runs it, the other
+    finds the lock held and ends, and the counts are counted once."""
+    plant(world, USER, "MARK-ERASED")
+    started = world.post("user.erase", user_id=USER)
+    store = world.store()
+    results: list[Any] = []
+    start = threading.Barrier(2)
+
+    def run() -> None:
+        start.wait(120)
+        results.append(store.run_background(ORG, NS, started["erasure_id"]))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert len(results) == 2 and results.count(None) == 1
+    run_erasure_jobs(world.services)  # the queued job finds the erasure done: nothing to run
     final = world.post("erasure.status", user_id=USER)
     assert final["status"] == "done"
     assert {k: final["counts"][k] for k in PLANTED} == PLANTED
@@ -473,35 +509,36 @@ def test_writers_racing_the_erasure_are_all_erased_and_counted(world):
                 break
             written[n] += 1
             i += 1
-        stopped.wait(30)
+        stopped.wait(120)
 
     threads = [threading.Thread(target=writer, args=(n,)) for n in range(8)]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120
     while min(written) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
+    assert min(written) >= 3, written
 
     def hold(step: str, counts: dict[str, int]) -> None:
         if step == "worker_state":
-            stopped.wait(30)  # every writer has seen a refusal: none writes after the census
+            stopped.wait(120)  # every writer has seen a refusal: none writes after the census
 
     receipt = world.store().erase(ORG, NS, USER, actor="test", progress=hold)
     for thread in threads:
-        thread.join(30)
+        thread.join(120)
     while receipt["status"] != "done":  # a write's namespace entries may land after a step
         receipt = world.erase()
     assert refused == ["USER_BEING_ERASED"] * 8
     assert receipt["counts"]["memory_rows"] == sum(written)
     assert receipt["counts"]["memory_versions"] == sum(written)
     assert user_keys(world, USER) == []
-    assert world.store()._pointers_naming(_probe(world)) == []
+    assert pointers_naming(world.services.redis, _probe(world)) == []
 
 
 def _probe(world: World):
-    from app.store.erasure import _Run
+    from app.store.erasure import ErasureRun
 
-    return _Run(ORG, NS, USER, "", [], "test", "", None)
+    return ErasureRun(ORG, NS, USER, "", [], "test")
 
 
 # --- builds and jobs --------------------------------------------------------------------------
@@ -537,16 +574,35 @@ def test_a_build_in_flight_writes_nothing_for_the_erased_user(world, model, redi
     assert user_keys(world, USER) == []
 
 
+def take(queue: Queue, job: Any) -> None:
+    """What a worker does when it takes a job: out of the queue, an execution in the started
+    registry, status started."""
+    queue.remove(job)
+    with queue.connection.pipeline() as pipe:
+        Execution.create(job, ttl=600, pipeline=pipe)
+        job.set_status(JobStatus.STARTED, pipeline=pipe)
+        pipe.execute()
+
+
+def end(queue: Queue, job: Any) -> None:
+    """What a worker does when the job ends: out of the started registry, into the finished."""
+    with queue.connection.pipeline() as pipe:
+        queue.started_job_registry.remove_executions(job, pipeline=pipe)
+        queue.finished_job_registry.add(job, ttl=600, pipeline=pipe)
+        job.set_status(JobStatus.FINISHED, pipeline=pipe)
+        pipe.execute()
+
+
 def test_a_running_job_fails_the_census_until_it_ends(world):
     world.fact("name", "MARK-ERASED", USER)
     queue = Queue(BUILDS, connection=world.services.queue_redis)
     job = queue.enqueue(build_user_job, ORG, NS, USER)
-    queue.remove(job)
-    job.set_status(JobStatus.STARTED)  # a worker took it
+    take(queue, job)
     failed = world.erase()
     assert failed["status"] == "failed" and failed["census"]["found"] == {"jobs": 1}
     assert failed["counts"]["jobs"] == 0  # a running job is never deleted under its worker
-    job.set_status(JobStatus.FINISHED)
+    assert world.services.queue_redis.exists(job.key)
+    end(queue, job)
     done = world.erase()
     assert done["status"] == "done" and done["counts"]["jobs"] == 1
     assert not world.services.queue_redis.exists(job.key)
@@ -641,7 +697,10 @@ def test_erased_data_leaves_the_append_only_file_only_with_a_rewrite(tmp_path, r
         assert client.post("/v1/memory.set", json={
             **body, "key": "k", "value": "MARK-IN-THE-AOF"}).status_code == 200
         assert _wait_for(lambda: b"MARK-IN-THE-AOF" in _aof_text(data_dir))
-        receipt = client.post("/v1/user.erase", json=body).get_json()
+        started = client.post("/v1/user.erase", json=body).get_json()
+        assert started["status"] == "running"
+        run_erasure_jobs(app.extensions["loom"])  # the rewrite is asked for by the worker
+        receipt = client.post("/v1/erasure.status", json=body).get_json()
         assert receipt["status"] == "done"
         probe = redis.Redis.from_url(server.url)
         assert _wait_for(lambda: _rewrite_done(probe))
@@ -661,7 +720,9 @@ def test_erased_data_leaves_the_append_only_file_only_with_a_rewrite(tmp_path, r
 
 def test_the_erase_command_shows_each_step_and_the_receipt(world):
     plant(world, USER, "MARK-ERASED")
-    result = world.app.test_cli_runner().invoke(args=["loom", "erase", USER, "--namespace", NS])
+    with erasure_worker_thread(world.services):
+        result = world.app.test_cli_runner().invoke(
+            args=["loom", "erase", USER, "--namespace", NS])
     assert result.exit_code == 0, result.output
     for step in ("mark", "memory", "working_memory", "activity", "agent_state", "jobs",
                  "worker_state", "sweep", "census"):
@@ -681,8 +742,9 @@ def test_the_erase_command_fails_while_another_runs_and_on_a_dirty_census(world)
     world.services.redis.delete(lock)
     queue = Queue(BUILDS, connection=world.services.queue_redis)
     job = queue.enqueue(build_user_job, ORG, NS, USER)
-    job.set_status(JobStatus.STARTED)
-    result = runner.invoke(args=["loom", "erase", USER, "--namespace", NS])
+    take(queue, job)
+    with erasure_worker_thread(world.services):
+        result = runner.invoke(args=["loom", "erase", USER, "--namespace", NS])
     assert result.exit_code == 1 and "run this command again" in result.output
     assert "status:     failed" in result.stdout
 
@@ -823,22 +885,25 @@ def test_agent_state_writers_racing_the_erasure_leave_nothing_and_are_counted(wo
                 break
             written[n] += 1
             i += 1
-        stopped.wait(30)
+        stopped.wait(120)
 
     threads = [threading.Thread(target=writer, args=(n,)) for n in range(6)]
     for thread in threads:
         thread.start()
-    deadline = time.monotonic() + 10
+    # Every writer has written before the erasure begins (under load that takes a while): the
+    # subject scope's state exists, and each conversation writer has states to count.
+    deadline = time.monotonic() + 120
     while min(written) < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
+    assert min(written) >= 3, written
 
     def hold(step: str, counts: dict[str, int]) -> None:
         if step == "worker_state":
-            stopped.wait(30)
+            stopped.wait(120)
 
     receipt = world.store().erase(ORG, NS, USER, actor="test", progress=hold)
     for thread in threads:
-        thread.join(30)
+        thread.join(120)
     assert refused == ["USER_BEING_ERASED"] * 6
     assert receipt["status"] == "done", receipt["census"]
     assert receipt["counts"]["agent_states"] == 1 + sum(written[3:])

@@ -363,7 +363,7 @@ class ErasureStore:
         else:
             self.redis.hset(run.record, mapping={
                 "status": "running", "updated_at": now, "error": "", "finished_at": "",
-                "step": "" if attempt else record.get("step", ""),
+                "step": "",  # a new run does every step again
                 "attempts": int(record.get("attempts") or 0) + int(attempt),
             })
             if not self.redis.exists(run.marker):

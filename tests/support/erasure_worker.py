@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rq import Queue, SimpleWorker
+from rq.timeouts import TimerDeathPenalty
 
 from app.services import Services
 from jobs import context
@@ -21,6 +22,9 @@ from jobs.queues import MAINTENANCE
 
 
 class _QuietWorker(SimpleWorker):
+    # A timer thread, not SIGALRM, bounds a job: signals belong to the main thread.
+    death_penalty_class = TimerDeathPenalty
+
     def _install_signal_handlers(self) -> None:
         """A worker in a test's thread: signal handlers belong to the main thread."""
 

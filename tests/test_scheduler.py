@@ -58,13 +58,15 @@ def test_the_scheduler_enqueues_the_sweep_and_a_worker_runs_it(job_env):
     register(scheduler, periodic_jobs(load_settings()))
     scheduler.enqueue_jobs()
     queue = Queue(MAINTENANCE, connection=job_env)
-    assert queue.count == 1
+    assert queue.count == 2  # the agent-state sweep and the erasures' resume pass
     worker = SimpleWorker([queue], connection=job_env)
     assert worker.work(burst=True)
-    finished = queue.finished_job_registry.get_job_ids()
-    assert len(finished) == 1
-    result = queue.fetch_job(finished[0]).return_value()
+    finished = {queue.fetch_job(job_id).func_name: queue.fetch_job(job_id)
+                for job_id in queue.finished_job_registry.get_job_ids()}
+    assert set(finished) == {"jobs.agent_state_sweep.sweep", "jobs.erasure.resume_pass"}
+    result = finished["jobs.agent_state_sweep.sweep"].return_value()
     assert set(result) >= {"namespaces", "states_removed", "fields_removed"}
+    assert finished["jobs.erasure.resume_pass"].return_value() == 0  # none was interrupted
 
 
 def test_the_schedulers_way_out_survives_a_dead_redis():

@@ -71,7 +71,7 @@ from app.store.erasure.receipt import (
 from app.store.erasure.run import PROGRESS, ErasureRun, LockLost, Progress
 from app.store.erasure.scanning import text
 from app.store.erasure.worker_state import scrub_stored
-from app.store.lua import script
+from app.store.lua import raise_for_status, script
 from app.store.namespace_config import AuditLog
 from app.store.structured import PROFILE_KEY
 from app.store.tokens import TokenStore
@@ -415,8 +415,10 @@ class ErasureStore:
         for batch in batches((k for k in found if k != run.marker), BATCH):
             reply = self._drop(keys=[run.marker, *batch],
                                args=[*(kind_of(k) for k in batch), PROFILE_KEY])
-            if reply and text(reply[0]) == "NOMARK":
-                raise LockLost()  # the erasure finished elsewhere meanwhile
+            try:
+                raise_for_status("erasure", reply, erasure_id=run.erasure_id)
+            except ErasureRunning:
+                raise LockLost() from None
             self._renew_lock(run)
 
     def _count(self, run: ErasureRun, **counts: int) -> None:

@@ -27,6 +27,7 @@ from redis.commands.core import Script
 
 from app.errors import (
     CharLimitExceeded,
+    ErasureRunning,
     HashMismatch,
     LoomError,
     MemoryLocked,
@@ -104,6 +105,12 @@ STATUS_ERRORS: dict[str, dict[str, ErrorFactory]] = {
         # answered, and gives up with this after its attempts.
         "CONFLICT": lambda _reply, _context: WriteContended(
             "the state kept changing under the write; try again", retry_after=1),
+    },
+    "erasure": {
+        # The marker is gone: the erasure finished in another process meanwhile.
+        "NOMARK": lambda _, context: ErasureRunning(
+            "another process finished this erasure; ask erasure.status",
+            erasure_id=context.get("erasure_id", ""), retry_after=5),
     },
     "working_memory": {
         "ERASING": _erasing,

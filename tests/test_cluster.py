@@ -13,6 +13,7 @@ from app.services import Services
 from app.settings import SettingsError, load_settings
 from app.store import keys
 from tests.conftest import TEST_SECRET, make_app
+from tests.support.erasure_worker import run_erasure_jobs
 from tests.test_structured_worker import SCHEMA
 
 NS = {"namespace": "support", "agent": "chat"}
@@ -86,7 +87,10 @@ def test_an_erasure_on_the_cluster_reaches_every_primary_and_its_census_is_clean
                          ("memory.set", {"key": "k", "value": "v"})):
             assert client.post(f"/v1/{op}", json={**NS, "user_id": user, **body}
                                ).status_code == 200
-    receipt = client.post("/v1/user.erase", json={**NS, "user_id": USERS[3]}).get_json()
+    started = client.post("/v1/user.erase", json={**NS, "user_id": USERS[3]}).get_json()
+    run_erasure_jobs(cluster_app.extensions["loom"])  # a worker runs the saga
+    receipt = client.post("/v1/erasure.status", json={
+        **NS, "erasure_id": started["erasure_id"]}).get_json()
     assert receipt["status"] == "done", receipt
     assert receipt["census"]["clean"] is True and receipt["census"]["found"] == {}
     data = redis.RedisCluster.from_url(cluster.url, decode_responses=True)

@@ -5,14 +5,10 @@ from __future__ import annotations
 import redis
 from rq import Queue
 
+from app.queue_names import ALL_QUEUES, BUILDS, MAINTENANCE, PASSES
 from app.settings import Settings
 
-# Passes plan and fan out; builds call the model. Separate queues let an operator scale the
-# workers that call the model without starving the planner.
-PASSES = "loom-passes"
-BUILDS = "loom-builds"
-MAINTENANCE = "loom-maintenance"
-ALL_QUEUES = (PASSES, BUILDS, MAINTENANCE)
+__all__ = ["ALL_QUEUES", "BUILDS", "MAINTENANCE", "PASSES", "queue", "queue_connection"]
 
 
 def queue_connection(settings: Settings) -> redis.Redis:

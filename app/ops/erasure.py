@@ -151,8 +151,9 @@ def _named_user(call: Call) -> str:
 @op("user.erase", role="admin", kind="idempotent", listed=False, mcp=False,
     args=UserEraseArgs, answer=ErasureReceipt, needs_agent=False, example=_WHO)
 def user_erase(call: Call) -> dict[str, Any]:
-    """Erase everything of one user of a namespace, with a census, in the background; answers
-    the receipt at once (status running): follow it with erasure.status."""
+    """Erase everything of one user of a namespace in the background; answers at once (running).
+
+    A worker runs the saga and its census; follow it with erasure.status."""
     identity = call.identity
     user_id = _named_user(call)
     return _store(call).start(

@@ -3221,8 +3221,8 @@ OPS: dict[str, dict[str, Any]] = {
         'http_method': 'POST',
         'path': '/v1/user.erase',
         'summary': (
-            'Erase everything of one user of a namespace, with a census, in the background; '
-            'answers'
+            'Erase everything of one user of a namespace in the background; answers at once '
+            '(running).'
         ),
         'fields': {
             'org': {'required': False, 'default': None},

@@ -51,7 +51,7 @@ def names_user(job: Job, org: str, namespace: str, user_id: str) -> bool:
 def _queues(connection: Any) -> list[Queue]:
     from rq import Queue
 
-    from jobs.queues import ALL_QUEUES
+    from app.queue_names import ALL_QUEUES
 
     names = {queue.name for queue in Queue.all(connection=connection)} | set(ALL_QUEUES)
     return [Queue(name, connection=connection) for name in sorted(names)]

@@ -234,7 +234,7 @@ class ErasureStore:
     def _enqueue(self, run: ErasureRun, stale_job_id: str) -> None:
         from rq import Queue
 
-        from jobs.queues import MAINTENANCE
+        from app.queue_names import MAINTENANCE
 
         connection = self.services.queue_redis
         if stale_job_id:

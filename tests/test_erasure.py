@@ -28,7 +28,7 @@ from rq.registry import FailedJobRegistry
 from app.clock import FrozenClock
 from app.services import Services
 from app.store import keys
-from app.store.erasure import KINDS, ErasureStore, scrub_user
+from app.store.erasure import KINDS, STEPS, ErasureStore, scrub_user
 from app.store.erasure.leftovers import pointers_naming
 from jobs.queues import BUILDS, MAINTENANCE
 from jobs.structured_profile import build_user, build_user_job, run_pass
@@ -909,3 +909,57 @@ def test_agent_state_writers_racing_the_erasure_leave_nothing_and_are_counted(wo
     assert receipt["counts"]["agent_states"] == 1 + sum(written[3:])
     response = world.client.get(f"/v1/profiles/{USER}/agent-state?namespace={NS}")
     assert response.get_json()["count"] == 0
+
+
+# --- in the background: resume ------------------------------------------------------------------
+
+
+def test_an_interrupted_background_erasure_is_enqueued_again_by_the_resume_pass(world):
+    from jobs.erasure import resume_interrupted
+
+    plant(world, USER, "MARK-ERASED")
+    started = world.post("user.erase", user_id=USER)
+    assert started["status"] == "running" and started["attempts"] == 0
+    assert resume_interrupted(world.services) == 0  # its job waits for a worker: not dead
+
+    def crash(step: str, counts: dict[str, int]) -> None:
+        if step == "agent_state":
+            raise Crash()  # the worker dies here
+
+    from app.store.erasure import PROGRESS
+
+    reset = PROGRESS.set(crash)
+    try:
+        with pytest.raises(Crash):
+            world.store().run_background(ORG, NS, started["erasure_id"])
+    finally:
+        PROGRESS.reset(reset)
+    # What a killed work horse leaves: the job still says started, long ago.
+    job = Queue(MAINTENANCE, connection=world.services.queue_redis).fetch_job(
+        world.services.redis.hget(keys.erasure(ORG, NS, started["erasure_id"]), "job_id"))
+    assert job is not None
+    take(Queue(MAINTENANCE, connection=world.services.queue_redis), job)
+    world.services.queue_redis.hset(job.key, "started_at", "2020-01-01T00:00:00.000000Z")
+    interrupted = world.post("erasure.status", erasure_id=started["erasure_id"])
+    assert interrupted["status"] == "interrupted" and interrupted["step"] == "agent_state"
+    assert interrupted["steps_done"] == STEPS.index("agent_state") + 1
+
+    assert resume_interrupted(world.services) == 1
+    assert world.post("erasure.status", user_id=USER)["status"] == "running"
+    assert resume_interrupted(world.services) == 0  # enqueued once
+    run_erasure_jobs(world.services)
+    done = world.post("erasure.status", user_id=USER)
+    assert done["status"] == "done" and done["attempts"] == 2
+    assert {k: done["counts"][k] for k in PLANTED} == PLANTED
+    assert not world.services.queue_redis.exists(job.key)  # the dead run's job is gone
+    assert not world.services.redis.smembers(keys.erasures_due())
+
+
+def test_the_erase_command_without_waiting_answers_running(world):
+    plant(world, USER, "MARK-ERASED")
+    result = world.app.test_cli_runner().invoke(
+        args=["loom", "erase", USER, "--namespace", NS, "--no-wait"])
+    assert result.exit_code == 0, result.output
+    assert "status:     running (attempt 0)" in result.stdout
+    run_erasure_jobs(world.services)
+    assert world.post("erasure.status", user_id=USER)["status"] == "done"

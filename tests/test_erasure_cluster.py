@@ -2,8 +2,9 @@
 
 A user's data lives under their hash tag (one slot) and in other slots too: the namespace's
 memory_id pointers and user indexes, the workers' state. The erasure, run by an RQ worker (RQ
-on the plain test server, as ``LOOM_QUEUE_URL`` requires), scans every primary: afterwards no primary holds a key or a value
-naming the user, the census says clean, and the other users' data is whole.
+on the plain test server, as ``LOOM_QUEUE_URL`` requires), scans every primary: afterwards no
+primary holds a key or a value naming the user, the census says clean, and the other users'
+data is whole.
 """
 
 from __future__ import annotations

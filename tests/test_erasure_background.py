@@ -140,6 +140,9 @@ def test_a_worker_killed_mid_erasure_leaves_it_to_a_new_worker(redis_url, tmp_pa
             assert seen["current_step"] == STEPS[seen["steps_done"]]
             assert seen["counts"]["memory_rows"] == FACTS
             assert seen["steps_done"] < len(STEPS) - 1, seen  # killed before the census
+            again = api.post("user.erase", user_id=USER)  # idempotent: the same run's receipt
+            assert again["erasure_id"] == erasure and again["status"] == "running"
+            assert again["attempts"] == 1
 
             _kill_tree(workers[0])  # kill -9, mid-saga
 

@@ -218,10 +218,17 @@ class ErasureStore:
               handles: Iterable[str] = ()) -> dict[str, Any]:
         """Mark the user and enqueue the erasure's run; answers the receipt (``running``).
 
-        Asked again while a run is due, it answers that run's receipt and enqueues nothing; a
-        failed or interrupted erasure is enqueued again (its retry)."""
+        Asked again while a run is due or running, it answers that run's receipt and enqueues
+        nothing; a failed or interrupted erasure is enqueued again (its retry)."""
         run = self._new_run(org, namespace, user_id, actor, handles)
-        self._lock(run)
+        try:
+            self._lock(run)
+        except ErasureRunning:
+            # A worker runs it now (or another call is starting it): that run's receipt, when
+            # it has one; a lock without a record is someone else's start, still a 409.
+            if _decoded(self.redis.hgetall(run.record)).get("status") == "running":
+                return self.status(org, namespace, run.erasure_id)
+            raise
         try:
             record = _decoded(self.redis.hgetall(run.record))
             if not (record.get("status") == "running" and self._job_waits(record)):

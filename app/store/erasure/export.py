@@ -20,7 +20,7 @@ from app.store.agent_state import AgentStateStore
 from app.store.erasure.run import PROGRESS, Progress
 from app.store.erasure.scanning import text
 from app.store.identity import Identity
-from app.store.memory import PROFILE_TYPE, MemoryRow
+from app.store.memory_row import PROFILE_TYPE, MemoryRow
 from app.store.structured import PROFILE_KEY
 from app.store.working_memory import decode_block
 

@@ -121,8 +121,8 @@ def test_a_worker_killed_mid_erasure_leaves_it_to_a_new_worker(redis_url, tmp_pa
             began = time.monotonic()
             started = api.post("user.erase", user_id=USER)
             answered_in = time.monotonic() - began
-            # At once: the saga's pauses alone take len(STEPS) * PAUSE_SECONDS.
-            assert answered_in < len(STEPS) * PAUSE_SECONDS / 2, answered_in
+            # At once: sooner than the saga could have run (its pauses alone take this long).
+            assert answered_in < len(STEPS) * PAUSE_SECONDS, answered_in
             assert started["status"] == "running" and started["steps_done"] == 0
             assert started["steps_total"] == len(STEPS)
             assert started["current_step"] == "mark"

@@ -204,9 +204,11 @@ def test_empty_and_clean_text() -> None:
     ["1 " * 40_000, "0 " * 40_000, "00 " * 30_000, "+1 " * 30_000, "4111 " * 20_000, "a@" * 50_000],
 )
 def test_adversarial_number_runs_stay_fast(text: str) -> None:
-    start = time.perf_counter()
+    # CPU time of this process, not wall time: a backtracking engine takes minutes here, and
+    # other processes on a busy machine must not count against the linear one.
+    start = time.process_time()
     mask_text(text)
-    assert time.perf_counter() - start < 3.0
+    assert time.process_time() - start < 3.0
 
 
 # --- custom rules: validation ------------------------------------------------------------------

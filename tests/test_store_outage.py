@@ -84,9 +84,11 @@ def test_hung_redis_is_503_within_about_one_socket_timeout(client, owned_redis):
 def test_redis_loading_its_append_only_file_is_503_until_loaded(client, owned_redis):
     assert _set(client, "kept").status_code == 200
     owned_redis.fill_and_rewrite(20_000)
-    owned_redis.restart_loading(keys_load_delay_us=150)  # about 3 s of loading
+    # About 10 s of loading: on a loaded machine the server may take seconds before it first
+    # answers, and it must still be loading then.
+    owned_redis.restart_loading(keys_load_delay_us=500)
     _assert_unavailable(_get(client), "loading")
-    owned_redis.wait_ready()
+    owned_redis.wait_ready(timeout=60)
     got = _get(client)
     assert got.status_code == 200, got.get_json()
     assert got.get_json()["content"] == "kept"

@@ -84,14 +84,14 @@ class OwnedRedis(RedisServerProcess):
             wait=False,
         )
         client = redis.Redis(port=self.port, socket_connect_timeout=0.2, socket_timeout=1)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 20
         while True:
             try:
                 client.ping()
                 raise AssertionError("the server loaded before it could be asked")
             except redis.exceptions.BusyLoadingError:
                 break
-            except redis.ConnectionError:
+            except (redis.ConnectionError, redis.TimeoutError):
                 assert time.monotonic() < deadline, "the server did not start loading"
                 time.sleep(0.02)
         client.close()

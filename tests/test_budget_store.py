@@ -20,7 +20,8 @@ pytestmark = pytest.mark.real
 
 
 def _services(url: str, tmp_path, clock=None, **overrides) -> Services:
-    settings = load_settings(environ={}, overrides={
+    # The environment carries the data plane's kind (the suite's cluster pass sets it).
+    settings = load_settings(environ=dict(os.environ), overrides={
         "redis_url": url, "secret_key": TEST_SECRET, "data_dir": str(tmp_path),
         "model_budget_window_seconds": 60, **overrides})
     return Services(settings, clock=clock or FrozenClock())
@@ -205,11 +206,11 @@ def test_every_budget_key_of_an_org_shares_one_slot():
     assert len({key_slot(key.encode()) for key in org_keys}) == 1
 
 
-def test_reservations_run_on_a_cluster(redis_cluster, redis_url, tmp_path):
+def test_reservations_run_on_a_cluster(redis_cluster, queue_url, tmp_path):
     redis_cluster.flush()
     try:
         services = _services(redis_cluster.url, tmp_path, redis_cluster="on",
-                             queue_url=redis_url)
+                             queue_url=queue_url)
         assert isinstance(services.redis, redis.RedisCluster)
         budgets = services.store(BudgetStore)
         for org in ("acme", "globex", "initech"):

@@ -15,6 +15,7 @@ from app.api import register_error_handlers, register_ops
 from app.console import register_console
 from app.operate import register_operations
 from app.registry import load_ops
+from app.schemas import contract
 from app.schemas.common import ErrorAnswer
 from app.services import Services
 from app.settings import load_settings
@@ -79,6 +80,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     )
     register_error_handlers(app)
     register_ops(app, api, load_ops(), services)
+    if settings.validate_answers:
+        contract.install(app, api)
     register_console(app)
     register_operations(app, services)
 

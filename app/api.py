@@ -36,6 +36,7 @@ from app.errors import (
     ValidationFailed,
 )
 from app.registry import Call, Op, OpRegistry
+from app.schemas import contract
 from app.schemas.common import ErrorAnswer
 from app.schemas.fastload import compile_loader
 from app.services import Services
@@ -136,7 +137,8 @@ def run_op(
     services: Services,
     client: str | Callable[[], str] = "",
 ) -> dict[str, Any]:
-    """Run one op for a principal: role, input schema, identity, handler, ``ignored_args``.
+    """Run one op for a principal: role, input schema, identity, handler, ``ignored_args``;
+    with ``LOOM_VALIDATE_ANSWERS`` on, the answer is checked against the op's answer schema.
 
     The HTTP views and the ``flask loom`` commands both come through here, so an op behaves
     the same whichever way it is called.
@@ -152,6 +154,8 @@ def run_op(
     result = op.handler(Call(op, args, identity, principal, services, client))
     known = _known_fields(op.args)
     result["ignored_args"] = [name for name in body if name not in known]
+    if services.settings.validate_answers:
+        contract.check_answer(op.name, result)
     return result
 
 
@@ -252,6 +256,7 @@ def register_ops(app: Flask, api: Api, registry: OpRegistry, services: Services)
 
 
 def error_response(error: LoomError) -> Response:
+    error = contract.checked_error(error)
     response = jsonify({"error": error.to_dict()})
     response.status_code = error.status
     retry_after = error.details.get("retry_after")

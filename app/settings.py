@@ -241,6 +241,9 @@ SETTINGS: tuple[Setting, ...] = (
             "Most orgs given their own label in the model metrics; the rest count as _other."),
     Setting("LOOM_READY_TIMEOUT_SECONDS", "1", _positive_float,
             "How long /readyz waits for each Redis to answer before it reports 503."),
+    Setting("LOOM_VALIDATE_ANSWERS", "false", _bool,
+            "Check every answer and error body against the OpenAPI document (op and status); "
+            "a mismatch answers 500 ANSWER_CONTRACT_VIOLATION. The test suite turns it on."),
 )
 
 _BY_ATTR = {setting.attr: setting for setting in SETTINGS}
@@ -312,6 +315,7 @@ class Settings:
     metrics_token: str = ''
     metrics_max_orgs: int = 100
     ready_timeout_seconds: float = 1.0
+    validate_answers: bool = False
     # --- end of generated fields ---
 
     def replace(self, **changes: Any) -> Settings:

@@ -32,6 +32,10 @@ TEST_SECRET = "test-secret-key-for-loom"
 ON_CLUSTER = os.environ.get("LOOM_TEST_CLUSTER") == "1"
 on_cluster_skip = pytest.mark.skipif(ON_CLUSTER, reason="single-server behaviour")
 
+# Every answer and error body the suite sees is checked against the OpenAPI document, in the
+# Flask apps the tests build and in every process they start (gunicorn inherits this).
+os.environ["LOOM_VALIDATE_ANSWERS"] = "true"
+
 
 def _with_db(url: str, db: int) -> str:
     parts = urlparse(url)
@@ -199,3 +203,14 @@ def no_raw_ids_in_logs() -> Iterator[None]:
     yield
     root.removeHandler(handler)
     assert handler.found == [], handler.found[:5]
+
+
+@pytest.fixture(autouse=True)
+def answers_match_the_document() -> Iterator[None]:
+    """A test fails when any answer or error body it caused did not match the document."""
+    from app.schemas import contract
+
+    contract.VIOLATIONS.clear()
+    yield
+    found, contract.VIOLATIONS[:] = list(contract.VIOLATIONS), []
+    assert found == [], found[:5]

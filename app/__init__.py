@@ -15,7 +15,7 @@ from app.api import register_error_handlers, register_ops
 from app.console import register_console
 from app.operate import register_operations
 from app.registry import load_ops
-from app.schemas import contract
+from app.schemas import contract, openapi
 from app.schemas.common import ErrorAnswer
 from app.services import Services
 from app.settings import load_settings
@@ -39,6 +39,11 @@ class LoomApi(Api):
 
     DEFAULT_ERROR_RESPONSE_NAME = None
     ERROR_SCHEMA = ErrorAnswer
+
+    def _init_spec(self, **options: Any) -> None:
+        options["marshmallow_plugin"] = openapi.LoomMarshmallowPlugin()
+        super()._init_spec(**options)
+        self.ma_plugin.converter.add_attribute_function(openapi.field_properties)
 
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:

@@ -36,7 +36,7 @@ from app.errors import (
     ValidationFailed,
 )
 from app.registry import Call, Op, OpRegistry
-from app.schemas import contract
+from app.schemas import contract, openapi
 from app.schemas.common import ErrorAnswer
 from app.schemas.fastload import compile_loader
 from app.services import Services
@@ -194,7 +194,7 @@ def make_view(op: Op, services: Services) -> Callable[..., Any]:
     return view
 
 
-def _document(op: Op, view: Callable[..., Any]) -> Callable[..., Any]:
+def _document(op: Op, view: Callable[..., Any], api: Api, auth_on: bool) -> Callable[..., Any]:
     responses: dict[str, Any] = {
         "200": {"description": "OK", "content": {"application/json": {"schema": op.answer}}}
     }
@@ -219,32 +219,18 @@ def _document(op: Op, view: Callable[..., Any]) -> Callable[..., Any]:
             content["example"] = op.example
         doc["requestBody"] = {"required": True, "content": {"application/json": content}}
     else:
-        doc["parameters"] = _get_parameters(op)
+        in_path = set(re.findall(r"<(?:\w+:)?(\w+)>", op.http_path))
+        doc["parameters"] = openapi.get_parameters(api, op, in_path, auth_on)
     return Blueprint.doc(**doc)(view)
-
-
-def _get_parameters(op: Op) -> list[dict[str, Any]]:
-    """A GET op's inputs: its path segments, and every other field as a query parameter."""
-    in_path = set(re.findall(r"<(?:\w+:)?(\w+)>", op.http_path))
-    parameters = []
-    for name, field in op.args().load_fields.items():
-        key = field.data_key or name
-        parameters.append({
-            "name": key,
-            "in": "path" if key in in_path else "query",
-            "required": key in in_path or field.required,
-            "schema": {"type": "string"},
-            "description": field.metadata.get("description", ""),
-        })
-    return parameters
 
 
 def register_ops(app: Flask, api: Api, registry: OpRegistry, services: Services) -> None:
     ops_by_endpoint = app.extensions.setdefault("loom_ops_by_endpoint", {})
+    auth_on = services.settings.auth == "on"
     for plane, ops in registry.planes().items():
         blueprint = Blueprint(plane, __name__, description=f"The {plane} plane")
         for declared in ops:
-            view = _document(declared, make_view(declared, services))
+            view = _document(declared, make_view(declared, services), api, auth_on)
             endpoint = declared.name.replace(".", "_")
             blueprint.route(
                 declared.http_path,
@@ -253,6 +239,7 @@ def register_ops(app: Flask, api: Api, registry: OpRegistry, services: Services)
             )(view)
             ops_by_endpoint[f"{plane}.{endpoint}"] = declared.name
         api.register_blueprint(blueprint)
+    openapi.refine_document(api, registry, auth_on)
 
 
 def error_response(error: LoomError) -> Response:

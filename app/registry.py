@@ -65,6 +65,10 @@ class Op:
     # need no namespace either.
     needs_agent: bool = True
     needs_namespace: bool = True
+    # Ops on one user's data (erasure, export, a structured profile) need a user_id other
+    # than '-' (or, when a field's name is given, that field instead); the OpenAPI document
+    # lists it as required where no token can fill it.
+    needs_user: bool | str = False
     # An op on the whole org (its model-call switch) needs a token reaching every namespace.
     org_wide: bool = False
     # A valid body for this op: the OpenAPI example, and what the auth matrix sends.

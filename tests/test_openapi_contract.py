@@ -92,3 +92,69 @@ def test_trace_is_405_with_allow(client):
     assert answer.status_code == 405
     assert answer.get_json()["error"]["code"] == "METHOD_NOT_ALLOWED"
     assert "POST" in [m.strip() for m in answer.headers["Allow"].split(",")]
+
+
+def _args_schema(document: dict, path: str) -> dict:
+    operation = next(iter(document["paths"][path].values()))
+    return _resolve(document, operation["requestBody"]["content"]["application/json"]["schema"])
+
+
+def test_with_auth_off_the_identity_an_op_needs_is_required(document, client):
+    wm_set = _args_schema(document, "/v1/working_memory.set")
+    assert {"namespace", "agent"} <= set(wm_set["required"])
+    assert "nullable" not in wm_set["properties"]["namespace"]
+    features = _args_schema(document, "/v1/features.get")
+    assert "namespace" in features["required"] and "agent" not in features["properties"]
+    erase = _args_schema(document, "/v1/user.erase")
+    assert "user_id" in erase["required"]
+    assert erase["properties"]["user_id"]["not"] == {"enum": ["-"]}
+    status = _args_schema(document, "/v1/erasure.status")
+    assert "user_id" not in status.get("required", [])
+    assert [branch["required"] for branch in status["anyOf"]] == [["user_id"], ["erasure_id"]]
+    # What the document says is what the API does: leaving either out is a 422.
+    answer = client.post("/v1/working_memory.set", json={"namespace": "n"})
+    assert answer.status_code == 422 and answer.get_json()["error"]["field"] == "agent"
+
+
+def test_with_auth_on_a_token_may_fill_the_identity(app_factory):
+    document = app_factory(auth="on", admin_token="t" * 32).test_client().get(
+        "/openapi.json").get_json()
+    wm_set = _args_schema(document, "/v1/working_memory.set")
+    assert "namespace" not in wm_set.get("required", [])
+    assert "agent" not in wm_set.get("required", [])
+
+
+def test_a_body_is_required_exactly_when_its_schema_requires_a_field(document, client):
+    assert document["paths"]["/v1/token.list"]["post"]["requestBody"]["required"] is False
+    assert client.post("/v1/token.list").status_code == 200
+    assert document["paths"]["/v1/working_memory.set"]["post"]["requestBody"]["required"] is True
+
+
+def test_rules_apispec_cannot_see_are_stated(document, client):
+    wm_set = _args_schema(document, "/v1/working_memory.set")
+    pattern = wm_set["properties"]["block_key"]["pattern"]
+    assert pattern == r"^[^\x00-\x1f\x7f]*$"
+    assert wm_set["properties"]["agent"]["not"] == {"enum": ["*"]}
+    target = _args_schema(document, "/v1/memory.pin")
+    assert [branch["required"] for branch in target["oneOf"]] == [["key"], ["memory_id"]]
+    parameters = document["paths"]["/v1/profiles/{profile_id}/agent-state"]["get"]["parameters"]
+    org = next(p for p in parameters if p["name"] == "org")
+    assert org["schema"]["minLength"] == 1 and "default" not in org["schema"]
+    # and the API holds to each of them
+    body = {"namespace": "n", "agent": "a"}
+    assert client.post("/v1/working_memory.set",
+                       json={**body, "block_key": "a\x01"}).status_code == 422
+    assert client.post("/v1/working_memory.set", json={**body, "agent": "*"}).status_code == 422
+    assert client.post("/v1/memory.pin", json=body).status_code == 422
+    assert client.get("/v1/profiles/u-1/agent-state?namespace=n&org=").status_code == 422
+
+
+def test_booleans_must_be_json_booleans(client):
+    answer = client.post("/v1/memory.list", json={"namespace": "n", "agent": "a",
+                                                  "include_deleted": 0})
+    assert answer.status_code == 422
+    assert "include_deleted" in answer.get_json()["error"]["fields"]
+    answer = client.post("/v1/org.set_model_calls", json={"enabled": "yes"})
+    assert answer.status_code == 422
+    assert client.post("/v1/memory.list", json={"namespace": "n", "agent": "a",
+                                                "include_deleted": True}).status_code == 200

@@ -20,7 +20,7 @@ from app.errors import AuthInsufficient, ValidationFailed
 from app.ops.namespace_config import NamespaceArgs
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, StrictInt
-from app.scope_ids import canonical_scope
+from app.scope_ids import MAX_SCOPE_ID_LENGTH, SCOPE_KINDS, canonical_scope
 from app.store.agent_state import AgentStateStore
 from app.store.namespace_config import AuditLog
 
@@ -33,7 +33,16 @@ _WHO = {
 
 
 def _scope_field(description: str) -> fields.Dict:
-    return fields.Dict(required=True, metadata={"description": description})
+    return fields.Dict(required=True, metadata={
+        "description": description,
+        # What app.scope_ids checks of every kind; an object or subject id has rules of its own.
+        "required": ["kind", "id"],
+        "properties": {
+            "kind": {"type": "string", "enum": list(SCOPE_KINDS)},
+            "id": {"type": "string", "minLength": 1, "maxLength": MAX_SCOPE_ID_LENGTH,
+                   "pattern": r"\S"},
+        },
+    })
 
 
 class AgentStateArgs(IdentityArgs):

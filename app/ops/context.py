@@ -80,6 +80,7 @@ class ContextPackArgs(ProfileRenderArgs):
         load_default=None,
         validate=[validate.Length(max=BLOCK_KEY_MAX), _session_note],
         metadata={
+            "pattern": r"^session:[\s\S]",
             "description": "This project's note, e.g. session:projectA: the agent layer's "
             "other session:* blocks are left out."
         },

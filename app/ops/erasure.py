@@ -149,7 +149,7 @@ def _named_user(call: Call) -> str:
 
 
 @op("user.erase", role="admin", kind="idempotent", listed=False, mcp=False,
-    args=UserEraseArgs, answer=ErasureReceipt, needs_agent=False, example=_WHO)
+    args=UserEraseArgs, answer=ErasureReceipt, needs_agent=False, needs_user=True, example=_WHO)
 def user_erase(call: Call) -> dict[str, Any]:
     """Erase everything of one user of a namespace in the background; answers at once (running).
 
@@ -163,7 +163,8 @@ def user_erase(call: Call) -> dict[str, Any]:
 
 
 @op("erasure.status", role="admin", kind="read", listed=False, mcp=False,
-    args=ErasureStatusArgs, answer=ErasureReceipt, needs_agent=False, example=_WHO)
+    args=ErasureStatusArgs, answer=ErasureReceipt, needs_agent=False,
+    needs_user="erasure_id", example=_WHO)
 def erasure_status(call: Call) -> dict[str, Any]:
     """Read an erasure's receipt, by user_id or erasure_id: progress, counts, census, times."""
     identity = call.identity
@@ -179,7 +180,7 @@ def erasure_status(call: Call) -> dict[str, Any]:
 
 
 @op("subject.export", role="viewer", kind="read", listed=False, mcp=False,
-    args=SubjectExportArgs, answer=SubjectExport, needs_agent=False, example=_WHO)
+    args=SubjectExportArgs, answer=SubjectExport, needs_agent=False, needs_user=True, example=_WHO)
 def subject_export(call: Call) -> dict[str, Any]:
     """The user's data package: rows with versions, blocks, profiles, agent states by field."""
     principal, identity = call.principal, call.identity

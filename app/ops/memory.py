@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
@@ -26,6 +26,7 @@ from app.registry import Call, op
 from app.schemas.common import (
     Answer,
     IdentityArgs,
+    StrictBool,
     StrictFloat,
     StrictInt,
     no_control_characters,
@@ -184,6 +185,14 @@ class MemorySetArgs(IdentityArgs):
 class MemoryTargetArgs(IdentityArgs):
     """A row named by key (in the caller's identity) or by memory_id, not both."""
 
+    # _one_name below, as the OpenAPI document states it.
+    OPENAPI_RULES: ClassVar[dict[str, Any]] = {"oneOf": [
+        {"required": ["key"], "properties": {"key": {"type": "string"},
+                                             "memory_id": {"enum": [None]}}},
+        {"required": ["memory_id"], "properties": {"memory_id": {"type": "string"},
+                                                   "key": {"enum": [None]}}},
+    ]}
+
     key = KeyText(load_default=None, metadata={"description": "The row's key."})
     memory_id = fields.String(
         load_default=None,
@@ -246,7 +255,7 @@ class MemoryListArgs(IdentityArgs):
         validate=validate.OneOf(["namespace", "this_agent"]),
         metadata={"description": "namespace: every agent's rows; this_agent: the caller's."},
     )
-    include_deleted = fields.Boolean(load_default=False)
+    include_deleted = StrictBool(load_default=False)
     limit = StrictInt(load_default=20, validate=validate.Range(min=1, max=PAGE_MAX))
     cursor = fields.String(load_default=None, validate=validate.Length(max=4096))
     read_scope = read_scope_field()

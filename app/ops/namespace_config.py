@@ -48,6 +48,7 @@ class FeaturesSetArgs(NamespaceArgs):
     features = fields.Raw(
         required=True,
         metadata={
+            "type": "object",
             "description": 'The whole features document: {"agent_state": true|false, '
             '"pii_rules": [{"name", "pattern", "mask"?}]}; a key left out takes its default '
             "(agent_state false, no rules)."
@@ -58,7 +59,8 @@ class FeaturesSetArgs(NamespaceArgs):
 class ObjectTypesSetArgs(NamespaceArgs):
     types = fields.Raw(
         required=True,
-        metadata={"description": "The whole object-types registry (a list of types)."},
+        metadata={"type": "array",
+                  "description": "The whole object-types registry (a list of types)."},
     )
 
 

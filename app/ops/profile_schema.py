@@ -36,6 +36,11 @@ class ProfileSchemaArgs(IdentityArgs):
     pass
 
 
+class ProfileSchemaClearArgs(ProfileSchemaArgs):
+    """The clear's own schema: a write names one agent, a read may name '*' (the OpenAPI
+    document says so per schema)."""
+
+
 class ProfileSchemaAnswer(Answer):
     namespace = fields.String()
     json_schema = fields.Dict(allow_none=True)
@@ -86,7 +91,7 @@ def profile_schema_get(call: Call) -> dict[str, Any]:
 
 
 @op("profile_schema.clear", role="admin", kind="idempotent", listed=False,
-    args=ProfileSchemaArgs, answer=ProfileSchemaCleared, needs_agent=False,
+    args=ProfileSchemaClearArgs, answer=ProfileSchemaCleared, needs_agent=False,
     example={"namespace": "support"})
 def profile_schema_clear(call: Call) -> dict[str, Any]:
     """Remove the schema (audited); built profiles stay as memory rows."""

@@ -46,7 +46,7 @@ class ProfileStructured(Answer):
 
 @op("profile.structured", role="viewer", kind="read", listed=False,
     args=ProfileStructuredArgs, answer=ProfileStructured,
-    example={"namespace": "support", "agent": "chat", "user_id": "u-42"})
+    needs_user=True, example={"namespace": "support", "agent": "chat", "user_id": "u-42"})
 def profile_structured(call: Call) -> dict[str, Any]:
     """The user's structured profile and whether it is current."""
     principal, identity = call.principal, call.identity

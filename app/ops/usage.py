@@ -7,7 +7,7 @@ from typing import Any
 from marshmallow import fields
 
 from app.registry import Call, op
-from app.schemas.common import Answer, IdentityArgs
+from app.schemas.common import Answer, IdentityArgs, StrictBool
 from app.store.usage import UsageStore
 
 
@@ -33,7 +33,7 @@ class Usage(Answer):
 
 
 class ModelCallsArgs(IdentityArgs):
-    enabled = fields.Boolean(
+    enabled = StrictBool(
         required=True, metadata={"description": "False stops every model call for the org."}
     )
 

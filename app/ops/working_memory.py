@@ -68,6 +68,11 @@ class WorkingMemoryKeyArgs(IdentityArgs):
     block_key = _block_key("The block to read or delete.")
 
 
+class WorkingMemoryDeleteArgs(WorkingMemoryKeyArgs):
+    """The delete's own schema: a write names one agent, a read may name '*' (the OpenAPI
+    document says so per schema)."""
+
+
 class WorkingMemoryRenderArgs(IdentityArgs):
     block_keys = fields.List(
         fields.String(validate=[validate.Length(min=1, max=BLOCK_KEY_MAX),
@@ -163,7 +168,7 @@ def working_memory_replace(call: Call) -> dict[str, Any]:
 
 
 @op("working_memory.delete", role="writer", kind="idempotent", listed=False,
-    args=WorkingMemoryKeyArgs, answer=WorkingMemoryDeleted,
+    args=WorkingMemoryDeleteArgs, answer=WorkingMemoryDeleted,
     example={**_WHO, "block_key": "state"})
 def working_memory_delete(call: Call) -> dict[str, Any]:
     """Delete one working-memory block."""

@@ -1,8 +1,9 @@
 """Fields and base schemas every op shares.
 
 ``IdentityArgs`` carries the identity tuple of the wire conventions; plane schemas subclass it.
-``StrictInt`` and ``Text`` refuse the coercions marshmallow allows by default (``"12"`` as an
-int, ``true`` as 1), so a wrong type anywhere is a 422 naming the field.
+``StrictInt``, ``StrictBool`` and ``Text`` refuse the coercions marshmallow allows by default
+(``"12"`` as an int, ``true`` as 1, ``0`` as false), so a wrong type anywhere is a 422 naming
+the field.
 """
 
 from __future__ import annotations
@@ -27,6 +28,15 @@ class StrictInt(fields.Integer):
         return super()._validated(value)
 
 
+class StrictBool(fields.Boolean):
+    """A boolean that must arrive as JSON true or false (not 0, 1 or "yes")."""
+
+    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> Any:
+        if not isinstance(value, bool):
+            raise self.make_error("invalid")
+        return value
+
+
 class StrictFloat(fields.Float):
     """A finite number that must arrive as a JSON number."""
 
@@ -37,6 +47,10 @@ class StrictFloat(fields.Float):
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise self.make_error("invalid")
         return super()._deserialize(value, attr, data, **kwargs)
+
+
+# no_control_characters as the OpenAPI document states it (app.schemas.openapi).
+CONTROL_FREE_PATTERN = r"^[^\x00-\x1f\x7f]*$"
 
 
 def no_control_characters(value: str) -> None:

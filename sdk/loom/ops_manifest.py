@@ -47,6 +47,19 @@ OPS: dict[str, dict[str, Any]] = {
                     'description': (
                         '{"kind", "id"}: the scope whose states are erased, for every agent.'
                     ),
+                    'required': ['kind', 'id'],
+                    'properties': {
+                        'kind': {
+                            'type': 'string',
+                            'enum': ['conversation', 'task', 'object', 'subject'],
+                        },
+                        'id': {
+                            'type': 'string',
+                            'minLength': 1,
+                            'maxLength': 1024,
+                            'pattern': '\\S',
+                        },
+                    },
                     'additionalProperties': {},
                 },
             },
@@ -154,6 +167,19 @@ OPS: dict[str, dict[str, Any]] = {
                         'the state belongs to. An object id is <type>:<id>; a subject id is '
                         "one of the customer's handles."
                     ),
+                    'required': ['kind', 'id'],
+                    'properties': {
+                        'kind': {
+                            'type': 'string',
+                            'enum': ['conversation', 'task', 'object', 'subject'],
+                        },
+                        'id': {
+                            'type': 'string',
+                            'minLength': 1,
+                            'maxLength': 1024,
+                            'pattern': '\\S',
+                        },
+                    },
                     'additionalProperties': {},
                 },
                 'mode': {
@@ -248,6 +274,19 @@ OPS: dict[str, dict[str, Any]] = {
                         'the state belongs to. An object id is <type>:<id>; a subject id is '
                         "one of the customer's handles."
                     ),
+                    'required': ['kind', 'id'],
+                    'properties': {
+                        'kind': {
+                            'type': 'string',
+                            'enum': ['conversation', 'task', 'object', 'subject'],
+                        },
+                        'id': {
+                            'type': 'string',
+                            'minLength': 1,
+                            'maxLength': 1024,
+                            'pattern': '\\S',
+                        },
+                    },
                     'additionalProperties': {},
                 },
             },
@@ -512,6 +551,7 @@ OPS: dict[str, dict[str, Any]] = {
                     'type': ['string', 'null'],
                     'default': None,
                     'maxLength': 80,
+                    'pattern': '^session:[\\s\\S]',
                     'description': (
                         "This project's note, e.g. session:projectA: the agent layer's other "
                         'session:* blocks are left out.'
@@ -665,6 +705,7 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'features': {
+                    'type': 'object',
                     'description': (
                         'The whole features document: {"agent_state": true|false, "pii_rules": '
                         '[{"name", "pattern", "mask"?}]}; a key left out takes its default '
@@ -1908,7 +1949,10 @@ OPS: dict[str, dict[str, Any]] = {
                         'and always with auth off.'
                     ),
                 },
-                'types': {'description': 'The whole object-types registry (a list of types).'},
+                'types': {
+                    'type': 'array',
+                    'description': 'The whole object-types registry (a list of types).',
+                },
             },
             'required': ['types'],
         },

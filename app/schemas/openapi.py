@@ -1,0 +1,133 @@
+"""What the OpenAPI document says beyond marshmallow's own conversion, so that it is exact.
+
+apispec turns each schema's fields into JSON Schema; three things it cannot see are added here:
+
+- a field's own validators that have a JSON Schema form (``no_control_characters`` becomes a
+  ``pattern``), through ``field_properties``, registered on flask-smorest's converter;
+- a rule over several fields of one schema (``key`` or ``memory_id``, exactly one), written as
+  the schema's ``OPENAPI_RULES`` and merged by ``LoomMarshmallowPlugin``;
+- what this install requires of each op's identity (and that a write names one agent, not
+  ``*``): with auth off nothing can fill
+  ``namespace``, ``agent`` or ``user_id``, so each op that needs one lists it as required
+  (with auth on the caller's token may fill it, and the description says so). A body is
+  required exactly when its schema requires a field (an empty body reads as ``{}``).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from apispec.ext.marshmallow import MarshmallowPlugin
+from apispec.ext.marshmallow.common import resolve_schema_instance
+from flask_smorest import Api
+from marshmallow import fields
+
+from app.registry import Op, OpRegistry
+from app.schemas.common import CONTROL_FREE_PATTERN, no_control_characters
+
+
+def field_properties(self: Any, field: fields.Field, **kwargs: Any) -> dict[str, Any]:
+    """JSON Schema for the validators apispec does not convert."""
+    if no_control_characters in field.validators and "pattern" not in field.metadata:
+        return {"pattern": CONTROL_FREE_PATTERN}
+    return {}
+
+
+class LoomMarshmallowPlugin(MarshmallowPlugin):
+    """apispec's plugin, adding each schema's ``OPENAPI_RULES`` (rules over several fields)."""
+
+    def schema_helper(self, name: str, _: Any, schema: Any = None, **kwargs: Any) -> Any:
+        converted = super().schema_helper(name, _, schema=schema, **kwargs)
+        rules = getattr(type(resolve_schema_instance(schema)), "OPENAPI_RULES", None)
+        if converted is not None and rules:
+            converted.update(copy.deepcopy(rules))  # refine_document edits each its own
+        return converted
+
+
+def identity_required(op: Op) -> tuple[str, ...]:
+    """The identity fields a call must name when no token fills them (auth off)."""
+    return tuple(
+        name for name, needed in (
+            ("namespace", op.needs_namespace), ("agent", op.needs_agent),
+            ("user_id", op.needs_user is True),
+        ) if needed
+    )
+
+
+_A_USER = {"not": {"enum": ["-"]}}  # '-' is no user
+_ONE_AGENT = {"not": {"enum": ["*"]}}  # '*' (every agent) is for reads
+
+
+def _one_agent_writes(component: dict[str, Any]) -> None:
+    """A write names one agent, unless it names a row by memory_id (app.auth)."""
+    if "agent" not in component["properties"]:
+        return
+    if "memory_id" not in component["properties"]:
+        component["properties"]["agent"].update(_ONE_AGENT)
+        return
+    for branch in component.get("oneOf", ()):
+        if "memory_id" not in branch["required"]:
+            branch["properties"]["agent"] = _ONE_AGENT
+
+
+def refine_document(api: Api, registry: OpRegistry, auth_on: bool) -> None:
+    """Mark each op's required identity fields and whether its body is required."""
+    spec = api.spec
+    names = {key[0]: name for key, name in api.ma_plugin.converter.refs.items()}
+    paths = spec._paths  # apispec keeps the operations it built here, by OpenAPI path
+    writes: dict[str, bool] = {}
+    for op in registry:
+        if op.http_method == "GET":
+            continue
+        name = names[op.args]
+        if writes.setdefault(name, op.kind != "read") != (op.kind != "read"):
+            raise ValueError(f"{name} is the input of a read and of a write: give {op.name} "
+                             "a schema of its own (only a read may name agent '*')")
+        component = spec.components.schemas[name]
+        required = list(component.get("required", []))
+        if op.kind != "read":
+            _one_agent_writes(component)
+        for name in () if auth_on else identity_required(op):
+            prop = component["properties"][name]
+            prop.pop("nullable", None)
+            prop.pop("default", None)
+            if name == "user_id":
+                prop.update(_A_USER)
+            if name not in required:
+                required.append(name)
+        if isinstance(op.needs_user, str) and not auth_on:
+            # A user_id, or the field that stands in for it.
+            component["anyOf"] = [
+                {"required": ["user_id"], "properties": {"user_id": _A_USER}},
+                {"required": [op.needs_user], "properties": {op.needs_user: {"type": "string"}}},
+            ]
+        if required:
+            component["required"] = required
+        body = paths[op.http_path][op.http_method.lower()]["requestBody"]
+        body["required"] = bool(required) or "anyOf" in component or "oneOf" in component
+
+
+def get_parameters(api: Api, op: Op, in_path: set[str], auth_on: bool) -> list[dict[str, Any]]:
+    """A GET op's inputs as parameters: its path segments, every other field in the query,
+    each with its field's constraints (a query value is always a string)."""
+    converter = api.ma_plugin.converter
+    needed = () if auth_on else identity_required(op)
+    parameters = []
+    for name, field in op.args().load_fields.items():
+        key = field.data_key or name
+        schema = converter.field2property(field)
+        description = schema.pop("description", "")
+        if schema.pop("nullable", None) and schema.get("default", "") is None:
+            del schema["default"]  # a query string has no null
+        required = key in in_path or field.required or key in needed
+        if required:
+            schema.pop("default", None)
+        parameters.append({
+            "name": key,
+            "in": "path" if key in in_path else "query",
+            "required": required,
+            "schema": schema,
+            "description": description,
+        })
+    return parameters

@@ -1,4 +1,5 @@
-"""What the fast argument loader (``app.schemas.fastload``) saves, next to a Redis round trip.
+"""What the fast argument loader (``app.schemas.fastload``) saves, next to a Redis round trip,
+and what checking every answer against the OpenAPI document costs.
 
     .venv/bin/python bench/fastload.py [--calls 3000] [--rounds 3]
 
@@ -12,6 +13,9 @@ argument schemas:
 2. the working-memory throughput and Loom's CPU per request, in-process through the whole
    Flask app (test client, real Redis), with and without the fast loader, rounds alternated,
    medians printed.
+
+3. the same throughput and CPU with ``LOOM_VALIDATE_ANSWERS`` on and off (every answer checked
+   against the OpenAPI document), the cost that decides where the check runs.
 
 In-process on purpose: gunicorn, the HTTP client and the sockets add the same cost to both, and
 on a shared machine they would drown a difference of a few µs in noise.
@@ -127,6 +131,26 @@ def main() -> int:
                       f"{slow_rate:6.0f} req/s ({statistics.median(cpu['marshmallow']):4.0f} µs "
                       f"CPU)  ratio {fast_rate / slow_rate:.3f}")
             _use_loader(compile_loader)
+
+            checked = create_app({"redis_url": url, "data_dir": tmp, "secret_key": "bench",
+                                  "validate_answers": True}).test_client()
+            for name, (_schema, body) in BODIES.items():
+                if name == "working_memory.append":
+                    continue  # a write that grows its block: set and get stand for the writes
+                path = f"/v1/{name}"
+                assert checked.post(path, json=body).status_code == 200, name
+                rates = {"off": [], "on": []}
+                cpu = {"off": [], "on": []}
+                for _ in range(options.rounds):
+                    for label, web_app in (("off", web), ("on", checked)):
+                        started = time.process_time()
+                        us = _per_call_us(functools.partial(web_app.post, path, json=body), calls)
+                        rates[label].append(1e6 / us)
+                        cpu[label].append((time.process_time() - started) / calls * 1e6)
+                off_cpu, on_cpu = statistics.median(cpu["off"]), statistics.median(cpu["on"])
+                print(f"{name:24} answer check: off {statistics.median(rates['off']):6.0f} req/s "
+                      f"({off_cpu:4.0f} µs CPU)  on {statistics.median(rates['on']):6.0f} req/s "
+                      f"({on_cpu:4.0f} µs CPU)  costs {on_cpu - off_cpu:4.0f} µs CPU a request")
         finally:
             if server is not None:
                 server.stop()

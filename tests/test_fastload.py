@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from marshmallow import EXCLUDE, ValidationError
+from marshmallow import EXCLUDE, Schema, ValidationError, fields, validates_schema
 
 from app.registry import load_ops
 from app.schemas.fastload import compile_loader
@@ -50,3 +50,33 @@ def test_the_working_memory_schemas_take_the_fast_path():
     for schema_class in (wm.WorkingMemorySetArgs, wm.WorkingMemoryAppendArgs,
                          wm.WorkingMemoryKeyArgs, wm.WorkingMemoryRenderArgs):
         assert compile_loader(schema_class()).__name__ == "load", schema_class.__name__
+
+
+def test_a_schema_hook_sends_the_schema_to_marshmallow():
+    """The fast path reads marshmallow's private ``Schema._hooks``: if a marshmallow release
+    keeps hooks elsewhere, this fails instead of a hook being skipped in silence."""
+
+    class WithHook(Schema):
+        name = fields.String()
+
+        @validates_schema
+        def _check(self, data, **kwargs):
+            raise ValidationError("never")
+
+    assert compile_loader(WithHook()).__name__ == "slow"
+    with pytest.raises(ValidationError):
+        compile_loader(WithHook())({"name": "x"})
+
+
+def test_a_field_with_its_own_conversion_goes_to_marshmallow():
+    """The fast path compares ``type(field)._deserialize`` with ``fields.String``'s own."""
+
+    class Upper(fields.String):
+        def _deserialize(self, value, attr, data, **kwargs):
+            return super()._deserialize(value, attr, data, **kwargs).upper()
+
+    class Shouting(Schema):
+        word = Upper()
+
+    assert compile_loader(Shouting()).__name__ == "slow"
+    assert compile_loader(Shouting())({"word": "hi"}) == {"word": "HI"}

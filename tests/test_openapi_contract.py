@@ -1,5 +1,7 @@
 """The OpenAPI document says what the API does: open error details, open request bodies,
-every error status an op answers in Loom's error shape, and a 405 that names what is allowed."""
+every error status an op answers in Loom's error shape, a 405 that names what is allowed, the
+identity each op requires when no token can fill it, and the rules apispec cannot see.
+schemathesis holds the whole API to it in CI (.ci/api_contract.py)."""
 
 from __future__ import annotations
 

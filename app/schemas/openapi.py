@@ -37,8 +37,13 @@ def field_properties(self: Any, field: fields.Field, **kwargs: Any) -> dict[str,
 class LoomMarshmallowPlugin(MarshmallowPlugin):
     """apispec's plugin, adding each schema's ``OPENAPI_RULES`` (rules over several fields)."""
 
-    def schema_helper(self, name: str, _: Any, schema: Any = None, **kwargs: Any) -> Any:
+    # MarshmallowPlugin's own signature, which apispec's BasePlugin does not declare.
+    def schema_helper(  # type: ignore[override]
+        self, name: Any, _: Any, schema: Any = None, **kwargs: Any
+    ) -> Any:
         converted = super().schema_helper(name, _, schema=schema, **kwargs)
+        if schema is None:
+            return converted
         rules = getattr(type(resolve_schema_instance(schema)), "OPENAPI_RULES", None)
         if converted is not None and rules:
             converted.update(copy.deepcopy(rules))  # refine_document edits each its own
@@ -55,8 +60,10 @@ def identity_required(op: Op) -> tuple[str, ...]:
     )
 
 
-_A_USER = {"not": {"enum": ["-"]}}  # '-' is no user
-_ONE_AGENT = {"not": {"enum": ["*"]}}  # '*' (every agent) is for reads
+# A pattern rather than a "not": schemathesis's coverage phase reads patterns exactly and has
+# taken a value a "not" bars for a valid one. Both keep no_control_characters.
+_A_USER = {"pattern": r"^(?!-$)[^\x00-\x1f\x7f]*$"}  # '-' is no user
+_ONE_AGENT = {"pattern": r"^(?!\*$)[^\x00-\x1f\x7f]*$"}  # '*' (every agent) is for reads
 
 
 def _one_agent_writes(component: dict[str, Any]) -> None:

@@ -38,7 +38,8 @@ from app.store.memory import (
     MemoryStore,
     SectionReach,
 )
-from app.store.working_memory import _APPEND, _SET, DEFAULT_BLOCK_KEY, DEFAULT_CHAR_LIMIT
+from app.store.lua import source
+from app.store.working_memory import DEFAULT_BLOCK_KEY, DEFAULT_CHAR_LIMIT
 
 ORG = os.environ.get("LOOM_DEFAULT_ORG", "default")
 
@@ -47,8 +48,8 @@ app.json.sort_keys = False  # type: ignore[attr-defined]
 app.json.compact = True  # type: ignore[attr-defined]
 
 r = redis.Redis.from_url(os.environ["REDIS_URL"], decode_responses=True)
-set_script = r.register_script(_SET)
-append_script = r.register_script(_APPEND)
+set_script = r.register_script(source("working_memory_set"))
+append_script = r.register_script(source("working_memory_append"))
 
 
 class _Services:

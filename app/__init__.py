@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from types import FunctionType
 from typing import Any
 
 import swagger_ui_bundle
@@ -33,6 +34,29 @@ def swagger_ui_assets() -> Blueprint:
     )
 
 
+class LoomFlask(Flask):
+    """Flask, remembering which views and hooks are plain functions.
+
+    Flask asks ``ensure_sync`` about the view and every request hook on every request, and
+    each answer inspects the function's code flags again. Loom declares no ``async def`` view
+    or hook; the answer per function is kept, so a request pays one dictionary lookup each.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._plain_functions: set[Callable[..., Any]] = set()
+
+    def ensure_sync(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        if type(func) is not FunctionType:
+            return super().ensure_sync(func)
+        if func in self._plain_functions:
+            return func
+        made = super().ensure_sync(func)
+        if made is func:
+            self._plain_functions.add(func)
+        return made
+
+
 class LoomApi(Api):
     """flask-smorest, documenting Loom's one error shape: no "default" response in
     flask-smorest's own error shape, which Loom never sends (each op lists its statuses)."""
@@ -57,7 +81,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     redis_client = overrides.pop("redis", None)
     settings = load_settings(overrides=overrides)
 
-    app = Flask(__name__)
+    app = LoomFlask(__name__)
     app.config.update(
         MAX_CONTENT_LENGTH=settings.max_body_bytes,
         API_TITLE=API_TITLE,

@@ -78,6 +78,10 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# json.loads builds a new decoder for every call that passes options; one is enough.
+_decode_body = json.JSONDecoder(parse_constant=_reject_constant).decode
+
+
 def _body_bytes(req: Request, max_bytes: int) -> bytes:
     """At most ``max_bytes`` of body; 413 past it, whether or not a Content-Length says so.
 
@@ -87,12 +91,22 @@ def _body_bytes(req: Request, max_bytes: int) -> bytes:
     length = req.content_length
     if length is not None and length > max_bytes:
         raise BodyTooLarge(f"body of {length} bytes is over {max_bytes}", max_bytes=max_bytes)
-    if length is None and req.environ.get("wsgi.input_terminated"):
-        raw = req.environ["wsgi.input"].read(max_bytes + 1)
-        if len(raw) > max_bytes:
-            raise BodyTooLarge(f"body is over {max_bytes} bytes", max_bytes=max_bytes)
-        return raw
-    return req.get_data(cache=False)
+    environ = req.environ
+    if length is None:
+        if environ.get("wsgi.input_terminated"):
+            raw = environ["wsgi.input"].read(max_bytes + 1)
+            if len(raw) > max_bytes:
+                raise BodyTooLarge(f"body is over {max_bytes} bytes", max_bytes=max_bytes)
+            return raw
+        return req.get_data(cache=False)
+    if not length:
+        return b""
+    # The length is known and within the limit: one read of the server's input, without the
+    # stream werkzeug would build around it for this single use.
+    raw = environ["wsgi.input"].read(length)
+    if len(raw) < length:
+        raise MalformedJson(f"the body ended after {len(raw)} of its {length} bytes")
+    return raw
 
 
 def read_json_body(req: Request, max_bytes: int) -> dict[str, Any]:
@@ -107,7 +121,7 @@ def read_json_body(req: Request, max_bytes: int) -> dict[str, Any]:
     try:
         # Strict UTF-8 first: json.loads on bytes would let surrogates through to Redis.
         text = raw.decode("utf-8")
-        body = json.loads(text, parse_constant=_reject_constant)
+        body = _decode_body(text)
         if "\\ud" in text or "\\uD" in text:
             # An escaped lone surrogate parses, but cannot be stored or answered.
             json.dumps(body, ensure_ascii=False).encode("utf-8")
@@ -221,7 +235,10 @@ def _document(op: Op, view: Callable[..., Any], api: Api, auth_on: bool) -> Call
     else:
         in_path = set(re.findall(r"<(?:\w+:)?(\w+)>", op.http_path))
         doc["parameters"] = openapi.get_parameters(api, op, in_path, auth_on)
-    return Blueprint.doc(**doc)(view)
+    # flask-smorest documents a view from its ``_apidoc``; its ``doc`` decorator also wraps the
+    # view in a call through ``current_app.ensure_sync``, which every request would pay.
+    view._apidoc = Blueprint.doc(**doc)(view)._apidoc  # type: ignore[attr-defined]
+    return view
 
 
 def register_ops(app: Flask, api: Api, registry: OpRegistry, services: Services) -> None:

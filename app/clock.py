@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 
 class Clock:
@@ -29,7 +29,7 @@ class FrozenClock(Clock):
         self._ns += int(seconds * 1e9)
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_NAIVE_EPOCH = datetime(1970, 1, 1)
 
 
 def iso_from_ns(ns: int) -> str:
@@ -38,5 +38,6 @@ def iso_from_ns(ns: int) -> str:
     Integer arithmetic only: a version read as a time is exact to the microsecond (the
     nanoseconds below it are cut, never rounded through a float into the next microsecond).
     """
-    moment = _EPOCH + timedelta(microseconds=ns // 1000)
-    return moment.isoformat().replace("+00:00", "Z")
+    # Naive arithmetic from a naive epoch: the same digits as an aware datetime's, without
+    # the time zone's offset to format and cut off again.
+    return (_NAIVE_EPOCH + timedelta(microseconds=ns // 1000)).isoformat() + "Z"

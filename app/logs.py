@@ -14,6 +14,7 @@ one user names ``user_digest``, the keyed hash from ``user_digest()``.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import logging
 import os
@@ -41,19 +42,32 @@ CONTEXT_FIELDS = (
     "user_digest",
 )
 
+_FIELD_NAMES = frozenset(CONTEXT_FIELDS)
+_NOTHING: dict[str, Any] = {}
+
 _context: ContextVar[dict[str, Any] | None] = ContextVar("loom_log_context", default=None)
 
 
 def bound() -> dict[str, Any]:
-    return dict(_context.get() or {})
+    return dict(_context.get() or _NOTHING)
 
 
 def bind(**fields: Any) -> None:
     """Add fields to every line this request or job writes from now on."""
-    unknown = set(fields) - set(CONTEXT_FIELDS)
-    if unknown:
-        raise ValueError(f"not a log field: {sorted(unknown)}")
-    _context.set({**(_context.get() or {}), **{k: v for k, v in fields.items() if v is not None}})
+    if not fields.keys() <= _FIELD_NAMES:
+        raise ValueError(f"not a log field: {sorted(set(fields) - _FIELD_NAMES)}")
+    merged = dict(_context.get() or _NOTHING)
+    for name, value in fields.items():
+        if value is not None:
+            merged[name] = value
+    _context.set(merged)
+
+
+def bind_fresh(**fields: Any) -> None:
+    """Forget what was bound, then bind ``fields``: the start of a request."""
+    if not fields.keys() <= _FIELD_NAMES:
+        raise ValueError(f"not a log field: {sorted(set(fields) - _FIELD_NAMES)}")
+    _context.set({name: value for name, value in fields.items() if value is not None})
 
 
 def clear() -> None:
@@ -75,6 +89,10 @@ def user_digest(secret: str, org: str, namespace: str, user_id: str) -> str:
     return keyed_digest(secret.encode(), b"loom-log-user", org, namespace, user_id)[:16]
 
 
+# json.dumps builds a new encoder for every call that passes options; one is enough.
+_encode_line = json.JSONEncoder(ensure_ascii=False, default=str).encode
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object a line: time, level, logger, message, then the bound fields."""
 
@@ -85,9 +103,10 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        context = bound()
+        context = _context.get() or _NOTHING
+        given = record.__dict__
         for name in CONTEXT_FIELDS:
-            value = getattr(record, name, None)
+            value = given.get(name)
             if value is None:
                 value = context.get(name)
             if value is not None:
@@ -96,7 +115,7 @@ class JsonFormatter(logging.Formatter):
             line["exc"] = self.formatException(record.exc_info)
         elif record.exc_text:
             line["exc"] = record.exc_text
-        return json.dumps(line, ensure_ascii=False, default=str)
+        return _encode_line(line)
 
 
 class TextFormatter(logging.Formatter):
@@ -107,7 +126,7 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
-        context = bound()
+        context = _context.get() or _NOTHING
         pairs = []
         for name in CONTEXT_FIELDS:
             value = getattr(record, name, None)
@@ -118,10 +137,19 @@ class TextFormatter(logging.Formatter):
         return text + (" " + " ".join(pairs) if pairs else "")
 
 
+# The last second formatted: a busy process writes many lines within one second.
+_last_second: tuple[int, str] = (-1, "")
+
+
 def _iso_time(created: float) -> str:
+    global _last_second
     seconds = int(created)
     millis = int((created - seconds) * 1000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+    cached_second, prefix = _last_second
+    if seconds != cached_second:
+        prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+        _last_second = (seconds, prefix)
+    return f"{prefix}.{millis:03d}Z"
 
 
 def resolve_format(value: str, stream: Any = None) -> str:
@@ -142,6 +170,21 @@ def make_formatter(log_format: str) -> logging.Formatter:
 _MARK = "_loom_handler"
 
 
+class _LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A stream handler that does not flush stderr again after each line: stderr is
+    line-buffered, so the line's newline has flushed it already (or, under
+    PYTHONUNBUFFERED, it has no buffer at all)."""
+
+    def flush(self) -> None:
+        stream = self.stream
+        if getattr(stream, "line_buffering", False) or (
+            getattr(stream, "write_through", False)
+            and isinstance(getattr(stream, "buffer", None), io.RawIOBase)
+        ):
+            return
+        super().flush()
+
+
 def configure_logging(log_format: str | None = None, level: int = logging.INFO) -> None:
     """One stderr handler on the root logger, in the chosen format; idempotent.
 
@@ -153,7 +196,7 @@ def configure_logging(log_format: str | None = None, level: int = logging.INFO) 
     for handler in list(root.handlers):
         if getattr(handler, _MARK, False):
             root.removeHandler(handler)
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _LineHandler(sys.stderr)
     handler.setFormatter(make_formatter(chosen))
     setattr(handler, _MARK, True)
     root.addHandler(handler)

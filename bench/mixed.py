@@ -7,7 +7,7 @@ What one run does:
 1. Starts its own redis-server on a free loopback port (append-only off), unless REDIS_URL is
    set (then it writes, and deletes, only under the namespace ``mixed``).
 2. Serves Loom (``wsgi:app``) and ``bench/baseline_app.py`` with the same gunicorn settings
-   (2 sync workers each). For the working-memory ops the baseline runs Loom's own Lua scripts;
+   (2 gevent workers each, as the Procfile runs them). For the working-memory ops the baseline runs Loom's own Lua scripts;
    for the profile ops it calls Loom's memory and activity stores straight from a Flask view,
    so the Redis work is the same and only Loom's request handling is missing.
 3. Before each run, writes the same data afresh: 1,000 working-memory blocks (100 users, ten
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=6000, help="requests per run (6000)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per app (3)")
     parser.add_argument("--connections", type=int, default=32, help="connections (32)")
-    parser.add_argument("--workers", type=int, default=2, help="gunicorn sync workers (2)")
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers per app (2)")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
     settings = gunicorn_settings(args.workers)

@@ -8,13 +8,14 @@ What one run does:
    set. With REDIS_URL it writes only under the namespace ``bench``, but it does reset the
    server's statistics (CONFIG RESETSTAT).
 2. Serves Loom (``wsgi:app``) and ``bench/baseline_app.py`` with the same gunicorn settings,
-   2 sync workers each (``--workers``). The baseline does the same Redis work per request
+   2 gevent workers each, the Procfile's worker class (``--workers``, ``--worker-class``). The baseline does the same Redis work per request
    (the same HGET, or the same EVALSHA of Loom's own Lua scripts on the same keys) and nothing
    else.
 3. Drives each op with a bounded load client on loopback: ``wrk`` when it is on PATH (one
    thread, N connections, a fixed duration), else a Python client in a separate process
-   (N threads on raw HTTP/1.1 sockets). Sync workers close the connection after each answer,
-   so both clients reconnect per request, for both apps alike.
+   (N threads on raw HTTP/1.1 sockets). gevent workers keep the connection open; a sync
+   worker closes it after each answer, and the clients then reconnect per request, for both
+   apps alike.
 4. Alternates the two apps, op by op, for several rounds, and prints the median req/s of each
    and the median of the per-round ratios loom/baseline (targets: get >= 0.9, set and append
    >= 1.0). Beside it, the CPU

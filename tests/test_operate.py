@@ -11,6 +11,7 @@ import base64
 import io
 import json
 import logging
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -118,6 +119,7 @@ def test_request_id_is_echoed_or_made_and_logged_with_the_op(client, json_lines)
     made = client.post("/v1/working_memory.get", json={**NS, "block_key": ""})
     assert made.status_code == 422
     assert len(made.headers["X-Request-Id"]) == 32
+    assert uuid.UUID(made.headers["X-Request-Id"]).version == 4  # the shape uuid4().hex has
     forged = client.get("/healthz", headers={"X-Request-Id": 'a" "level": "ERROR'})
     assert len(forged.headers["X-Request-Id"]) == 32
 

@@ -30,6 +30,7 @@ from app.clock import Clock
 from app.store.activity import ActivityStore
 from app.store.identity import Identity
 from app.store.keys import user_erasing, working_memory_scope, working_memory_scopes
+from app.store.lua import source
 from app.store.memory import (
     DEFAULT_PROFILE_CHAR_LIMIT,
     PROFILE_TYPE,
@@ -38,7 +39,6 @@ from app.store.memory import (
     MemoryStore,
     SectionReach,
 )
-from app.store.lua import source
 from app.store.working_memory import DEFAULT_BLOCK_KEY, DEFAULT_CHAR_LIMIT
 
 ORG = os.environ.get("LOOM_DEFAULT_ORG", "default")

@@ -8,9 +8,9 @@ What one run does:
    set. With REDIS_URL it writes only under the namespace ``bench``, but it does reset the
    server's statistics (CONFIG RESETSTAT).
 2. Serves Loom (``wsgi:app``) and ``bench/baseline_app.py`` with the same gunicorn settings,
-   2 gevent workers each, the Procfile's worker class (``--workers``, ``--worker-class``). The baseline does the same Redis work per request
-   (the same HGET, or the same EVALSHA of Loom's own Lua scripts on the same keys) and nothing
-   else.
+   2 gevent workers each, the Procfile's worker class (``--workers``, ``--worker-class``).
+   The baseline does the same Redis work per request (the same HGET, or the same EVALSHA of
+   Loom's own Lua scripts on the same keys) and nothing else.
 3. Drives each op with a bounded load client on loopback: ``wrk`` when it is on PATH (one
    thread, N connections, a fixed duration), else a Python client in a separate process
    (N threads on raw HTTP/1.1 sockets). gevent workers keep the connection open; a sync

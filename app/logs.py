@@ -152,6 +152,60 @@ def _iso_time(created: float) -> str:
     return f"{prefix}.{millis:03d}Z"
 
 
+def _sole_json_handler(logger: logging.Logger) -> logging.StreamHandler | None:  # type: ignore[type-arg]
+    """Loom's own JSON handler when it is the only one an INFO line of ``logger`` reaches and no
+    filter stands in the way; else None (a test's capture, a text format, another handler)."""
+    current: logging.Logger | None = logger
+    while current is not None:
+        if current.filters:
+            return None
+        if current.handlers:
+            handler = current.handlers[0]
+            if (current is not logging.root or len(current.handlers) != 1
+                    or not getattr(handler, _MARK, False) or handler.filters
+                    or type(handler.formatter) is not JsonFormatter
+                    or handler.level > logging.INFO):
+                return None
+            return handler  # type: ignore[return-value]
+        if not current.propagate:
+            return None
+        current = current.parent
+    return None
+
+
+def info_line(logger: logging.Logger, message: str, **fields: Any) -> None:
+    """``logger.info(message, extra=fields)`` for a line made of Loom's own values (no path, no
+    raw id): when Loom's JSON handler is the only one that would see it, the same line is
+    written without a LogRecord, the record factory and the handler chain."""
+    if not logger.isEnabledFor(logging.INFO):
+        return
+    handler = _sole_json_handler(logger)
+    if handler is None:
+        logger.info(message, extra=fields)
+        return
+    line: dict[str, Any] = {
+        "time": _iso_time(time.time()),
+        "level": "INFO",
+        "logger": logger.name,
+        "message": message,
+    }
+    context = _context.get() or _NOTHING
+    for name in CONTEXT_FIELDS:
+        value = fields.get(name)
+        if value is None:
+            value = context.get(name)
+        if value is not None:
+            line[name] = value
+    try:
+        text = _encode_line(line) + handler.terminator
+        with handler.lock:  # type: ignore[union-attr]
+            handler.stream.write(text)
+        handler.flush()
+    except Exception:  # as the handler would: a line that cannot be written stops no request
+        handler.handleError(logger.makeRecord(logger.name, logging.INFO, "(unknown file)", 0,
+                                              message, (), None, extra=fields))
+
+
 def resolve_format(value: str, stream: Any = None) -> str:
     """``auto``: text when the output is a terminal, JSON otherwise (a deploy's log pipe)."""
     if value != "auto":

@@ -102,9 +102,8 @@ def register_operations(app: Flask, services: Services) -> None:
         status = response.status_code
         metrics.observe_request(op, status, seconds)
         if op not in _NO_ACCESS_LINE and access_log.isEnabledFor(logging.INFO):
-            # One preformatted message, no arguments: nothing left for logging to interpolate.
-            access_log.info(f"{request.method} {op} {status}",
-                            extra={"status": status, "duration_ms": round(seconds * 1000, 3)})
+            logs.info_line(access_log, f"{request.method} {op} {status}", status=status,
+                           duration_ms=round(seconds * 1000, 3))
         return response
 
     @app.teardown_request

@@ -11,6 +11,7 @@ import base64
 import io
 import json
 import logging
+import sys
 import uuid
 from collections.abc import Iterator
 
@@ -133,6 +134,33 @@ def test_request_id_is_echoed_or_made_and_logged_with_the_op(client, json_lines)
     assert first["level"] == "INFO" and first["time"].endswith("Z")
     assert isinstance(first["duration_ms"], float)
     assert "u-raw-7" not in json_lines.getvalue()
+
+
+def test_the_access_line_written_straight_is_the_formatters_line(monkeypatch):
+    """With Loom's JSON handler alone on the root logger, the access line skips the logging
+    machinery; it must come out as the handler's own formatting of the record would."""
+    stream = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", stream)
+    root = logging.getLogger()
+    saved, level = root.handlers[:], root.level
+    try:
+        logs.configure_logging("json")
+        root.handlers = [h for h in root.handlers if getattr(h, "_loom_handler", False)]
+        access = logging.getLogger("loom.access")
+        with logs.bound_to(request_id="r1", op="working_memory.get", org="default"):
+            logs.info_line(access, "POST working_memory.get 200", status=200, duration_ms=1.5)
+            root.addHandler(logging.NullHandler())  # a second handler: the ordinary path
+            logs.info_line(access, "POST working_memory.get 200", status=200, duration_ms=1.5)
+    finally:
+        root.handlers = saved
+        root.setLevel(level)
+    straight, ordinary = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert straight.pop("time")[-1] == "Z" and ordinary.pop("time")[-1] == "Z"
+    assert straight == ordinary == {
+        "level": "INFO", "logger": "loom.access", "message": "POST working_memory.get 200",
+        "request_id": "r1", "op": "working_memory.get", "status": 200, "duration_ms": 1.5,
+        "org": "default"}
+    assert list(straight) == list(ordinary)
 
 
 def test_an_unexpected_error_logs_the_route_not_the_raw_path(app, json_lines):

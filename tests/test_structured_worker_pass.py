@@ -12,9 +12,10 @@ import threading
 import pytest
 
 from app.store import keys
+from app.store.identity import Identity
 from app.store.lease import LeaseLost, LeaseStore
 from app.store.memory import Content, MemoryStore
-from app.store.structured import WORKER, profile_location
+from app.store.structured import WORKER, BuildRecord, StructuredStore, profile_location
 from jobs.structured_profile import LEASE, run_pass
 from tests.support.model_server import ScriptedModelServer
 from tests.test_structured_worker import SCHEMA, World, answer
@@ -175,6 +176,32 @@ def test_a_write_under_a_stale_token_is_refused_in_the_script(redis_url, tmp_pat
     # A caller's write carries no fence and is not held to one.
     memory.set(location, Content(memory_type="profile", value={"preferred_name": "caller"}),
                written_by="chat")
+
+
+def test_a_build_record_under_a_stale_token_is_refused_and_indexes_nothing(
+        redis_url, tmp_path, model):
+    world = slow_world(redis_url, tmp_path, model)
+    leases = world.services.store(LeaseStore)
+    structured = world.services.store(StructuredStore)
+    user = Identity("default", "support", user_id="u-0")
+    record = BuildRecord("sha", "schema", "digest", 1, 1, False)
+    stale = leases.acquire(LEASE, "stale", 60)
+    stale_fence = leases.claim_fence(stale, "default", "support", "u-0", 60)
+    world.services.redis.delete(keys.worker_lease(LEASE))  # lapsed
+    holder = leases.acquire(LEASE, "holder", 60)
+    fence = leases.claim_fence(holder, "default", "support", "u-0", 60)
+
+    with pytest.raises(LeaseLost):
+        structured.record_build(user, record, next_expiry=5, fence=stale_fence)
+    redis = world.services.redis
+    assert not redis.exists(keys.structured_meta("default", "support", "u-0"))
+    assert not redis.sismember(keys.structured_users("default", "support"), "u-0")
+    assert redis.zscore(keys.structured_expiry("default", "support"), "u-0") is None
+
+    structured.record_build(user, record, next_expiry=5, fence=fence)
+    assert redis.hget(keys.structured_meta("default", "support", "u-0"), "digest") in (
+        "digest", b"digest")
+    assert redis.sismember(keys.structured_users("default", "support"), "u-0")
 
 
 def test_a_user_being_erased_cannot_be_taken(redis_url, tmp_path, model):

@@ -24,7 +24,8 @@ from app.errors import UserBeingErased
 from app.profile_schema import null_profile
 from app.store import keys
 from app.store.identity import Identity
-from app.store.lua import script
+from app.store.lease import Fence, LeaseLost
+from app.store.lua import FENCE_LOST, script
 from app.store.memory import (
     STRUCTURED_PROFILE_KEY,
     STRUCTURED_WORKER,
@@ -182,6 +183,7 @@ class StructuredStore:
         self._unpark = script(self.redis, "structured_unpark_due")
         self._forget = script(self.redis, "clear_unless_changed_since")
         self._blacklist = script(self.redis, "structured_blacklist")
+        self._record = script(self.redis, "structured_record")
 
     def snapshot(self, identity: Identity, *, for_build: bool = True) -> Snapshot:
         """One round trip: the schema, the profile row, its build record, the user's digest,
@@ -204,21 +206,32 @@ class StructuredStore:
         )
 
     def record_build(
-        self, identity: Identity, record: BuildRecord, next_expiry: float | None = None
+        self, identity: Identity, record: BuildRecord, next_expiry: float | None = None,
+        fence: Fence | None = None,
     ) -> None:
+        """Record what a build wrote. Under a ``fence`` the record is written only while the
+        fence holds its pass's token (LeaseLost and nothing written otherwise); the namespace's
+        indexes follow only a record that was written."""
         org, namespace, user_id = identity.org, identity.namespace, identity.user_id
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hset(
-            keys.structured_meta(org, namespace, user_id),
-            mapping={
-                "content_sha256": record.content_sha256,
-                "schema_sha": record.schema_sha,
-                "digest": record.digest,
-                "count": record.count,
-                "built_at": record.built_at,
-                "short": "1" if record.short else "0",
-            },
+        fields: dict[str, str | int] = {
+            "content_sha256": record.content_sha256,
+            "schema_sha": record.schema_sha,
+            "digest": record.digest,
+            "count": record.count,
+            "built_at": record.built_at,
+            "short": "1" if record.short else "0",
+        }
+        args: list[str | int] = [fence.token if fence is not None else ""]
+        for name, value in fields.items():
+            args += [name, value]
+        reply = self._record(
+            keys=[keys.structured_meta(org, namespace, user_id)]
+            + ([fence.key] if fence is not None else []),
+            args=args,
         )
+        if texts(reply)[0] == FENCE_LOST:
+            raise LeaseLost("build record: the lease's fence no longer holds its token")
+        pipe = self.redis.pipeline(transaction=False)
         pipe.sadd(keys.structured_users(org, namespace), user_id)
         if next_expiry is not None:
             pipe.zadd(keys.structured_expiry(org, namespace), {user_id: int(next_expiry)})

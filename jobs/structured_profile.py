@@ -366,6 +366,7 @@ def _write(
         BuildRecord(written.row.content_sha256, schema.sha, digest.digest, digest.count,
                     read_at, short),
         next_expiry=digest.next_expiry,
+        fence=fence,
     )
     memory.clear_changed(identity.org, identity.namespace, identity.user_id, read_at)
     svc.store(UsageStore).add(identity.org, identity.namespace, builds=1)

@@ -19,6 +19,7 @@ import redis
 import requests
 
 from tests.console_support import AGENT, NS, SECRET_OFFER, agent_state_calls
+from tests.support import processes
 from tests.support.live_server import LiveServer
 
 pytestmark = pytest.mark.slow
@@ -55,10 +56,15 @@ def server(redis_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> I
         "LOOM_AUTH": "on",
         "LOOM_ADMIN_TOKEN": ADMIN,
     }
+    # A worker beside the web process: an erasure runs as a background job, and its receipt
+    # page reloads until the worker has finished it.
+    worker = processes.start("jobs.worker", processes.loom_env(**env),
+                             tmp_path_factory.mktemp("worker") / "worker.log")
     try:
         with LiveServer(env) as live:
             yield live
     finally:
+        processes.stop(worker)
         flush.flushdb()
         flush.close()
 
@@ -242,7 +248,8 @@ def test_an_admin_erases_a_user_and_sees_the_receipt(page, server, tmp_path):
     page.get_by_label("Type the user id").fill(user_id)
     page.get_by_role("button", name="Erase this user").click()
     page.wait_for_url("**/erasures/**")
-    page.locator("#erasure-status", has_text="done").wait_for()
+    # The page says the erasure is running, and reloads until the worker is done with it.
+    page.locator("#erasure-status", has_text="done").wait_for(timeout=60_000)
     assert "Clean: nothing of the user was found" in page.locator("#census").inner_text()
     counts = page.locator("#counts").inner_text()
     assert "memory_rows" in counts

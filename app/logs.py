@@ -189,13 +189,15 @@ def info_line(logger: logging.Logger, message: str, **fields: Any) -> None:
         "logger": logger.name,
         "message": message,
     }
-    context = _context.get() or _NOTHING
-    for name in CONTEXT_FIELDS:
-        value = fields.get(name)
-        if value is None:
-            value = context.get(name)
+    # The bound fields hold no None (bind drops them); a given field that is None falls back
+    # to the bound one. Membership tests, not .get calls: this runs once a request.
+    merged = dict(_context.get() or _NOTHING)
+    for name, value in fields.items():
         if value is not None:
-            line[name] = value
+            merged[name] = value
+    for name in CONTEXT_FIELDS:
+        if name in merged:
+            line[name] = merged[name]
     try:
         text = _encode_line(line) + handler.terminator
         with handler.lock:  # type: ignore[union-attr]

@@ -16,7 +16,7 @@ import re
 import time
 from typing import Any
 
-from flask import Flask, Response, g, jsonify, request
+from flask import Flask, Request, Response, g, jsonify, request
 
 from app import logs, metrics
 from app.services import Services
@@ -40,8 +40,8 @@ _ROUTE_LABELS = {
 }
 
 
-def request_op_label(app: Flask) -> str:
-    rule = request.url_rule
+def request_op_label(app: Flask, req: Request | None = None) -> str:
+    rule = (request if req is None else req).url_rule
     endpoint = None if rule is None else rule.endpoint
     if endpoint is None:
         return "unmatched"
@@ -85,9 +85,11 @@ def register_operations(app: Flask, services: Services) -> None:
     @app.before_request
     def start_request() -> None:
         started = time.perf_counter()
-        request_id = _request_id(request.environ)
-        op = request_op_label(app)
-        setattr(g, _REQUEST_STATE, (started, request_id, op))
+        # The request once, not through its proxy at each use: these hooks run every request.
+        req = request._get_current_object()  # type: ignore[attr-defined]
+        request_id = _request_id(req.environ)
+        op = request_op_label(app, req)
+        setattr(g, _REQUEST_STATE, (started, request_id, op, req.method))
         logs.bind_fresh(request_id=request_id, op=op)
 
     @app.after_request
@@ -96,13 +98,13 @@ def register_operations(app: Flask, services: Services) -> None:
         if state is None:  # refused before start_request ran
             response.headers[REQUEST_ID_HEADER] = _request_id(request.environ)
             return response
-        started, request_id, op = state
+        started, request_id, op, method = state
         response.headers[REQUEST_ID_HEADER] = request_id
         seconds = time.perf_counter() - started
         status = response.status_code
         metrics.observe_request(op, status, seconds)
         if op not in _NO_ACCESS_LINE and access_log.isEnabledFor(logging.INFO):
-            logs.info_line(access_log, f"{request.method} {op} {status}", status=status,
+            logs.info_line(access_log, f"{method} {op} {status}", status=status,
                            duration_ms=round(seconds * 1000, 3))
         return response
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping
 from types import FunctionType
@@ -9,6 +10,7 @@ from typing import Any
 
 import swagger_ui_bundle
 from flask import Blueprint, Flask
+from flask.json.provider import DefaultJSONProvider
 from flask_smorest import Api
 
 from app import log_ids
@@ -34,6 +36,34 @@ def swagger_ui_assets() -> Blueprint:
     )
 
 
+_COMPACT = (",", ":")
+
+
+class LoomJSONProvider(DefaultJSONProvider):
+    """Flask's JSON, compact and in the answer's own key order, with one encoder kept for the
+    compact answers: ``json.dumps`` builds a new encoder whenever it is given options, and
+    Flask gives it options for every answer."""
+
+    sort_keys = False
+    compact = True
+    # (default, ensure_ascii, sort_keys) the kept encoder was built with, and the encoder; one
+    # attribute, so that a reader never pairs one's options with another's encoder.
+    _kept: tuple[tuple[Any, ...], json.JSONEncoder] | None = None
+
+    def dumps(self, obj: Any, **kwargs: Any) -> str:
+        if len(kwargs) != 1 or kwargs.get("separators") != _COMPACT:
+            return super().dumps(obj, **kwargs)
+        options = (self.default, self.ensure_ascii, self.sort_keys)
+        kept = self._kept
+        if kept is None or kept[0] != options:
+            encoder = json.JSONEncoder(
+                separators=_COMPACT, default=self.default, ensure_ascii=self.ensure_ascii,
+                sort_keys=self.sort_keys,
+            )
+            kept = self._kept = (options, encoder)
+        return kept[1].encode(obj)
+
+
 class LoomFlask(Flask):
     """Flask, remembering which views and hooks are plain functions.
 
@@ -41,6 +71,8 @@ class LoomFlask(Flask):
     each answer inspects the function's code flags again. Loom declares no ``async def`` view
     or hook; the answer per function is kept, so a request pays one dictionary lookup each.
     """
+
+    json_provider_class = LoomJSONProvider
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -16,7 +16,7 @@ import re
 import time
 from typing import Any
 
-from flask import Flask, Request, Response, g, jsonify, request
+from flask import Flask, Request, Response, jsonify, request
 
 from app import logs, metrics
 from app.services import Services
@@ -72,9 +72,9 @@ def _request_id(environ: dict[str, Any]) -> str:
     return new_request_id()
 
 
-# What ``finish_request`` needs of the request, set when it starts: when it started, its id
-# and its op label.
-_REQUEST_STATE = "loom_request"
+# What ``finish_request`` needs of the request, kept in its environ when it starts: when it
+# started, its id, its op label and its method.
+_REQUEST_STATE = "loom.request"
 # Polled every second by a load balancer: a line each would drown the rest.
 _NO_ACCESS_LINE = frozenset(("healthz", "readyz"))
 
@@ -87,14 +87,17 @@ def register_operations(app: Flask, services: Services) -> None:
         started = time.perf_counter()
         # The request once, not through its proxy at each use: these hooks run every request.
         req = request._get_current_object()  # type: ignore[attr-defined]
-        request_id = _request_id(req.environ)
+        environ = req.environ
+        given = environ.get("HTTP_X_REQUEST_ID", "")
+        request_id = str(given) if given and _REQUEST_ID.fullmatch(given) else new_request_id()
         op = request_op_label(app, req)
-        setattr(g, _REQUEST_STATE, (started, request_id, op, req.method))
+        # In the request's environ, a plain dict: ``g`` takes a Python-level __setattr__.
+        environ[_REQUEST_STATE] = (started, request_id, op, req.method)
         logs.bind_fresh(request_id=request_id, op=op)
 
     @app.after_request
     def finish_request(response: Response) -> Response:
-        state = getattr(g, _REQUEST_STATE, None)
+        state = request.environ.get(_REQUEST_STATE)
         if state is None:  # refused before start_request ran
             response.headers[REQUEST_ID_HEADER] = _request_id(request.environ)
             return response

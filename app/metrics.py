@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -92,29 +91,18 @@ def multiprocess_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 
 
-# What one answered request adds to, per (op, status): the count's value, the latency sum's
-# value, the bucket bounds and the buckets' values. ``labels()`` takes a lock and builds its
-# key on every call, and ``inc``/``observe`` check on every call that a child is observable,
-# which these children are by construction; the values are the ones ``inc`` and ``observe``
-# add to (in-process or the multiprocess files alike).
-_REQUEST_CHILDREN: dict[tuple[str, int], tuple[Any, Any, Any, Any]] = {}
-
-
-def _request_children(op: str, status: int) -> tuple[Any, Any, Any, Any]:
-    count = REQUESTS.labels(op=op, status=str(status))
-    latency = LATENCY.labels(op=op)
-    return count._value, latency._sum, tuple(latency._upper_bounds), tuple(latency._buckets)
+# The labelled children of REQUESTS and LATENCY per (op, status): ``labels()`` takes a lock
+# and builds its key on every call, and the label sets are few (ops x statuses).
+_REQUEST_CHILDREN: dict[tuple[str, int], tuple[Any, Any]] = {}
 
 
 def observe_request(op: str, status: int, seconds: float) -> None:
     children = _REQUEST_CHILDREN.get((op, status))
     if children is None:
-        children = _REQUEST_CHILDREN[(op, status)] = _request_children(op, status)
-    count, latency_sum, bounds, buckets = children
-    count.inc(1)
-    # Histogram.observe's bucket: the first whose upper bound is >= the duration.
-    latency_sum.inc(seconds)
-    buckets[bisect_left(bounds, seconds)].inc(1)
+        children = (REQUESTS.labels(op=op, status=str(status)), LATENCY.labels(op=op))
+        _REQUEST_CHILDREN[(op, status)] = children
+    children[0].inc()
+    children[1].observe(seconds)
     if status == 503:
         UNAVAILABLE.labels(op=op).inc()
     elif status == 429:

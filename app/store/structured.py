@@ -148,7 +148,13 @@ def row_state(row_version: int, blacklisted_since: int | None) -> str:
 
 
 def _since(raw: str | float | None) -> int | None:
-    return int(raw) if raw not in (None, "") else None
+    """A blacklisting's time from its sorted-set score. Redis 7.0 spells a large score in
+    exponent form ('1.79e+18'), Valkey as digits: both read as the same whole number."""
+    if raw in (None, ""):
+        return None
+    if isinstance(raw, str) and not raw.isdigit():
+        return int(float(raw))
+    return int(raw)
 
 
 def row_is_served(row: MemoryRow, record: BuildRecord | None, now_ns: int) -> bool:

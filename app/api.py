@@ -78,6 +78,7 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+_JSON_WHITESPACE = b" \t\n\r"
 # json.loads builds a new decoder for every call that passes options; one is enough.
 _decode_body = json.JSONDecoder(parse_constant=_reject_constant).decode
 
@@ -112,7 +113,9 @@ def _body_bytes(req: Request, max_bytes: int) -> bytes:
 def read_json_body(req: Request, max_bytes: int) -> dict[str, Any]:
     """The request body as a JSON object; an empty body is ``{}``."""
     raw = _body_bytes(req, max_bytes)
-    if not raw.strip():
+    # JSON's whitespace only (RFC 8259): bytes.strip() would also take a form feed or a
+    # vertical tab, and a body of those is not JSON.
+    if not raw.strip(_JSON_WHITESPACE):
         return {}
     if not req.is_json:
         raise UnsupportedContentType(

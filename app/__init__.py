@@ -13,7 +13,7 @@ from flask import Blueprint, Flask
 from flask.json.provider import DefaultJSONProvider
 from flask_smorest import Api
 
-from app import log_ids
+from app import dispatch, log_ids
 from app.api import register_error_handlers, register_ops
 from app.console import register_console
 from app.operate import register_operations
@@ -140,11 +140,14 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         "bearer", {"type": "http", "scheme": "bearer", "description": "A Loom token"}
     )
     register_error_handlers(app)
-    register_ops(app, api, load_ops(), services)
+    ops = load_ops()
+    register_ops(app, api, ops, services)
     if settings.validate_answers:
         contract.install(app, api)
     register_console(app)
     register_operations(app, services)
+    # Last, so that it is the outermost WSGI layer: the op routes skip Flask's request cycle.
+    dispatch.install(app, services, ops)
 
     from app.cli import loom_cli
 

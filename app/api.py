@@ -17,10 +17,11 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from flask import Flask, Request, Response, current_app, jsonify, request
+from flask import Flask, Response, current_app, jsonify, request
 from flask_smorest import Api, Blueprint
 from marshmallow import Schema, ValidationError
 from werkzeug.exceptions import HTTPException
+from werkzeug.wsgi import get_content_length
 
 from app import logs, metrics
 from app.auth import Principal, resolve_identity
@@ -83,23 +84,24 @@ _JSON_WHITESPACE = b" \t\n\r"
 _decode_body = json.JSONDecoder(parse_constant=_reject_constant).decode
 
 
-def _body_bytes(req: Request, max_bytes: int) -> bytes:
+def _body_bytes(environ: dict[str, Any], max_bytes: int) -> bytes:
     """At most ``max_bytes`` of body; 413 past it, whether or not a Content-Length says so.
 
     A chunked body has no length: werkzeug's own stream stops quietly at the limit (the cut
     text then reads as malformed JSON), so the server's terminated input is read here, never
     more than the limit and one byte."""
-    length = req.content_length
+    length = get_content_length(environ)
     if length is not None and length > max_bytes:
         raise BodyTooLarge(f"body of {length} bytes is over {max_bytes}", max_bytes=max_bytes)
-    environ = req.environ
     if length is None:
         if environ.get("wsgi.input_terminated"):
             raw = environ["wsgi.input"].read(max_bytes + 1)
             if len(raw) > max_bytes:
                 raise BodyTooLarge(f"body is over {max_bytes} bytes", max_bytes=max_bytes)
-            return raw
-        return req.get_data(cache=False)
+            return bytes(raw)
+        # No length and an input the server does not end: there is no body to read safely
+        # (werkzeug's get_input_stream answers an empty stream here too).
+        return b""
     if not length:
         return b""
     # The length is known and within the limit: one read of the server's input, without the
@@ -107,19 +109,30 @@ def _body_bytes(req: Request, max_bytes: int) -> bytes:
     raw = environ["wsgi.input"].read(length)
     if len(raw) < length:
         raise MalformedJson(f"the body ended after {len(raw)} of its {length} bytes")
-    return raw
+    return bytes(raw)
 
 
-def read_json_body(req: Request, max_bytes: int) -> dict[str, Any]:
+def _mimetype(environ: dict[str, Any]) -> str:
+    return str(environ.get("CONTENT_TYPE", "")).partition(";")[0].strip().lower()
+
+
+def _is_json(mimetype: str) -> bool:
+    # werkzeug's Request.is_json rule: application/json or application/*+json.
+    return mimetype == "application/json" or (
+        mimetype.startswith("application/") and mimetype.endswith("+json"))
+
+
+def read_json_body(environ: dict[str, Any], max_bytes: int) -> dict[str, Any]:
     """The request body as a JSON object; an empty body is ``{}``."""
-    raw = _body_bytes(req, max_bytes)
+    raw = _body_bytes(environ, max_bytes)
     # JSON's whitespace only (RFC 8259): bytes.strip() would also take a form feed or a
     # vertical tab, and a body of those is not JSON.
     if not raw.strip(_JSON_WHITESPACE):
         return {}
-    if not req.is_json:
+    mimetype = _mimetype(environ)
+    if not _is_json(mimetype):
         raise UnsupportedContentType(
-            "the body must be sent as application/json", content_type=req.mimetype or ""
+            "the body must be sent as application/json", content_type=mimetype
         )
     try:
         # Strict UTF-8 first: json.loads on bytes would let surrogates through to Redis.
@@ -143,8 +156,8 @@ def load_args(schema_class: type[Schema], body: dict[str, Any]) -> dict[str, Any
         raise ValidationFailed(messages) from None
 
 
-def _client_name(req: Request) -> str:
-    return req.headers.get("X-Loom-Client") or req.headers.get("User-Agent", "")
+def _client_name(headers: Any) -> str:
+    return str(headers.get("X-Loom-Client") or headers.get("User-Agent", ""))
 
 
 def run_op(
@@ -187,24 +200,38 @@ def _known_fields(schema_class: type[Schema]) -> frozenset[str]:
     return frozenset(field.data_key or name for name, field in fields.items())
 
 
-def make_view(op: Op, services: Services) -> Callable[..., Any]:
+def make_op_call(op: Op, services: Services) -> Callable[..., dict[str, Any]]:
+    """One op's request, from its headers and WSGI environ to its answer (or a LoomError).
+
+    Who calls and whether their budget allows it come before any work on the body: a bad
+    token or a spent budget costs no parse, and every such request is counted. Both the
+    Flask view and ``app.dispatch`` run this."""
     authenticate = services.authenticate
     check_budget = services.check_budget
     max_bytes = services.settings.max_body_bytes
+
+    def call(headers: Any, environ: dict[str, Any], path_args: dict[str, Any] | None = None,
+             query: dict[str, Any] | None = None) -> dict[str, Any]:
+        principal: Principal = authenticate(headers)
+        check_budget(principal)
+        body = read_json_body(environ, max_bytes)
+        if path_args:
+            body = {**body, **path_args}
+        if query:
+            body = {**query, **body}
+        return run_op(op, body, principal, services, lambda: _client_name(headers))
+
+    return call
+
+
+def make_view(op: Op, services: Services) -> Callable[..., Any]:
+    call = make_op_call(op, services)
     is_get = op.http_method == "GET"
 
     def view(**path_args: Any) -> Any:
         req = request._get_current_object()  # type: ignore[attr-defined]
-        # Who calls and whether their budget allows it come before any work on the body: a
-        # bad token or a spent budget costs no parse, and every such request is counted.
-        principal: Principal = authenticate(req.headers)
-        check_budget(principal)
-        body = read_json_body(req, max_bytes)
-        if path_args:
-            body = {**body, **path_args}
-        if is_get and req.args:
-            body = {**req.args.to_dict(), **body}
-        return run_op(op, body, principal, services, lambda: _client_name(req))
+        query = req.args.to_dict() if is_get and req.args else None
+        return call(req.headers, req.environ, path_args, query)
 
     view.__name__ = op.name.replace(".", "_")
     view.__doc__ = op.summary
@@ -262,14 +289,41 @@ def register_ops(app: Flask, api: Api, registry: OpRegistry, services: Services)
     openapi.refine_document(api, registry, auth_on)
 
 
-def error_response(error: LoomError) -> Response:
-    error = contract.checked_error(error)
-    response = jsonify({"error": error.to_dict()})
-    response.status_code = error.status
+def error_answer(error: LoomError, op_name: str | None = None
+                 ) -> tuple[int, dict[str, Any], list[tuple[str, str]]]:
+    """The status, body and headers (``Retry-After``) of an error in Loom's one shape."""
+    error = contract.checked_error(error, op_name)
+    headers = []
     retry_after = error.details.get("retry_after")
     if retry_after is not None:
-        response.headers["Retry-After"] = str(retry_after)
+        headers.append(("Retry-After", str(retry_after)))
+    return error.status, {"error": error.to_dict()}, headers
+
+
+def error_response(error: LoomError) -> Response:
+    status, body, headers = error_answer(error)
+    response = jsonify(body)
+    response.status_code = status
+    for name, value in headers:
+        response.headers[name] = value
     return response
+
+
+def unavailable_error(error: Exception, path: str) -> LoomError:
+    """The 503 for a store that is down, logged once and short: the failure is Redis's."""
+    log.warning("store unavailable on %s: %s: %s", path, type(error).__name__, error)
+    metrics.note_exception(error)
+    return store_unavailable(error)
+
+
+def internal_error(error: Exception, where: Any) -> LoomError:
+    """The 500 for an error nothing expected, logged with its traceback."""
+    metrics.note_exception(error)
+    log.exception("unexpected error on %s", where)
+    internal = LoomError("internal error; it has been logged")
+    internal.code = "INTERNAL_ERROR"
+    internal.status = 500
+    return internal
 
 
 def register_error_handlers(app: Flask) -> None:
@@ -278,10 +332,7 @@ def register_error_handlers(app: Flask) -> None:
         return error_response(error)
 
     def handle_store_unavailable(error: Exception) -> Response:
-        # No traceback: the failure is Redis's, and it is logged once per request, short.
-        log.warning("store unavailable on %s: %s: %s", request.path, type(error).__name__, error)
-        metrics.note_exception(error)
-        return error_response(store_unavailable(error))
+        return error_response(unavailable_error(error, request.path))
 
     for unavailable in UNAVAILABLE_ERRORS:
         app.register_error_handler(unavailable, handle_store_unavailable)
@@ -313,9 +364,4 @@ def register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(Exception)
     def handle_unexpected(error: Exception) -> Response:
-        metrics.note_exception(error)
-        log.exception("unexpected error on %s", request.url_rule or "an unmatched route")
-        internal = LoomError("internal error; it has been logged")
-        internal.code = "INTERNAL_ERROR"
-        internal.status = 500
-        return error_response(internal)
+        return error_response(internal_error(error, request.url_rule or "an unmatched route"))

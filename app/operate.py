@@ -65,7 +65,8 @@ def new_request_id() -> str:
     return f"{bits | _VERSION_4 | _VARIANT_RFC_4122:032x}"
 
 
-def _request_id(environ: dict[str, Any]) -> str:
+def request_id_of(environ: dict[str, Any]) -> str:
+    """The client's ``X-Request-Id`` when it is a safe one, else a new id."""
     given = environ.get("HTTP_X_REQUEST_ID", "")
     if given and _REQUEST_ID.fullmatch(given):
         return str(given)
@@ -88,8 +89,7 @@ def register_operations(app: Flask, services: Services) -> None:
         # The request once, not through its proxy at each use: these hooks run every request.
         req = request._get_current_object()  # type: ignore[attr-defined]
         environ = req.environ
-        given = environ.get("HTTP_X_REQUEST_ID", "")
-        request_id = str(given) if given and _REQUEST_ID.fullmatch(given) else new_request_id()
+        request_id = request_id_of(environ)
         op = request_op_label(app, req)
         # In the request's environ, a plain dict: ``g`` takes a Python-level __setattr__.
         environ[_REQUEST_STATE] = (started, request_id, op, req.method)
@@ -99,7 +99,7 @@ def register_operations(app: Flask, services: Services) -> None:
     def finish_request(response: Response) -> Response:
         state = request.environ.get(_REQUEST_STATE)
         if state is None:  # refused before start_request ran
-            response.headers[REQUEST_ID_HEADER] = _request_id(request.environ)
+            response.headers[REQUEST_ID_HEADER] = request_id_of(request.environ)
             return response
         started, request_id, op, method = state
         response.headers[REQUEST_ID_HEADER] = request_id

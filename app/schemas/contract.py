@@ -17,7 +17,7 @@ import threading
 from typing import Any
 
 import jsonschema
-from flask import Flask, current_app, has_request_context, request
+from flask import Flask, current_app, has_app_context, has_request_context, request
 from flask_smorest import Api
 
 from app.errors import LoomError
@@ -137,14 +137,16 @@ def check_answer(op_name: str, answer: dict[str, Any]) -> None:
         raise found
 
 
-def checked_error(error: LoomError) -> LoomError:
+def checked_error(error: LoomError, op_name: str | None = None) -> LoomError:
     """``error``, or the violation to answer instead when its body is not what the document
-    declares for the request's op and the error's status. A 500 is never checked: it is a
-    failure already, and the violation's own answer is one."""
+    declares for the op (``op_name``, else the Flask request's) and the error's status. A 500
+    is never checked: it is a failure already, and the violation's own answer is one."""
+    # Outside an app context (app.dispatch with the setting off) there is no contract.
+    if not has_app_context():
+        return error
     contract: AnswerContract | None = current_app.extensions.get("loom_contract")
     if contract is None or error.status == 500:
         return error
-    op_name = None
-    if has_request_context() and request.url_rule is not None:
+    if op_name is None and has_request_context() and request.url_rule is not None:
         op_name = current_app.extensions["loom_ops_by_endpoint"].get(request.url_rule.endpoint)
     return contract.violation(op_name, error.status, {"error": error.to_dict()}) or error

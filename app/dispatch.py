@@ -32,9 +32,8 @@ from app.registry import Op
 from app.services import Services
 from app.store.connection import UNAVAILABLE_ERRORS
 
-log = logging.getLogger("loom.api")
-
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
 
 @functools.cache
 def _status_line(status: int) -> str:

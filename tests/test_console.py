@@ -416,13 +416,20 @@ def test_the_receipt_page_reloads_while_the_erasure_runs_and_a_second_erase_foll
     running = client.get(erased.headers["Location"])
     assert 'id="erasure-status">running<' in text(running)
     assert running.headers.get("Refresh") == "1"
-    assert "step starting" in text(running)
+    status = api(client, "erasure.status", namespace=NS, user_id=USER,
+                 erasure_id=erased.headers["Location"].rsplit("/", 1)[1])
+    assert status["steps_done"] == 0 and status["steps_total"] > 0
+    step = status["current_step"] or "starting"
+    assert f"step {step}, " in text(running)
+    assert f'id="erasure-progress">0 of {status["steps_total"]} steps done<' in text(running)
     # A second erase from the console while it runs is sent to the same receipt.
     again = console.post(f"/console/ns/{NS}/erase", {"user_id": USER, "confirm": USER})
     assert again.status_code == 302 and again.headers["Location"] == erased.headers["Location"]
     run_erasure_jobs(client.application.extensions["loom"])
     done = client.get(erased.headers["Location"])
     assert 'id="erasure-status">done<' in text(done)
+    total = status["steps_total"]
+    assert f'id="steps-done">{total} of {total}<' in text(done)
     assert "Refresh" not in done.headers
 
 

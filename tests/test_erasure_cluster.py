@@ -24,6 +24,18 @@ ORG = "default"
 NS = "support"
 USER = "u-cluster-erase-3b7d"
 OTHERS = [f"u-cluster-keep-{i}" for i in range(6)]
+LOYALTY_TYPE = {
+    "type": "loyalty_state",
+    "ownership": "agent",
+    "fields": {"tier": {"type": "string"}},
+    "agent_state": {"scope": "subject", "max_bytes": 16384, "write": "both"},
+}
+GUIDE_TYPE = {
+    "type": "shop_guide_state",
+    "ownership": "agent",
+    "fields": {"offer": {"type": "string"}},
+    "agent_state": {"scope": "conversation", "max_bytes": 16384, "write": "both"},
+}
 
 
 @pytest.fixture
@@ -66,7 +78,21 @@ def test_an_erasure_reaches_every_primary_and_its_census_on_the_cluster_is_clean
         assert answer.status_code == 200, (op, answer.get_json())
         return answer.get_json()
 
+    post("features.set", features={"agent_state": True})
+    post("object_types.set", types=[LOYALTY_TYPE, GUIDE_TYPE])
+
+    def put_state(agent: str, scope: dict[str, str], body: dict[str, Any],
+                  **extra: Any) -> None:
+        answer = client.put("/v1/agent-state", json={
+            "namespace": NS, "agent": agent, "scope": scope, "body": body, **extra})
+        assert answer.status_code == 200 and answer.get_json()["stored"], answer.get_json()
+
     for user in [USER, *OTHERS]:
+        # A state in the user's own subject scope, and a conversation's state naming them:
+        # both slots differ from the user's tag.
+        put_state("loyalty", {"kind": "subject", "id": user}, {"tier": f"MARK {user} gold"})
+        put_state("shop_guide", {"kind": "conversation", "id": f"conv-{user}"},
+                  {"offer": f"MARK {user} offer"}, subject=user)
         post("memory.set", user_id=user, key="name", value=f"MARK {user} name")
         post("memory.set", user_id=user, key="name", value=f"MARK {user} name again")
         post("profile.set", user_id=user, label="persona", value=f"MARK {user} persona")
@@ -99,6 +125,7 @@ def test_an_erasure_reaches_every_primary_and_its_census_on_the_cluster_is_clean
     assert receipt["counts"]["index_entries"] > 0  # the pointers and the namespace's indexes
     assert receipt["counts"]["profile_sections"] == 1
     assert receipt["counts"]["working_memory_blocks"] == 1
+    assert receipt["counts"]["agent_states"] == 2
     for node in nodes:
         left = [text for text in _everything_on(node) if USER in text]
         assert left == [], left
@@ -110,5 +137,9 @@ def test_an_erasure_reaches_every_primary_and_its_census_on_the_cluster_is_clean
         assert post("memory.get", user_id=user, key="name")["memory"]["value"] == (
             f"MARK {user} name again")
         assert post("subject.export", user_id=user)["counts"]["memory_versions"] == 3
+        kept = client.post("/v1/agent-state/read", json={
+            "namespace": NS, "agent": "loyalty", "scope": {"kind": "subject", "id": user}})
+        assert kept.status_code == 200, kept.get_json()
+        assert kept.get_json()["body"]["tier"] == f"MARK {user} gold"
     state = json.loads(data.hget(keys.worker_state("structured_profile"), "state"))
     assert state["scans"][ns_id]["users"] == OTHERS

@@ -19,23 +19,12 @@ from app.store import keys
 from app.store.erasure.scanning import primaries, scan_keys
 from tests.conftest import make_app
 from tests.support.erasure_worker import run_erasure_jobs
+from tests.test_erasure import GUIDE_TYPE, LOYALTY_TYPE
 
 ORG = "default"
 NS = "support"
 USER = "u-cluster-erase-3b7d"
 OTHERS = [f"u-cluster-keep-{i}" for i in range(6)]
-LOYALTY_TYPE = {
-    "type": "loyalty_state",
-    "ownership": "agent",
-    "fields": {"tier": {"type": "string"}},
-    "agent_state": {"scope": "subject", "max_bytes": 16384, "write": "both"},
-}
-GUIDE_TYPE = {
-    "type": "shop_guide_state",
-    "ownership": "agent",
-    "fields": {"offer": {"type": "string"}},
-    "agent_state": {"scope": "conversation", "max_bytes": 16384, "write": "both"},
-}
 
 
 @pytest.fixture

@@ -89,6 +89,10 @@ class Api:
     def __init__(self, url: str) -> None:
         self.url = url
         self.session = requests.Session()
+        # A new connection each request: these tests idle for seconds between requests,
+        # and a kept-alive connection reused just as gunicorn's keep-alive timeout
+        # (LOOM_WEB_KEEPALIVE_SECONDS, 5 s) closes it fails without an answer.
+        self.session.headers["Connection"] = "close"
 
     def call(self, op: str, **body: Any) -> tuple[int, dict[str, Any]]:
         response = self.session.post(f"{self.url}/v1/{op}",

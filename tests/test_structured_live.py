@@ -62,6 +62,10 @@ class Loom:
         self.url = url
         self.model = model
         self.session = requests.Session()
+        # A new connection each request: these tests idle for seconds between requests,
+        # and a kept-alive connection reused just as gunicorn's keep-alive timeout
+        # (LOOM_WEB_KEEPALIVE_SECONDS, 5 s) closes it fails without an answer.
+        self.session.headers["Connection"] = "close"
 
     def post(self, op: str, **body):
         response = self.session.post(f"{self.url}/v1/{op}", json={**NS, **body}, timeout=10)

@@ -71,9 +71,9 @@ class _Types:
             return named
         if "anyOf" in schema or "oneOf" in schema:
             options = schema.get("anyOf") or schema.get("oneOf") or []
-            kinds = [self.type_of(option, name, defs, key) for option in options]
-            return " | ".join(dict.fromkeys(kinds)) or "unknown"
-        kinds = schema.get("type")
+            alternatives = [self.type_of(option, name, defs, key) for option in options]
+            return " | ".join(dict.fromkeys(alternatives)) or "unknown"
+        kinds: Any = schema.get("type")
         nullable = False
         if isinstance(kinds, list):
             nullable = "null" in kinds
@@ -218,7 +218,8 @@ def render_errors(table: list[tuple[str, int, str]]) -> str:
     names: list[tuple[str, str]] = []
     for code, status, doc in table:
         name = _camel(code.lower())
-        parent = "LimitExceeded" if code in LIMIT_CODES else STATUS_PARENT.get(status, "ServerError")
+        parent = ("LimitExceeded" if code in LIMIT_CODES
+                  else STATUS_PARENT.get(status, "ServerError"))
         if name == parent:
             names.append((code, parent))  # the status class is the code's class (404 NOT_FOUND)
             continue

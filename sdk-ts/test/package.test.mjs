@@ -1,7 +1,7 @@
 // What the package is: ESM with declarations, built files only, lossless versions.
 import assert from "node:assert/strict";
-import { execFileSync } from "node:child_process";
-import { test } from "node:test";
+import { execFileSync, spawnSync } from "node:child_process";
+import { after, test } from "node:test";
 import { Agent, parse, stringify } from "@loom/sdk";
 import { PACKAGE_ROOT, freshNamespace, servers } from "./support.mjs";
 
@@ -60,4 +60,39 @@ test("the planes: working memory, profile, context pack, with the Agent's identi
   assert.match((await bot.context.pack({ user_id: "u-42" })).pack, /Prefers EUR invoices/);
   assert.equal(typeof packed.stable_prefix_chars, "number");
   assert.equal((await bot.profile.delete("preferences", { userId: "u-42" })).deleted, true);
+});
+
+test("the packed tarball installs into another project, imports as ESM and type-checks", async () => {
+  const { mkdtempSync, rmSync, writeFileSync } = await import("node:fs");
+  const { tmpdir } = await import("node:os");
+  const { join } = await import("node:path");
+  const npm = process.platform === "win32" ? "npm.cmd" : "npm";
+  const project = mkdtempSync(join(tmpdir(), "loom-sdk-user-"));
+  after(() => rmSync(project, { recursive: true, force: true }));
+  const [packed] = JSON.parse(execFileSync(npm, ["pack", "--json", "--ignore-scripts", "--pack-destination", project],
+    { cwd: PACKAGE_ROOT, encoding: "utf8" }));
+  writeFileSync(join(project, "package.json"), JSON.stringify({ name: "user", private: true, type: "module" }));
+  execFileSync(npm, ["install", "--no-fund", "--no-audit", "--offline", "--loglevel=error", join(project, packed.filename)],
+    { cwd: project, encoding: "utf8" });
+  const loaded = execFileSync(process.execPath, ["--input-type=module", "-e",
+    'const sdk = await import("@loom/sdk"); console.log(typeof sdk.Agent, JSON.stringify(sdk.DELETE));'],
+  { cwd: project, encoding: "utf8" });
+  assert.equal(loaded.trim(), 'function {"$delete":true}');
+  writeFileSync(join(project, "main.ts"), [
+    'import { Agent, DELETE, errors } from "@loom/sdk";',
+    'const bot = new Agent({ org: "acme", namespace: "shop", agent: "a", baseUrl: "http://127.0.0.1:1" });',
+    'const state = await bot.conversation("c").agentState.get();',
+    'const version: bigint = state.version;',
+    'await bot.conversation("c").agentState.put({ offer: DELETE }, { mode: "cas", ifVersion: version });',
+    'export const known: boolean = errors.AgentStateConflict.prototype instanceof errors.PreconditionFailed;',
+  ].join("\n"));
+  const tsc = join(PACKAGE_ROOT, "node_modules", "typescript", "bin", "tsc");
+  writeFileSync(join(project, "tsconfig.json"), JSON.stringify({
+    compilerOptions: { target: "ES2022", module: "NodeNext", moduleResolution: "NodeNext",
+      lib: ["ES2022", "DOM"], types: [], skipLibCheck: true },
+    files: ["main.ts"],
+  }));
+  const checked = spawnSync(process.execPath, [tsc, "--noEmit", "--strict", "-p", "tsconfig.json"],
+    { cwd: project, encoding: "utf8" });
+  assert.equal(checked.status, 0, checked.stdout + checked.stderr);
 });

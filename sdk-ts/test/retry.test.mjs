@@ -57,11 +57,10 @@ test("a Retry-After longer than maxWaitMs is thrown at once; attempts and totalM
   await assert.rejects(bot(server.url, { ...policy, attempts: 2 }).workingMemory.get("b"), errors.StoreUnavailable);
   assert.deepEqual(waits, [1000]);
   assert.equal(server.seen.length, 3);
-  let clock = 0;
-  await assert.rejects(bot(server.url, { ...policy, totalMs: 500, now: () => clock }).workingMemory.get("b"),
+  await assert.rejects(bot(server.url, { ...policy, totalMs: 500, now: () => 0 }).workingMemory.get("b"),
     errors.StoreUnavailable);
   assert.equal(server.seen.length, 4, "a wait past totalMs is not taken");
-  clock += 1;
+  assert.deepEqual(waits, [1000]);
   await server.close();
 });
 

@@ -444,7 +444,7 @@ class AgentStateStore:
                 continue
             if isinstance(reply, Exception):
                 raise reply
-            return reply
+            return list(reply)
         raise RuntimeError("the agent-state write script could not be loaded")
 
     # --- the subject's states: console view, data package, erasure ------------------------------

@@ -150,7 +150,7 @@ class LeaseStore:
         """
         pipe = self.redis.pipeline(transaction=True)
         try:
-            pipe.watch(keys.worker_lease(lease.name))
+            pipe.watch(keys.worker_lease(lease.name))  # type: ignore[no-untyped-call]  # redis-py
             if pipe.get(keys.worker_lease(lease.name)) != lease.value:
                 raise LeaseLost(f"lease {lease.name} token {lease.token} was taken over")
             pipe.multi()

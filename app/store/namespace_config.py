@@ -250,7 +250,7 @@ class NamespaceConfigStore:
             while True:
                 try:
                     # WATCH so the audit entry's old_sha256 is the document this write replaced.
-                    pipe.watch(key)
+                    pipe.watch(key)  # type: ignore[no-untyped-call]  # untyped in redis-py
                     old = pipe.hget(key, field)
                     old_sha = None if old is None else document_sha256(json.loads(old))
                     now = self.clock.now_ns()

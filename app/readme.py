@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from app import settings as settings_module
-from app.registry import load_ops
+from app.ops import load_ops
 from app.settings import SETTINGS
 
 README = Path(__file__).resolve().parents[1] / "README.md"

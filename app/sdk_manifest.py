@@ -95,7 +95,7 @@ def build_manifest() -> dict[str, dict[str, Any]]:
     from apispec import APISpec
     from apispec.ext.marshmallow import MarshmallowPlugin
 
-    from app.registry import load_ops
+    from app.ops import load_ops
 
     plugin = MarshmallowPlugin()
     # OpenAPI 3.1 schemas are JSON Schema: nullable fields come out as ["string", "null"].
@@ -274,13 +274,14 @@ def render_answers(ops: dict[str, dict[str, Any]]) -> str:
         for name in names:
             lines.append(f"    {name.split('.', 1)[1]}: Op[{answer_name(name)}] = Op({name!r})")
         blocks.append("\n".join(lines))
-    lines = ["class OpsClient(BaseOpsClient[M]):",
-             '    """``bot.client``: every plane of the manifest, typed."""', ""]
-    lines += [f"    {plane}: {plane_class_name(plane)}[M]" for plane in planes]
-    blocks.append("\n".join(lines))
     lines = ["PLANES: dict[str, type[Plane[Any]]] = {"]
     lines += [f"    {plane!r}: {plane_class_name(plane)}," for plane in planes]
     lines.append("}")
+    blocks.append("\n".join(lines))
+    lines = ["class OpsClient(BaseOpsClient[M]):",
+             '    """``bot.client``: every plane of the manifest, typed."""', "",
+             "    plane_types = PLANES", ""]
+    lines += [f"    {plane}: {plane_class_name(plane)}[M]" for plane in planes]
     blocks.append("\n".join(lines))
     body = "\n\n\n".join(blocks)
     fitted = [line if len(line) < 100 else line + "  # noqa: E501" for line in body.splitlines()]

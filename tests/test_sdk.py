@@ -27,7 +27,7 @@ from requests.structures import CaseInsensitiveDict
 import app.errors as server_errors
 from app import sdk_manifest as manifest
 from app.local import free_port
-from app.registry import load_ops
+from app.ops import load_ops
 from loom import Agent, Rendered, __version__, errors
 from loom.client import OpMethod
 from loom.ops_manifest import OPS

@@ -24,7 +24,7 @@ from flask import Blueprint, Flask, Request, current_app, session
 from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 
 from app.auth import Principal
-from app.registry import load_ops
+from app.ops import load_ops
 from app.store.activity import CONSOLE_CLIENT
 
 SESSION_HOURS = 8

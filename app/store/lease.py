@@ -23,7 +23,7 @@ from app.store.lua import script
 from app.store.replies import optional_texts
 
 if TYPE_CHECKING:
-    from app.services import Services
+    from app.store.services import StoreServices
 
 class LeaseLost(Exception):
     """The lease is no longer ours: stop without writing."""
@@ -63,7 +63,7 @@ class Lease:
 
 
 class LeaseStore:
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self.clock = services.clock
         self._acquire = script(self.redis, "lease_acquire")

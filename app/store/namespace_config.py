@@ -33,7 +33,7 @@ from app.store.replies import optional_texts
 if TYPE_CHECKING:
     from redis.client import Pipeline
 
-    from app.services import Services
+    from app.store.services import StoreServices
 
 # Hash fields of the namespace's config row.
 FEATURES = "features"
@@ -145,7 +145,7 @@ class AuditLog:
     (``old_sha256``/``new_sha256``) and counts.
     """
 
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self.clock = services.clock
 
@@ -180,7 +180,7 @@ class AuditLog:
 
 
 class NamespaceConfigStore:
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self.clock = services.clock
         self.audit = AuditLog(services)

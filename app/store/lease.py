@@ -25,6 +25,12 @@ from app.store.replies import optional_texts
 if TYPE_CHECKING:
     from app.store.services import StoreServices
 
+# The leases of Loom's periodic passes: the jobs take them, ``GET /metrics`` reports their
+# holders, and neither imports the other for the names.
+STRUCTURED_PROFILE_LEASE = "structured_profile"
+CONSOLIDATION_LEASE = "profile_consolidation"
+PASS_LEASES = (STRUCTURED_PROFILE_LEASE, CONSOLIDATION_LEASE)
+
 class LeaseLost(Exception):
     """The lease is no longer ours: stop without writing."""
 

@@ -75,7 +75,8 @@ def _schedulers_alive(connection: Redis) -> int:
 
 
 def _oldest_age(queue: Queue, now: datetime) -> float:
-    job_ids = queue.get_job_ids(0, 0)
+    # The job at the head of the queue: an offset and a length (a length of 0 is no job).
+    job_ids = queue.get_job_ids(0, 1)
     if not job_ids:
         return 0.0
     job = queue.fetch_job(job_ids[0])

@@ -17,7 +17,7 @@ from app import dispatch, log_ids
 from app.api import register_error_handlers, register_ops
 from app.console import register_console
 from app.operate import register_operations
-from app.registry import load_ops
+from app.ops import load_ops
 from app.schemas import contract, openapi
 from app.schemas.common import ErrorAnswer
 from app.services import Services

@@ -17,11 +17,6 @@ from app.store.identity import Identity
 
 READ_SCOPES = ("namespace", "own_user", "own_session")
 READ_SCOPE_RANK = {"own_session": 0, "own_user": 1, "namespace": 2}
-def single_user(org: str) -> Principal:
-    """The seeds' single-user server: the install's org, every role, every namespace."""
-    return Principal(org=org, single_user=True)
-
-
 def _fixed(field_name: str, given: Any, fixed: str | None, blank: Any) -> Any:
     """The body may repeat what the token fixes, or leave it out; naming another is a 403."""
     if fixed is None:

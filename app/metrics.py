@@ -27,7 +27,6 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-import redis
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -43,6 +42,9 @@ from prometheus_client.core import (
     Metric,
 )
 
+from app.store.connection import STORE_ERROR
+from app.store.job_queues import JobQueueReader
+from app.store.lease import PASS_LEASES, LeaseStore
 from app.store.metrics import JobMetricsStore, Labels
 
 if TYPE_CHECKING:
@@ -110,7 +112,7 @@ def observe_request(op: str, status: int, seconds: float) -> None:
 
 
 def note_exception(error: BaseException, process: str = "web") -> None:
-    if isinstance(error, redis.RedisError):
+    if isinstance(error, STORE_ERROR):
         REDIS_ERRORS.labels(process=process).inc()
 
 
@@ -145,7 +147,7 @@ class JobsCollector:
     def _guarded(self, source: Any) -> Iterator[Metric]:
         try:
             families = list(source())
-        except redis.RedisError as error:
+        except STORE_ERROR as error:
             # One Redis down must not hide the web's own metrics: leave its families out.
             note_exception(error)
             log.warning("metrics: %s skipped: %s", source.__name__, error)
@@ -167,13 +169,7 @@ class JobsCollector:
                 yield _histogram(name, doc, label_names, by_name)
 
     def _queue_metrics(self) -> Iterator[Metric]:
-        from rq import Queue, Worker
-        from rq.registry import FailedJobRegistry
-        from rq_scheduler import Scheduler
-
-        from jobs.queues import ALL_QUEUES
-
-        connection = self.services.queue_redis
+        census = self.services.store(JobQueueReader).read(datetime.now(UTC))
         depth = GaugeMetricFamily("loom_queue_depth", "Jobs waiting, by queue.",
                                   labels=["queue"])
         oldest = GaugeMetricFamily("loom_queue_oldest_job_age_seconds",
@@ -183,34 +179,28 @@ class JobsCollector:
                                    "by queue.", labels=["queue"])
         workers = GaugeMetricFamily("loom_workers_alive", "RQ workers listening, by queue.",
                                     labels=["queue"])
-        now = datetime.now(UTC)
-        for name in ALL_QUEUES:
-            queue = Queue(name, connection=connection)
-            depth.add_metric([name], queue.count)
-            oldest.add_metric([name], _oldest_age(queue, now))
-            failed.add_metric([name], FailedJobRegistry(queue=queue).count)
-            workers.add_metric([name], Worker.count(queue=queue))
+        for queue in census.queues:
+            depth.add_metric([queue.name], queue.depth)
+            oldest.add_metric([queue.name], queue.oldest_age_seconds)
+            failed.add_metric([queue.name], queue.failed)
+            workers.add_metric([queue.name], queue.workers)
         yield from (depth, oldest, failed, workers)
         alive = GaugeMetricFamily("loom_schedulers_alive",
                                   "rq-scheduler processes whose heartbeat is current.")
-        alive.add_metric([], _schedulers_alive(connection))
+        alive.add_metric([], census.schedulers_alive)
         yield alive
         scheduled = GaugeMetricFamily("loom_scheduled_jobs", "Jobs rq-scheduler holds.")
-        scheduled.add_metric([], connection.zcard(Scheduler.scheduled_jobs_key))
+        scheduled.add_metric([], census.scheduled_jobs)
         yield scheduled
 
     def _lease_metrics(self) -> Iterator[Metric]:
-        from app.store.lease import LeaseStore
-        from jobs.consolidation import LEASE as CONSOLIDATION_LEASE
-        from jobs.structured_profile import LEASE as STRUCTURED_LEASE
-
         leases = self.services.store(LeaseStore)
         held = GaugeMetricFamily("loom_lease_held", "1 while a pass holds the lease.",
                                  labels=["lease"])
         age = GaugeMetricFamily("loom_lease_holder_age_seconds",
                                 "Seconds since the current holder took the lease (0: free).",
                                 labels=["lease"])
-        for name in (STRUCTURED_LEASE, CONSOLIDATION_LEASE):
+        for name in PASS_LEASES:
             seconds = leases.holder_age(name)
             held.add_metric([name], 0 if seconds is None else 1)
             age.add_metric([name], seconds or 0.0)
@@ -242,29 +232,3 @@ def _histogram(name: str, doc: str, label_names: tuple[str, ...],
             continue  # a half-written observation: wait for the next scrape
         family.add_metric(list(key), buckets=buckets, sum_value=data["sum"])
     return family
-
-
-def _schedulers_alive(connection: Any) -> int:
-    """rq-scheduler keeps one key per process, expiring unless its heartbeat renews it, and
-    marks it with a death time when the process stops cleanly."""
-    from rq_scheduler import Scheduler
-
-    alive = 0
-    for key in connection.scan_iter(match=Scheduler.redis_scheduler_namespace_prefix + "*",
-                                    count=100):
-        if not connection.hexists(key, "death"):
-            alive += 1
-    return alive
-
-
-def _oldest_age(queue: Any, now: datetime) -> float:
-    job_ids = queue.get_job_ids(0, 0)
-    if not job_ids:
-        return 0.0
-    job = queue.fetch_job(job_ids[0])
-    if job is None or job.enqueued_at is None:
-        return 0.0
-    enqueued = job.enqueued_at
-    if enqueued.tzinfo is None:
-        enqueued = enqueued.replace(tzinfo=UTC)
-    return max(0.0, (now - enqueued).total_seconds())

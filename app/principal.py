@@ -1,16 +1,18 @@
-"""Who is calling: the ``Principal`` a request acts as, and ``ANY`` (every org or namespace).
+"""Who is calling: the ``Principal`` a request acts as, the roles it may hold, and ``ANY``
+(every org or namespace).
 
-It sits below both the auth layer (``app.auth``, which resolves a call's identity from it) and
-the token store (which builds one from a token's claims), so a store never imports the layer
-above it.
+It sits below the op registry (which names each op's role), the auth layer (``app.auth``,
+which resolves a call's identity from it) and the token store (which builds one from a token's
+claims), and imports none of them, so a store never imports the layer above it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
-from app.registry import ROLE_RANK
-
+Role = Literal["viewer", "writer", "admin"]
+ROLE_RANK: dict[str, int] = {"viewer": 0, "writer": 1, "admin": 2}
 ANY = "*"
 
 
@@ -42,3 +44,8 @@ class Principal:
 
     def has_scope(self, scope: str) -> bool:
         return self.single_user or self.role == "admin" or scope in self.scopes
+
+
+def single_user(org: str) -> Principal:
+    """The seeds' single-user server: the install's org, every role, every namespace."""
+    return Principal(org=org, single_user=True)

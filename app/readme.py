@@ -1,8 +1,8 @@
 """Keeps what is generated from ``SETTINGS`` and the registry equal to them.
 
 ``python -m app.readme`` rewrites the README's settings and ops tables between their markers
-and the typed fields of ``app.settings.Settings``; a test fails when either is behind, so
-neither can drift from the code.
+and the typed fields of ``app.settings.Settings`` (``--check`` only compares); a test and CI
+fail when either is behind, so neither can drift from the code.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from app import settings as settings_module
-from app.registry import load_ops
+from app.generated import sync
+from app.ops import load_ops
 from app.settings import SETTINGS
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -60,10 +61,18 @@ def render(text: str) -> str:
     return text
 
 
-def main() -> int:
-    README.write_text(render(README.read_text()))
-    SETTINGS_SOURCE.write_text(settings_module.with_generated_fields(SETTINGS_SOURCE.read_text()))
-    return 0
+def generated_files() -> dict[Path, str]:
+    """Each generated file with its fresh text."""
+    return {
+        README: render(README.read_text()),
+        SETTINGS_SOURCE: settings_module.with_generated_fields(SETTINGS_SOURCE.read_text()),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m app.readme`` rewrites the files; ``--check`` only compares."""
+    argv = sys.argv[1:] if argv is None else argv
+    return sync(generated_files(), argv, "python -m app.readme")
 
 
 if __name__ == "__main__":

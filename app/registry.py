@@ -1,6 +1,9 @@
-"""The op registry: each Loom op is declared exactly once, here, through ``@op``.
+"""The op registry: ``@op``, through which each Loom op is declared exactly once, and the
+``REGISTRY`` the declarations fill.
 
-A declaration carries the op's name, role, kind, whether the MCP ``all`` toolset lists it, its
+The op modules (``app/ops/<plane>.py``) declare the ops and import this module; it imports none
+of them (``app.ops.load_ops`` imports them all and answers the complete registry). A declaration
+carries the op's name, role, kind, whether the MCP ``all`` toolset lists it, its
 input and output schemas and its handler. The HTTP routes and OpenAPI document
 (``app.api``), the MCP server (``loom.mcp_server``) and the SDK's generated methods
 (``loom.client``) are all derived from ``REGISTRY``, so adding an op touches one place.
@@ -14,14 +17,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from marshmallow import Schema
 
+from app.principal import ROLE_RANK, Principal, Role
+
 if TYPE_CHECKING:
-    from app.auth import Principal
     from app.services import Services
     from app.store.identity import Identity
 
-Role = Literal["viewer", "writer", "admin"]
 Kind = Literal["read", "write", "idempotent"]
-ROLE_RANK: dict[str, int] = {"viewer": 0, "writer": 1, "admin": 2}
 
 
 @dataclass
@@ -156,10 +158,3 @@ def op(
         return handler
 
     return register
-
-
-def load_ops() -> OpRegistry:
-    """Import every op module so the registry is complete."""
-    import app.ops  # noqa: F401 (importing declares the ops)
-
-    return REGISTRY

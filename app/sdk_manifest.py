@@ -1,11 +1,13 @@
-"""Generates the SDK's ``sdk/loom/ops_manifest.py`` from the server's op registry.
+"""Generates the SDK's ``sdk/loom/ops_manifest.py`` and ``sdk/loom/answers.py`` from the
+server's op registry.
 
 The SDK and the MCP server run without the server's code (a client machine installs only
 ``pip install ./sdk``), so what they need to know about each op is written once into a committed
 module: role, kind, HTTP method and path, whether the MCP ``all`` toolset lists it, whether it
 is an MCP tool at all, its summary, its input fields with their defaults, and the JSON Schema
-of its input. ``python -m app.sdk_manifest`` regenerates it after ops change; a test fails
-while the committed file differs from a fresh generation.
+of its input; ``answers.py`` types each op's answer and the planes of ``bot.client``.
+``python -m app.sdk_manifest`` regenerates both after ops change; a test and CI
+(``--check``) fail while a committed file differs from a fresh generation.
 
 The generator lives with the server because it reads the server's registry; the SDK
 distribution carries only what it wrote.
@@ -19,6 +21,8 @@ import re
 import sys
 from pathlib import Path
 from typing import Any
+
+from app.generated import sync
 
 MANIFEST_PATH = Path(__file__).resolve().parents[1] / "sdk" / "loom" / "ops_manifest.py"
 # The answers as TypedDicts and the typed planes of ``bot.client``, from the same registry.
@@ -95,7 +99,7 @@ def build_manifest() -> dict[str, dict[str, Any]]:
     from apispec import APISpec
     from apispec.ext.marshmallow import MarshmallowPlugin
 
-    from app.registry import load_ops
+    from app.ops import load_ops
 
     plugin = MarshmallowPlugin()
     # OpenAPI 3.1 schemas are JSON Schema: nullable fields come out as ["string", "null"].
@@ -274,13 +278,14 @@ def render_answers(ops: dict[str, dict[str, Any]]) -> str:
         for name in names:
             lines.append(f"    {name.split('.', 1)[1]}: Op[{answer_name(name)}] = Op({name!r})")
         blocks.append("\n".join(lines))
-    lines = ["class OpsClient(BaseOpsClient[M]):",
-             '    """``bot.client``: every plane of the manifest, typed."""', ""]
-    lines += [f"    {plane}: {plane_class_name(plane)}[M]" for plane in planes]
-    blocks.append("\n".join(lines))
     lines = ["PLANES: dict[str, type[Plane[Any]]] = {"]
     lines += [f"    {plane!r}: {plane_class_name(plane)}," for plane in planes]
     lines.append("}")
+    blocks.append("\n".join(lines))
+    lines = ["class OpsClient(BaseOpsClient[M]):",
+             '    """``bot.client``: every plane of the manifest, typed."""', "",
+             "    plane_types = PLANES", ""]
+    lines += [f"    {plane}: {plane_class_name(plane)}[M]" for plane in planes]
     blocks.append("\n".join(lines))
     body = "\n\n\n".join(blocks)
     fitted = [line if len(line) < 100 else line + "  # noqa: E501" for line in body.splitlines()]
@@ -296,17 +301,7 @@ def generated_files() -> dict[Path, str]:
 def main(argv: list[str] | None = None) -> int:
     """``python -m app.sdk_manifest`` rewrites the files; ``--check`` only compares."""
     argv = sys.argv[1:] if argv is None else argv
-    behind = 0
-    for path, fresh in generated_files().items():
-        current = path.read_text() if path.exists() else ""
-        if fresh == current:
-            continue
-        if "--check" in argv:
-            print(f"{path.name} is behind the registry: run python -m app.sdk_manifest")
-            behind = 1
-        else:
-            path.write_text(fresh)
-    return behind
+    return sync(generated_files(), argv, "python -m app.sdk_manifest")
 
 
 if __name__ == "__main__":

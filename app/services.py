@@ -13,11 +13,13 @@ from typing import Any, TypeVar
 
 import redis
 
-from app.auth import ANY, Principal, single_user
 from app.clock import Clock
 from app.errors import AuthInvalid, AuthRequired, RateLimited
+from app.principal import ANY, Principal, single_user
 from app.settings import Settings
 from app.store.connection import connect
+from app.store.ratelimit import RateLimiter
+from app.store.tokens import TokenStore
 
 StoreT = TypeVar("StoreT")
 
@@ -66,8 +68,6 @@ class Services:
         admin = self.settings.admin_token
         if admin and hmac.compare_digest(token.encode(), admin.encode()):
             return self._install_admin
-        from app.store.tokens import TokenStore
-
         principal = self.store(TokenStore).principal_for(token, self.settings.default_org)
         if principal is None:
             raise AuthInvalid("unknown, revoked or expired token")
@@ -77,8 +77,6 @@ class Services:
         """Count the request against the caller's budget; 429 with Retry-After when over."""
         if self.settings.rate_limit is None:
             return
-        from app.store.ratelimit import RateLimiter
-
         caller = principal.token_id or ("install-admin" if principal.org == ANY else "single-user")
         retry_after = self.store(RateLimiter).retry_after(caller)
         if retry_after is not None:
@@ -90,7 +88,8 @@ class Services:
             with self._lock:
                 found = self._stores.get(store_class)
                 if found is None:
-                    found = store_class(self)  # type: ignore[call-arg]  # every store takes Services
+                    # Every store takes these services (app.store.services.StoreServices).
+                    found = store_class(self)  # type: ignore[call-arg]
                     self._stores[store_class] = found
         return found
 

@@ -56,7 +56,7 @@ from app.store.consolidation import (
     refusal_fingerprint,
     section_location,
 )
-from app.store.lease import LeaseLost, LeaseStore
+from app.store.lease import CONSOLIDATION_LEASE, LeaseLost, LeaseStore
 from app.store.memory import DEFAULT_PROFILE_CHAR_LIMIT, Content, MemoryRow, MemoryStore
 from app.store.memory import VersionMoved as SectionWrittenMeanwhile
 from app.store.metrics import record_pass
@@ -72,7 +72,7 @@ from jobs.provider import (
 
 log = logging.getLogger("loom.jobs.consolidation")
 
-LEASE = "profile_consolidation"
+LEASE = CONSOLIDATION_LEASE
 PASS_FUNC = "jobs.consolidation.run_pass"
 # Most facts one fold puts in the prompt (the digest still covers them all).
 FOLD_MEMORY_LIMIT = 100

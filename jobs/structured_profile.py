@@ -40,7 +40,7 @@ from app.errors import LoomError
 from app.profile_schema import max_tokens_for, null_profile, validate_answer
 from app.services import Services
 from app.store.identity import Identity
-from app.store.lease import Fence, LeaseLost, LeaseStore
+from app.store.lease import STRUCTURED_PROFILE_LEASE, Fence, LeaseLost, LeaseStore
 from app.store.memory import Content, MemoryRow, MemoryStore
 from app.store.metrics import record_pass
 from app.store.profile_schema import (
@@ -84,7 +84,7 @@ from jobs.queues import BUILDS, PASSES
 
 log = logging.getLogger("loom.jobs.structured_profile")
 
-LEASE = "structured_profile"
+LEASE = STRUCTURED_PROFILE_LEASE
 TRACE_PREFIX = "profile.fold:structured_profile:"
 PASS_FUNC = "jobs.structured_profile.run_pass"
 # A fanned-out build still running this long after the pass's limit is stopped by RQ.

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from app.clock import FrozenClock
-from app.registry import load_ops
+from app.ops import load_ops
 from app.store import keys
 from app.store.agent_state import AgentStateStore
 from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint

@@ -17,7 +17,8 @@ from urllib.parse import urlencode
 
 import pytest
 
-from app.registry import ROLE_RANK, load_ops
+from app.ops import load_ops
+from app.principal import ROLE_RANK
 from app.store import keys
 from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint
 from tests.conftest import flush_data_plane

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from marshmallow import EXCLUDE, Schema, ValidationError, fields, validates_schema
 
-from app.registry import load_ops
+from app.ops import load_ops
 from app.schemas.fastload import compile_loader
 
 SCHEMAS = sorted({declared.args for declared in load_ops()}, key=lambda c: c.__name__)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.registry import load_ops
+from app.ops import load_ops
 
 OPS = [declared for declared in load_ops()]
 

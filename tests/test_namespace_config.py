@@ -209,7 +209,7 @@ def test_with_auth_on_only_admins_set_and_the_actor_is_the_token(app_factory):
 
 
 def test_namespace_ops_are_not_mcp_tools_and_need_no_agent():
-    from app.registry import load_ops
+    from app.ops import load_ops
 
     for declared in load_ops():
         if declared.plane in ("features", "object_types", "audit"):

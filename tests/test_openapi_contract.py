@@ -8,7 +8,7 @@ from __future__ import annotations
 import jsonschema
 import pytest
 
-from app.registry import load_ops
+from app.ops import load_ops
 
 
 @pytest.fixture

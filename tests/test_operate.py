@@ -14,6 +14,7 @@ import logging
 import sys
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, timedelta
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,6 +23,8 @@ from rq.registry import FailedJobRegistry
 
 from app import logs
 from app.local import free_port
+from app.queue_names import ALL_QUEUES
+from app.store.job_queues import JobQueueReader
 from app.store.lease import LeaseStore
 from app.store.metrics import OTHER_ORG, JobMetricsStore, record_pass
 from jobs.queues import BUILDS, PASSES
@@ -312,6 +315,28 @@ def test_queue_gauges_and_the_lease_holders_age(app_factory, clock):
     scraped = scrape(client)
     assert value(scraped, "loom_lease_held", lease="structured_profile") == 0
     assert value(scraped, "loom_lease_holder_age_seconds", lease="structured_profile") == 0
+
+
+def test_the_queue_reader_dates_the_oldest_waiting_job_from_the_time_it_is_given(app_factory):
+    services = app_factory().extensions["loom"]
+    queue = Queue(BUILDS, connection=services.queue_redis)
+    first = queue.enqueue("jobs.nothing")
+    queue.enqueue("jobs.nothing")
+    enqueued = queue.fetch_job(first.id).enqueued_at
+    enqueued = enqueued if enqueued.tzinfo else enqueued.replace(tzinfo=UTC)
+    reader = services.store(JobQueueReader)
+    census = reader.read(enqueued + timedelta(seconds=90))
+    by_name = {reading.name: reading for reading in census.queues}
+    assert sorted(by_name) == sorted(ALL_QUEUES)
+    builds = by_name[BUILDS]
+    assert (builds.depth, builds.oldest_age_seconds, builds.failed, builds.workers) == (
+        2, 90.0, 0, 0)
+    assert (by_name[PASSES].depth, by_name[PASSES].oldest_age_seconds) == (0, 0.0)
+    assert (census.schedulers_alive, census.scheduled_jobs) == (0, 0)
+    # A clock behind the enqueue time reads no negative age.
+    early = reader.read(enqueued - timedelta(seconds=5))
+    assert [reading.oldest_age_seconds for reading in early.queues
+            if reading.name == BUILDS] == [0.0]
 
 
 def test_metrics_still_answer_when_the_queue_redis_is_down(app_factory):

@@ -27,7 +27,7 @@ from requests.structures import CaseInsensitiveDict
 import app.errors as server_errors
 from app import sdk_manifest as manifest
 from app.local import free_port
-from app.registry import load_ops
+from app.ops import load_ops
 from loom import Agent, Rendered, __version__, errors
 from loom.client import OpMethod
 from loom.ops_manifest import OPS
@@ -464,11 +464,13 @@ def test_seed_example_against_gunicorn(live_server):
 # --- the manifest -----------------------------------------------------------------------------
 
 
-def test_committed_manifest_equals_a_fresh_generation():
-    fresh = manifest.render_manifest(manifest.build_manifest())
-    assert manifest.MANIFEST_PATH.read_text() == fresh, (
-        "the op registry changed: run `python -m app.sdk_manifest`"
-    )
+def test_every_committed_sdk_file_equals_a_fresh_generation():
+    files = manifest.generated_files()
+    assert set(files) == {manifest.MANIFEST_PATH, manifest.ANSWERS_PATH}
+    for path, fresh in files.items():
+        assert path.read_text() == fresh, (
+            f"the op registry changed: run `python -m app.sdk_manifest` ({path.name})"
+        )
 
 
 def test_manifest_covers_the_registry_with_valid_input_schemas():

@@ -1,10 +1,11 @@
 """The web console at ``/console``: pages for the people who run Loom.
 
 The console is server-rendered by the same Flask app (Jinja templates and one stylesheet, all
-served from this package). It owns no data and no Redis access: every page runs ops through
-``app.api.run_op``, the same path the HTTP API takes (role, input schema, identity, handler),
-as the principal of the token the person signed in with, and as the client ``loom-console`` so
-that its reads stay out of ``profile.activity``.
+served from this package); this module mounts it, ``app.console.blueprint`` holds what every
+page shares and ``app.console.views`` the pages. It owns no data and no Redis access: every
+page runs ops through ``app.api.run_op``, the same path the HTTP API takes (role, input
+schema, identity, handler), as the principal of the token the person signed in with, and as
+the client ``loom-console`` so that its reads stay out of ``profile.activity``.
 
 The signed-in token lives in Flask's session: a cookie signed with a key derived from the
 install's secret, HttpOnly, SameSite=Strict, scoped to ``/console`` and good for
@@ -16,29 +17,16 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import secrets
 from datetime import timedelta
-from typing import Any
 
-from flask import Blueprint, Flask, Request, current_app, session
+from flask import Flask, Request
 from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
 
-from app.auth import Principal
-from app.registry import load_ops
-from app.store.activity import CONSOLE_CLIENT
+from app.console import views  # noqa: F401 (importing declares the routes)
+from app.console.blueprint import CONSOLE_PATH, bp
 
 SESSION_HOURS = 8
 SESSION_COOKIE = "loom_console"
-CONSOLE_PATH = "/console"
-
-bp = Blueprint(
-    "console",
-    __name__,
-    url_prefix=CONSOLE_PATH,
-    template_folder="templates",
-    static_folder="static",
-    static_url_path="/static",
-)
 
 
 class ConsoleSessions(SecureCookieSessionInterface):
@@ -69,33 +57,4 @@ def register_console(app: Flask) -> None:
         SESSION_COOKIE_PATH=CONSOLE_PATH,
         PERMANENT_SESSION_LIFETIME=timedelta(hours=SESSION_HOURS),
     )
-    from app.console import views  # noqa: F401 (importing declares the routes)
-
     app.register_blueprint(bp)
-
-
-def csrf_token() -> str:
-    """This browser session's CSRF token, made on first use."""
-    token = session.get("csrf")
-    if not token:
-        token = secrets.token_urlsafe(32)
-        session["csrf"] = token
-        session.permanent = True
-    return str(token)
-
-
-def csrf_matches(sent: str | None) -> bool:
-    expected = session.get("csrf")
-    return bool(expected and sent) and hmac.compare_digest(str(expected), str(sent))
-
-
-def run(name: str, body: dict[str, Any], principal: Principal) -> dict[str, Any]:
-    """Run op ``name`` for the signed-in principal as the API would, as the console client."""
-    from app.api import run_op
-
-    services = current_app.extensions["loom"]
-    declared = load_ops().get(name)
-    if declared is None:
-        raise KeyError(name)
-    services.check_budget(principal)
-    return run_op(declared, body, principal, services, client=CONSOLE_CLIENT)

@@ -1,6 +1,6 @@
 """The console's pages: sign in, home, a namespace, a user, erasure, tokens.
 
-Each view reads and writes only through ``app.console.run`` (the API's op path). A refusal
+Each view reads and writes only through ``app.console.blueprint.run`` (the API's op path). A refusal
 from an op (role, reach, validation, a stale hash) is shown on the page in words, with the
 HTTP status the API would have answered.
 """
@@ -26,7 +26,7 @@ from flask import (
 )
 
 from app.auth import ANY, Principal
-from app.console import bp, csrf_matches, csrf_token, run
+from app.console.blueprint import bp, csrf_matches, csrf_token, run
 from app.console.explain import structured_reason
 from app.errors import (
     AuthInvalid,

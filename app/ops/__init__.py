@@ -14,3 +14,9 @@ from app.ops import (  # noqa: F401 (importing declares the ops)
     usage,
     working_memory,
 )
+from app.registry import REGISTRY, OpRegistry
+
+
+def load_ops() -> OpRegistry:
+    """The registry with every op declared (this package's import declared them)."""
+    return REGISTRY

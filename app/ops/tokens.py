@@ -17,7 +17,8 @@ from marshmallow import fields, validate
 
 from app.auth import ANY, READ_SCOPE_RANK, READ_SCOPES, Principal
 from app.errors import AuthInsufficient, TokenNotFound, ValidationFailed
-from app.registry import ROLE_RANK, Call, op
+from app.principal import ROLE_RANK
+from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, IdentityText
 from app.store.tokens import TokenStore
 

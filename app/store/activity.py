@@ -25,7 +25,7 @@ from app.store.lua import script
 from app.store.replies import optional_texts, scored
 
 if TYPE_CHECKING:
-    from app.services import Services
+    from app.store.services import StoreServices
 
 CONSOLE_CLIENT = "loom-console"
 RETENTION_DAYS = 30
@@ -55,7 +55,7 @@ class Reader:
 
 
 class ActivityStore:
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self.clock = services.clock
         self._record = script(self.redis, "activity_record")

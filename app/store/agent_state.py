@@ -72,7 +72,7 @@ from app.store.lua import STATUS_ERRORS, raise_for_status, script
 from app.store.namespace_config import NamespaceConfig, NamespaceConfigStore
 
 if TYPE_CHECKING:
-    from app.services import Services
+    from app.store.services import StoreServices
 
 DAY_NS = 86_400 * 10**9
 DAY_MS = 86_400 * 1000
@@ -177,7 +177,7 @@ def live_state(raw: Mapping[str, str], now: int, object_type: ObjectType | None)
 
 
 class AgentStateStore:
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self.clock = services.clock
         self.secret = services.settings.secret_key.encode("utf-8")
@@ -444,7 +444,7 @@ class AgentStateStore:
                 continue
             if isinstance(reply, Exception):
                 raise reply
-            return reply
+            return list(reply)
         raise RuntimeError("the agent-state write script could not be loaded")
 
     # --- the subject's states: console view, data package, erasure ------------------------------

@@ -26,7 +26,7 @@ from app.store import keys
 from app.store.lua import script
 
 if TYPE_CHECKING:
-    from app.services import Services
+    from app.store.services import StoreServices
 
 ORG = "*"  # the namespace name that stands for the org's own budget
 
@@ -79,7 +79,7 @@ def _cap(raw: Any) -> int | None:
 
 
 class BudgetStore:
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self.clock = services.clock
         self.window_seconds = int(services.settings.model_budget_window_seconds)

@@ -31,6 +31,9 @@ UNAVAILABLE_ERRORS: tuple[type[Exception], ...] = (
     ReadOnlyError,
 )
 RETRY_AFTER_SECONDS = 2
+# The base of every failure a Redis call raises, those above and the refusals (a script's
+# error, a wrong type): what the processes count as Redis errors.
+STORE_ERROR = redis.RedisError
 
 
 def client_options(settings: Settings) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from app.store.memory import Location, MemoryRow
 from app.store.replies import optional_texts, text_map
 
 if TYPE_CHECKING:
-    from app.services import Services
+    from app.store.services import StoreServices
 
 SECTION_KEY = "consolidated_profile"
 WORKER = "worker:profile_consolidation"
@@ -95,7 +95,7 @@ class FoldSources:
 
 
 class ConsolidationStore:
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self.clock = services.clock
         self._clear_changed = script(self.redis, "clear_unless_changed_since")

@@ -14,7 +14,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 if TYPE_CHECKING:
-    from app.services import Services
+    from app.store.services import StoreServices
 
 DATA = "redis"
 QUEUE = "queue_redis"
@@ -28,7 +28,7 @@ class Check:
 
 
 class ReadinessProbe:
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: StoreServices) -> None:
         settings = services.settings
         self.deadline = float(settings.ready_timeout_seconds)
         self._targets = {DATA: settings.redis_url, QUEUE: settings.queue_redis_url}

@@ -23,7 +23,13 @@ from app.store.lua import script
 from app.store.replies import optional_texts
 
 if TYPE_CHECKING:
-    from app.services import Services
+    from app.store.services import StoreServices
+
+# The leases of Loom's periodic passes: the jobs take them, ``GET /metrics`` reports their
+# holders, and neither imports the other for the names.
+STRUCTURED_PROFILE_LEASE = "structured_profile"
+CONSOLIDATION_LEASE = "profile_consolidation"
+PASS_LEASES = (STRUCTURED_PROFILE_LEASE, CONSOLIDATION_LEASE)
 
 class LeaseLost(Exception):
     """The lease is no longer ours: stop without writing."""
@@ -63,7 +69,7 @@ class Lease:
 
 
 class LeaseStore:
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self.clock = services.clock
         self._acquire = script(self.redis, "lease_acquire")
@@ -150,7 +156,7 @@ class LeaseStore:
         """
         pipe = self.redis.pipeline(transaction=True)
         try:
-            pipe.watch(keys.worker_lease(lease.name))
+            pipe.watch(keys.worker_lease(lease.name))  # type: ignore[no-untyped-call]  # redis-py
             if pipe.get(keys.worker_lease(lease.name)) != lease.value:
                 raise LeaseLost(f"lease {lease.name} token {lease.token} was taken over")
             pipe.multi()

@@ -93,7 +93,7 @@ from app.store.memory_row import (
 from app.store.replies import optional_texts, scored, text_map, text_set, texts
 
 if TYPE_CHECKING:
-    from app.services import Services
+    from app.store.services import StoreServices
 
 # Importers of the row types keep importing them from here.
 __all__ = [
@@ -142,7 +142,7 @@ class VersionMoved(Exception):
 
 
 class MemoryStore:
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self.clock = services.clock
         self._set = script(self.redis, "memory_set")

@@ -26,7 +26,7 @@ from app.store.lua import script
 from app.store.replies import text
 
 if TYPE_CHECKING:
-    from app.services import Services
+    from app.store.services import StoreServices
 
 OTHER_ORG = "_other"
 
@@ -49,7 +49,7 @@ def parse_field(field: str) -> tuple[str, Labels]:
 
 
 class JobMetricsStore:
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self.max_orgs = int(services.settings.metrics_max_orgs)
         self._add_by_org = script(self.redis, "metrics_add_by_org")
@@ -104,7 +104,7 @@ class JobMetricsStore:
         return values
 
 
-def record_pass(services: Services, pass_name: str, seconds: float,
+def record_pass(services: StoreServices, pass_name: str, seconds: float,
                 build_outcomes: Iterable[str] = ()) -> None:
     """Count a pass that ran, its duration and its builds by outcome.
 

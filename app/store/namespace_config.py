@@ -33,7 +33,7 @@ from app.store.replies import optional_texts
 if TYPE_CHECKING:
     from redis.client import Pipeline
 
-    from app.services import Services
+    from app.store.services import StoreServices
 
 # Hash fields of the namespace's config row.
 FEATURES = "features"
@@ -145,7 +145,7 @@ class AuditLog:
     (``old_sha256``/``new_sha256``) and counts.
     """
 
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self.clock = services.clock
 
@@ -180,7 +180,7 @@ class AuditLog:
 
 
 class NamespaceConfigStore:
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self.clock = services.clock
         self.audit = AuditLog(services)
@@ -250,7 +250,7 @@ class NamespaceConfigStore:
             while True:
                 try:
                     # WATCH so the audit entry's old_sha256 is the document this write replaced.
-                    pipe.watch(key)
+                    pipe.watch(key)  # type: ignore[no-untyped-call]  # untyped in redis-py
                     old = pipe.hget(key, field)
                     old_sha = None if old is None else document_sha256(json.loads(old))
                     now = self.clock.now_ns()

@@ -17,7 +17,7 @@ from app.store import keys
 from app.store.replies import text_map, texts
 
 if TYPE_CHECKING:
-    from app.services import Services
+    from app.store.services import StoreServices
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def parse_stored(row: dict[str, str]) -> StoredSchema | None:
 
 
 class ProfileSchemaStore:
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self.clock = services.clock
 

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 from app.store import keys
 
 if TYPE_CHECKING:
-    from app.services import Services
+    from app.store.services import StoreServices
 
 
 class RateLimiter:
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self.clock = services.clock
         self.budget: tuple[int, int] | None = services.settings.rate_limit

@@ -38,7 +38,7 @@ from app.store.profile_schema import StoredSchema, parse_stored
 from app.store.replies import text_set, texts
 
 if TYPE_CHECKING:
-    from app.services import Services
+    from app.store.services import StoreServices
 
 PROFILE_KEY = STRUCTURED_PROFILE_KEY
 WORKER = STRUCTURED_WORKER
@@ -182,7 +182,7 @@ def _answer(
 
 
 class StructuredStore:
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self.clock = services.clock
         self._park = script(self.redis, "structured_park")

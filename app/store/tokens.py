@@ -19,7 +19,7 @@ from app.store import keys
 from app.store.replies import text_map, text_set
 
 if TYPE_CHECKING:
-    from app.services import Services
+    from app.store.services import StoreServices
 
 TOKEN_PREFIX = "loom_"
 
@@ -60,7 +60,7 @@ def principal_from_claims(claims: dict[str, Any], token_id: str, default_org: st
 
 
 class TokenStore:
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self.clock = services.clock
         self._key = services.settings.secret_key.encode()

@@ -13,7 +13,7 @@ from app.store import keys
 from app.store.metrics import JobMetricsStore
 
 if TYPE_CHECKING:
-    from app.services import Services
+    from app.store.services import StoreServices
 
 COUNTERS = (
     "model_calls",
@@ -37,7 +37,7 @@ METRIC_BY_COUNTER = {
 
 
 class UsageStore:
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self._services = services
 

@@ -22,7 +22,7 @@ from app.store.lua import raise_for_status, script
 from app.store.replies import optional_text, optional_texts, text_map, text_set
 
 if TYPE_CHECKING:
-    from app.services import Services
+    from app.store.services import StoreServices
 
 DEFAULT_CHAR_LIMIT = 4096
 MAX_CHAR_LIMIT = 16384
@@ -89,7 +89,7 @@ def decode_block(block_key: str, raw: str) -> Block:
 
 
 class WorkingMemoryStore:
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self.clock = services.clock
         self._set = script(self.redis, "working_memory_set")

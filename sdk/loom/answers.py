@@ -706,28 +706,6 @@ class WorkingMemoryOps(Plane[M]):
     set: Op[WorkingMemorySetAnswer] = Op('working_memory.set')
 
 
-class OpsClient(BaseOpsClient[M]):
-    """``bot.client``: every plane of the manifest, typed."""
-
-    agent_state: AgentStateOps[M]
-    audit: AuditOps[M]
-    budget: BudgetOps[M]
-    context: ContextOps[M]
-    erasure: ErasureOps[M]
-    features: FeaturesOps[M]
-    memory: MemoryOps[M]
-    object_types: ObjectTypesOps[M]
-    org: OrgOps[M]
-    profile: ProfileOps[M]
-    profile_schema: ProfileSchemaOps[M]
-    structured: StructuredOps[M]
-    subject: SubjectOps[M]
-    token: TokenOps[M]
-    usage: UsageOps[M]
-    user: UserOps[M]
-    working_memory: WorkingMemoryOps[M]
-
-
 PLANES: dict[str, type[Plane[Any]]] = {
     'agent_state': AgentStateOps,
     'audit': AuditOps,
@@ -747,3 +725,27 @@ PLANES: dict[str, type[Plane[Any]]] = {
     'user': UserOps,
     'working_memory': WorkingMemoryOps,
 }
+
+
+class OpsClient(BaseOpsClient[M]):
+    """``bot.client``: every plane of the manifest, typed."""
+
+    plane_types = PLANES
+
+    agent_state: AgentStateOps[M]
+    audit: AuditOps[M]
+    budget: BudgetOps[M]
+    context: ContextOps[M]
+    erasure: ErasureOps[M]
+    features: FeaturesOps[M]
+    memory: MemoryOps[M]
+    object_types: ObjectTypesOps[M]
+    org: OrgOps[M]
+    profile: ProfileOps[M]
+    profile_schema: ProfileSchemaOps[M]
+    structured: StructuredOps[M]
+    subject: SubjectOps[M]
+    token: TokenOps[M]
+    usage: UsageOps[M]
+    user: UserOps[M]
+    working_memory: WorkingMemoryOps[M]

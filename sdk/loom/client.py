@@ -16,7 +16,7 @@ from __future__ import annotations
 import difflib
 import keyword
 from collections.abc import Awaitable, Mapping
-from typing import Any, Generic, Protocol, TypeVar, overload
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, overload
 
 from loom.calls import Async, Call, Face, M, Runner, Sync, single
 from loom.ops_manifest import OPS
@@ -184,6 +184,10 @@ class BaseOpsClient(Face[M]):
     ``loom.answers.OpsClient`` is this with each known plane typed.
     """
 
+    # Each known plane's typed class, which the generated subclass names; this module stays
+    # below the generated one, so a plane without one here is a plain ``Plane``.
+    plane_types: ClassVar[Mapping[str, type[Plane[Any]]]] = {}
+
     def __init__(self, runner: Runner[M], identity: Mapping[str, str]) -> None:
         self._runner = runner
         self._identity = identity
@@ -191,9 +195,7 @@ class BaseOpsClient(Face[M]):
 
     def __getattr__(self, plane: str) -> Any:
         _check_name("bot.client", plane, sorted(self._planes))
-        from loom.answers import PLANES
-
-        kind = PLANES.get(plane, Plane)
+        kind = self.plane_types.get(plane, Plane)
         return kind(self._runner, self._identity, plane, self._planes.get(plane, {}))
 
     def __dir__(self) -> list[str]:

@@ -17,7 +17,7 @@ from app.store.erasure.worker_state import scrub_stored
 from app.store.tokens import TokenStore
 
 if TYPE_CHECKING:
-    from app.services import Services
+    from app.store.services import StoreServices
 
 _SAMPLE = ("o", "n", "u")
 # What a key of the user's slot holds, from its builder's prefix.
@@ -41,7 +41,7 @@ def kind_of(key: str) -> str:
     return _KIND_OF_PREFIX.get(keys.prefix_of(key), "index")
 
 
-def take_census(services: Services, run: ErasureRun) -> Census:
+def take_census(services: StoreServices, run: ErasureRun) -> Census:
     client = services.redis
     found = zero_counts()
     for key in leftovers.user_keys(client, run):

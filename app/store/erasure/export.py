@@ -25,14 +25,14 @@ from app.store.structured import PROFILE_KEY
 from app.store.working_memory import decode_block
 
 if TYPE_CHECKING:
-    from app.services import Services
+    from app.store.services import StoreServices
 
 EXPORT_FORMAT = "loom.subject_export.v1"
 BATCH = 200
 
 
 class SubjectExportStore:
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: StoreServices) -> None:
         self.services = services
         self.redis = services.redis
         self.clock = services.clock

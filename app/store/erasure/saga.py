@@ -77,7 +77,7 @@ from app.store.structured import PROFILE_KEY
 from app.store.tokens import TokenStore
 
 if TYPE_CHECKING:
-    from app.services import Services
+    from app.store.services import StoreServices
 
 log = logging.getLogger("loom.erasure")
 
@@ -131,7 +131,7 @@ class _Heartbeat:
 
 
 class ErasureStore:
-    def __init__(self, services: Services) -> None:
+    def __init__(self, services: StoreServices) -> None:
         self.services = services
         self.redis = services.redis
         self.clock = services.clock

@@ -21,7 +21,9 @@ def text(value: Any) -> str:
 def primaries(client: Any) -> list[Any]:
     """A client per primary holding data: the client itself on one server."""
     if isinstance(client, redis.RedisCluster):
-        return [client.get_redis_connection(node) for node in client.get_primaries()]
+        # redis-py leaves RedisCluster.get_primaries untyped.
+        nodes = client.get_primaries()  # type: ignore[no-untyped-call]
+        return [client.get_redis_connection(node) for node in nodes]
     return [client]
 
 

@@ -85,7 +85,7 @@ def _scrub_one(client: Any, key: str, user: tuple[str, str, str], remove: bool) 
                 if not remove or not changes:
                     return found
                 pipe.multi()
-                pipe.hset(key, mapping=changes)  # type: ignore[arg-type]
+                pipe.hset(key, mapping=changes)
                 pipe.execute()
                 return found
             except WatchError:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from app import errors
-from app.registry import load_ops
+from app.ops import load_ops
 from app.sdk_ts import GENERATED, ROOT, generated_files, main
 
 

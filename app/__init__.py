@@ -13,7 +13,7 @@ from flask import Blueprint, Flask
 from flask.json.provider import DefaultJSONProvider
 from flask_smorest import Api
 
-from app import dispatch, log_ids
+from app import log_ids
 from app.api import register_error_handlers, register_ops
 from app.console import register_console
 from app.operate import register_operations
@@ -96,11 +96,6 @@ class LoomApi(Api):
     DEFAULT_ERROR_RESPONSE_NAME = None
     ERROR_SCHEMA = ErrorAnswer
 
-    def _init_spec(self, **options: Any) -> None:
-        options["marshmallow_plugin"] = openapi.LoomMarshmallowPlugin()
-        super()._init_spec(**options)
-        self.ma_plugin.converter.add_attribute_function(openapi.field_properties)
-
 
 def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     """Defaults, then the environment, then ``test_config``.
@@ -135,19 +130,20 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.extensions["loom"] = services
 
     app.register_blueprint(swagger_ui_assets())
-    api = LoomApi(app)
+    ops = load_ops()
+    plugin = openapi.LoomMarshmallowPlugin(openapi.input_rules(ops, settings.auth == "on"))
+    api = LoomApi(app, spec_kwargs={"marshmallow_plugin": plugin})
+    assert plugin.converter is not None  # built with the spec, by Api(app)
+    plugin.converter.add_attribute_function(openapi.field_properties)
     api.spec.components.security_scheme(
         "bearer", {"type": "http", "scheme": "bearer", "description": "A Loom token"}
     )
     register_error_handlers(app)
-    ops = load_ops()
     register_ops(app, api, ops, services)
     if settings.validate_answers:
         contract.install(app, api)
     register_console(app)
     register_operations(app, services)
-    # Last, so that it is the outermost WSGI layer: the op routes skip Flask's request cycle.
-    dispatch.install(app, services, ops)
 
     from app.cli import loom_cli
 

@@ -1,7 +1,9 @@
 """The HTTP face of the registry: one route per op, the OpenAPI document, one error shape.
 
-Every op in ``REGISTRY`` becomes ``POST /v1/<op>`` (or the path it declares) in a blueprint per
-plane, documented from its schemas with flask-smorest. A request goes: principal (401) ->
+Every op in ``REGISTRY`` becomes ``POST /v1/<op>`` (or the path it declares), a view in a
+Flask blueprint per plane, and an operation in flask-smorest's document (``api.spec.path``)
+built from its schemas. Every op is served by its view, inside Flask's request cycle, so a
+deployer's hooks, extensions and tracing see each one. A request goes: principal (401) ->
 request budget (429) -> body read (413 past ``LOOM_MAX_BODY_BYTES``, chunked or not; 400 for
 a wrong content type or malformed JSON) -> role (403) -> input schema (422 naming each
 field) -> identity (403 outside the token's reach, 422 when incomplete) -> handler. Every
@@ -17,8 +19,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from flask import Flask, Response, current_app, jsonify, request
-from flask_smorest import Api, Blueprint
+from flask import Blueprint, Flask, Response, current_app, got_request_exception, jsonify, request
+from flask_smorest import Api
 from marshmallow import Schema, ValidationError
 from werkzeug.exceptions import HTTPException
 from werkzeug.wsgi import get_content_length
@@ -200,45 +202,35 @@ def _known_fields(schema_class: type[Schema]) -> frozenset[str]:
     return frozenset(field.data_key or name for name, field in fields.items())
 
 
-def make_op_call(op: Op, services: Services) -> Callable[..., dict[str, Any]]:
-    """One op's request, from its headers and WSGI environ to its answer (or a LoomError).
+def make_view(op: Op, services: Services) -> Callable[..., Any]:
+    """The op's Flask view: from the request to its answer (or a LoomError for the handlers).
 
     Who calls and whether their budget allows it come before any work on the body: a bad
-    token or a spent budget costs no parse, and every such request is counted. Both the
-    Flask view and ``app.dispatch`` run this."""
+    token or a spent budget costs no parse, and every such request is counted."""
     authenticate = services.authenticate
     check_budget = services.check_budget
     max_bytes = services.settings.max_body_bytes
-
-    def call(headers: Any, environ: dict[str, Any], path_args: dict[str, Any] | None = None,
-             query: dict[str, Any] | None = None) -> dict[str, Any]:
-        principal: Principal = authenticate(headers)
-        check_budget(principal)
-        body = read_json_body(environ, max_bytes)
-        if path_args:
-            body = {**body, **path_args}
-        if query:
-            body = {**query, **body}
-        return run_op(op, body, principal, services, lambda: _client_name(headers))
-
-    return call
-
-
-def make_view(op: Op, services: Services) -> Callable[..., Any]:
-    call = make_op_call(op, services)
     is_get = op.http_method == "GET"
 
-    def view(**path_args: Any) -> Any:
-        req = request._get_current_object()  # type: ignore[attr-defined]
-        query = req.args.to_dict() if is_get and req.args else None
-        return call(req.headers, req.environ, path_args, query)
+    def view(**path_args: Any) -> dict[str, Any]:
+        headers = request.headers
+        principal: Principal = authenticate(headers)
+        check_budget(principal)
+        body = read_json_body(request.environ, max_bytes)
+        if path_args:
+            body = {**body, **path_args}
+        if is_get and request.args:
+            body = {**request.args.to_dict(), **body}
+        return run_op(op, body, principal, services, lambda: _client_name(headers))
 
     view.__name__ = op.name.replace(".", "_")
     view.__doc__ = op.summary
     return view
 
 
-def _document(op: Op, view: Callable[..., Any], api: Api, auth_on: bool) -> Callable[..., Any]:
+def operation_doc(op: Op, api: Api, auth_on: bool) -> dict[str, Any]:
+    """The op's OpenAPI operation, with its schemas as classes (the marshmallow plugin turns
+    them into components when the operation is given to ``spec.path``)."""
     responses: dict[str, Any] = {
         "200": {"description": "OK", "content": {"application/json": {"schema": op.answer}}}
     }
@@ -249,6 +241,7 @@ def _document(op: Op, view: Callable[..., Any], api: Api, auth_on: bool) -> Call
         }
     doc: dict[str, Any] = {
         "summary": op.summary,
+        "tags": [op.plane],
         "description": (
             f"Role `{op.role}` · {op.kind}"
             + ("" if not op.mcp else f" · MCP `{op.mcp_name}`")
@@ -261,32 +254,35 @@ def _document(op: Op, view: Callable[..., Any], api: Api, auth_on: bool) -> Call
         content: dict[str, Any] = {"schema": op.args}
         if op.example:
             content["example"] = op.example
-        doc["requestBody"] = {"required": True, "content": {"application/json": content}}
+        doc["requestBody"] = {"required": openapi.body_required(op, auth_on),
+                              "content": {"application/json": content}}
     else:
         in_path = set(re.findall(r"<(?:\w+:)?(\w+)>", op.http_path))
         doc["parameters"] = openapi.get_parameters(api, op, in_path, auth_on)
-    # flask-smorest documents a view from its ``_apidoc``; its ``doc`` decorator also wraps the
-    # view in a call through ``current_app.ensure_sync``, which every request would pay.
-    view._apidoc = Blueprint.doc(**doc)(view)._apidoc  # type: ignore[attr-defined]
-    return view
+    return doc
 
 
 def register_ops(app: Flask, api: Api, registry: OpRegistry, services: Services) -> None:
+    """A Flask blueprint per plane serving its ops, and each op's operation in the document
+    (``api.spec.path``), tagged with its plane."""
     ops_by_endpoint = app.extensions.setdefault("loom_ops_by_endpoint", {})
     auth_on = services.settings.auth == "on"
     for plane, ops in registry.planes().items():
-        blueprint = Blueprint(plane, __name__, description=f"The {plane} plane")
+        blueprint = Blueprint(plane, __name__)
+        endpoints = {}
         for declared in ops:
-            view = _document(declared, make_view(declared, services), api, auth_on)
             endpoint = declared.name.replace(".", "_")
-            blueprint.route(
-                declared.http_path,
-                methods=[declared.http_method],
-                endpoint=endpoint,
-            )(view)
+            blueprint.add_url_rule(declared.http_path, endpoint=endpoint,
+                                   view_func=make_view(declared, services),
+                                   methods=[declared.http_method])
+            endpoints[declared.name] = f"{plane}.{endpoint}"
             ops_by_endpoint[f"{plane}.{endpoint}"] = declared.name
-        api.register_blueprint(blueprint)
-    openapi.refine_document(api, registry, auth_on)
+        app.register_blueprint(blueprint)
+        for declared in ops:
+            rule = next(app.url_map.iter_rules(endpoints[declared.name]))
+            api.spec.path(rule=rule, operations={
+                declared.http_method.lower(): operation_doc(declared, api, auth_on)})
+        api.spec.tag({"name": plane, "description": f"The {plane} plane"})
 
 
 def error_answer(error: LoomError, op_name: str | None = None
@@ -329,9 +325,16 @@ def internal_error(error: Exception, where: Any) -> LoomError:
 def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(LoomError)
     def handle_loom_error(error: LoomError) -> Response:
+        if error.status >= 500:
+            got_request_exception.send(app, exception=error)
         return error_response(error)
 
+    # Flask sends got_request_exception only for an exception no handler takes; Loom's
+    # handlers take every one, so they send it for the failures that are the server's (a
+    # store down, a bug), as Flask would: error trackers and tracing hear of them. A refusal
+    # of the caller's request (4xx) is an answer, not a failure, and sends nothing.
     def handle_store_unavailable(error: Exception) -> Response:
+        got_request_exception.send(app, exception=error)
         return error_response(unavailable_error(error, request.path))
 
     for unavailable in UNAVAILABLE_ERRORS:
@@ -364,4 +367,5 @@ def register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(Exception)
     def handle_unexpected(error: Exception) -> Response:
+        got_request_exception.send(app, exception=error)
         return error_response(internal_error(error, request.url_rule or "an unmatched route"))

@@ -86,13 +86,11 @@ def register_operations(app: Flask, services: Services) -> None:
     @app.before_request
     def start_request() -> None:
         started = time.perf_counter()
-        # The request once, not through its proxy at each use: these hooks run every request.
-        req = request._get_current_object()  # type: ignore[attr-defined]
-        environ = req.environ
+        environ = request.environ
         request_id = request_id_of(environ)
-        op = request_op_label(app, req)
+        op = request_op_label(app)
         # In the request's environ, a plain dict: ``g`` takes a Python-level __setattr__.
-        environ[_REQUEST_STATE] = (started, request_id, op, req.method)
+        environ[_REQUEST_STATE] = (started, request_id, op, environ["REQUEST_METHOD"])
         logs.bind_fresh(request_id=request_id, op=op)
 
     @app.after_request

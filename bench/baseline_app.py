@@ -1,14 +1,15 @@
 """The bare baseline for bench/working_memory.py: Flask + redis-py and nothing else.
 
-Each route does the same Redis work as the Loom op it stands beside, on the same keys:
-``/wm/get`` is one HGET, ``/wm/set`` and ``/wm/append`` run Loom's own Lua scripts (imported,
-so the text is identical) with the same KEYS and ARGV, through EVALSHA. What it leaves out is
-everything else Loom does per request: no schema, no auth, no identity checks, no registry, no
-error shape. ``request.get_json()`` -> Redis -> ``jsonify``.
+Each route works on the same keys, in the same stored format, as the Loom op it stands
+beside, the way a bare Flask + redis-py app would: ``/wm/get`` is one HGET; ``/wm/set`` and
+``/wm/append`` are the classic optimistic read-modify-write (WATCH the scope, HGET the block,
+MULTI/HSET/SADD/EXEC, again on a conflict), where Loom runs one Lua script. What it leaves out
+is everything else Loom does per request: no schema, no auth, no identity checks, no registry,
+no error shape. ``request.get_json()`` -> Redis -> ``jsonify``.
 
-``/wm/append_watch`` is the classic alternative to a Lua append: WATCH the scope, HGET the
-block, then MULTI/HSET/SADD/EXEC, starting over when another writer got in between. Each retry
-is one more WATCH, so ``INFO commandstats`` counts the retries (watch calls minus appends).
+``/wm/append_lua`` runs Loom's own append script (imported, so the text is identical) with the
+same KEYS and ARGV through EVALSHA: the same Redis work as Loom's append, for comparing the
+request handling alone.
 
 ``/profile/set``, ``/profile/append`` and ``/profile/render`` (for bench/mixed.py) call Loom's
 memory and activity stores straight from the view, so the Redis commands are Loom's own (the
@@ -48,7 +49,6 @@ app.json.sort_keys = False  # type: ignore[attr-defined]
 app.json.compact = True  # type: ignore[attr-defined]
 
 r = redis.Redis.from_url(os.environ["REDIS_URL"], decode_responses=True)
-set_script = r.register_script(source("working_memory_set"))
 append_script = r.register_script(source("working_memory_append"))
 
 
@@ -112,28 +112,72 @@ def wm_get():
     )
 
 
+def _watched_write(body: dict, new_content) -> tuple:
+    """The bare redis-py read-modify-write of one block: WATCH the scope, HGET the block, work
+    out the new text here, then MULTI/HSET/SADD/EXEC, starting over when another writer got
+    in between. ``new_content(old or None)`` gives the text; each retry is one more WATCH, so
+    ``INFO commandstats`` counts the retries (watch calls minus writes)."""
+    block_key = body.get("block_key", DEFAULT_BLOCK_KEY)
+    scope, index, _erasing = _keys(body)
+    retries = 0
+    with r.pipeline() as pipe:
+        while True:
+            try:
+                pipe.watch(scope)
+                raw = pipe.hget(scope, block_key)
+                if raw is None:
+                    last, limit, old = 0, DEFAULT_CHAR_LIMIT, None
+                else:
+                    version, char_limit, _length, old = raw.split(":", 3)
+                    last, limit = int(version), int(char_limit)
+                content, limit = new_content(old, limit)
+                if len(content) > limit:
+                    pipe.unwatch()
+                    return jsonify({"error": "LIMIT", "value_length": len(content),
+                                    "char_limit": limit}), 422
+                version = max(time.time_ns(), last + 1)
+                pipe.multi()
+                pipe.hset(scope, block_key, f"{version}:{limit}:{len(content)}:{content}")
+                pipe.sadd(index, scope)
+                pipe.execute()
+                break
+            except redis.WatchError:
+                retries += 1
+    return jsonify(
+        {
+            "block_key": block_key,
+            "version": version,
+            "char_limit": limit,
+            "value_length": len(content),
+            "retries": retries,
+        }
+    ), 200
+
+
 @app.post("/wm/set")
 def wm_set():
     body = request.get_json()
-    block_key = body.get("block_key", DEFAULT_BLOCK_KEY)
     content = body.get("content", "")
     char_limit = body.get("char_limit")
-    reply = set_script(
-        keys=list(_keys(body)),
-        args=[
-            block_key,
-            time.time_ns(),
-            "" if char_limit is None else char_limit,
-            content,
-            len(content),
-            DEFAULT_CHAR_LIMIT,
-        ],
-    )
-    return _written(block_key, reply)
+    return _watched_write(
+        body, lambda _old, limit: (content, DEFAULT_CHAR_LIMIT if char_limit is None
+                                   else char_limit))
 
 
 @app.post("/wm/append")
 def wm_append():
+    body = request.get_json()
+    addition = body["addition"]
+    separator = body.get("separator", "\n")
+    return _watched_write(
+        body, lambda old, limit: (addition if old is None else old + separator + addition,
+                                  limit))
+
+
+@app.post("/wm/append_lua")
+def wm_append_lua():
+    """The append as Loom's own Lua script (the same text, KEYS and ARGV), through EVALSHA:
+    the same Redis work as Loom's append, with nothing of Loom's request handling around it."""
     body = request.get_json()
     block_key = body.get("block_key", DEFAULT_BLOCK_KEY)
     addition = body["addition"]
@@ -151,48 +195,6 @@ def wm_append():
         ],
     )
     return _written(block_key, reply)
-
-
-@app.post("/wm/append_watch")
-def wm_append_watch():
-    """The same append as optimistic WATCH/MULTI/EXEC: read, compute here, write if unchanged."""
-    body = request.get_json()
-    block_key = body.get("block_key", DEFAULT_BLOCK_KEY)
-    addition = body["addition"]
-    separator = body.get("separator", "\n")
-    scope, index, _erasing = _keys(body)
-    retries = 0
-    with r.pipeline() as pipe:
-        while True:
-            try:
-                pipe.watch(scope)
-                raw = pipe.hget(scope, block_key)
-                if raw is None:
-                    last, limit, content = 0, DEFAULT_CHAR_LIMIT, addition
-                else:
-                    version, char_limit, _length, old = raw.split(":", 3)
-                    last, limit = int(version), int(char_limit)
-                    content = old + separator + addition
-                if len(content) > limit:
-                    pipe.unwatch()
-                    return jsonify({"error": "LIMIT", "value_length": len(content)}), 422
-                version = max(time.time_ns(), last + 1)
-                pipe.multi()
-                pipe.hset(scope, block_key, f"{version}:{limit}:{len(content)}:{content}")
-                pipe.sadd(index, scope)
-                pipe.execute()
-                break
-            except redis.WatchError:
-                retries += 1
-    return jsonify(
-        {
-            "block_key": block_key,
-            "version": version,
-            "char_limit": limit,
-            "value_length": len(content),
-            "retries": retries,
-        }
-    )
 
 
 def _location(body: dict) -> Location:

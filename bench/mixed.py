@@ -8,9 +8,9 @@ What one run does:
    set (then it writes, and deletes, only under the namespace ``mixed``).
 2. Serves Loom (``wsgi:app``) and ``bench/baseline_app.py`` with the same gunicorn settings
    (2 gevent workers each, as the Procfile runs them). For the working-memory ops the
-   baseline runs Loom's own Lua scripts; for the profile ops it calls Loom's memory and
-   activity stores straight from a Flask view, so the Redis work is the same and only Loom's
-   request handling is missing.
+   baseline is a bare Flask + redis-py app (one HGET; WATCH/HGET/MULTI/EXEC for the writes);
+   for the profile ops it calls Loom's memory and activity stores straight from a Flask view,
+   so the Redis work is the same and only Loom's request handling is missing.
 3. Before each run, writes the same data afresh: 1,000 working-memory blocks (100 users, ten
    blocks each) and each user's ``persona`` and ``notes`` sections.
 4. Sends a fixed count of requests from 32 connections (threads on raw HTTP/1.1 sockets in a

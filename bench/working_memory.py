@@ -9,16 +9,17 @@ What one run does:
    server's statistics (CONFIG RESETSTAT).
 2. Serves Loom (``wsgi:app``) and ``bench/baseline_app.py`` with the same gunicorn settings,
    2 gevent workers each, the Procfile's worker class (``--workers``, ``--worker-class``).
-   The baseline does the same Redis work per request (the same HGET, or the same EVALSHA of
-   Loom's own Lua scripts on the same keys) and nothing else.
+   Both serve every request through a Flask view. The baseline is what a bare Flask +
+   redis-py app does on the same keys: the same HGET for get, and for set and append the
+   classic WATCH/HGET/MULTI/EXEC loop where Loom runs one Lua script; nothing else.
 3. Drives each op with a bounded load client on loopback: ``wrk`` when it is on PATH (one
    thread, N connections, a fixed duration), else a Python client in a separate process
    (N threads on raw HTTP/1.1 sockets). gevent workers keep the connection open; a sync
    worker closes it after each answer, and the clients then reconnect per request, for both
    apps alike.
 4. Alternates the two apps, op by op, for several rounds, and prints the median req/s of each
-   and the median of the per-round ratios loom/baseline (targets: get >= 0.9, set and append
-   >= 1.0). Beside it, the CPU
+   and the median of the per-round ratios loom/baseline (targets: get >= 0.8, set and append
+   >= 1.2). Beside it, the CPU
    each party spent per request (gunicorn, redis-server, load client), read from /proc and
    INFO, and the ratio those predict while the cores are saturated.
 5. Counts Redis round trips per request for every op of both apps: CONFIG RESETSTAT, K
@@ -27,7 +28,7 @@ What one run does:
    commandstats`` (which also counts the commands a script runs inside Redis).
 6. Appends to ONE block from 8 concurrent writers, against 1 writer and against 8 writers on
    8 separate blocks, through Loom (one Lua script per append) and through the baseline's
-   ``/wm/append_watch`` (WATCH/HGET/MULTI/EXEC with retries). Each batch starts on fresh
+   ``/wm/append`` (WATCH/HGET/MULTI/EXEC with retries). Each batch starts on fresh
    blocks of char_limit 16384 so none fills, and checks that the blocks hold every
    acknowledged addition exactly once. Prints rates, ratios (target >= 0.5), WATCH retries
    and round trips per append.
@@ -84,9 +85,10 @@ CONTENDED_CHAR_LIMIT = 16384
 # separator, so 3200 of them fit a block of 16384 however they are split among writers.
 CONTENDED_MAX_APPENDS = 3200
 ROUND_TRIP_REQUESTS = 200
-# Loom against the bare app doing the same Redis work: a read may cost a little more (schema,
-# identity, the answer's shape); a write, whose Redis work dominates, should cost no more.
-TARGET_RATIOS = {"get": 0.9, "set": 1.0, "append": 1.0}
+# Loom against the bare app: a read does the same Redis work and Loom's own (auth, schema,
+# identity, the answer's shape) on top; a write is one script round trip against the bare
+# app's three of WATCH/HGET/MULTI-EXEC.
+TARGET_RATIOS = {"get": 0.8, "set": 1.2, "append": 1.2}
 TARGET_CONTENDED = 0.5
 
 
@@ -625,7 +627,7 @@ class Bench:
         seconds = self.args.contended_seconds
         kinds = {
             "loom lua": (loom, LOOM_PATHS["append"]),
-            "watch/multi": (baseline, "/wm/append_watch"),
+            "watch/multi": (baseline, BASELINE_PATHS["append"]),
         }
         shapes = {
             "8 writers, 1 block": (CONTENDED_WRITERS, False),
@@ -962,8 +964,8 @@ def main(argv: list[str] | None = None) -> int:
                     trips[app.name] = {
                         op: bench.round_trips(app, app.paths[op], op_bodies(op)) for op in OPS
                     }
-                trips["baseline"]["append_watch"] = bench.round_trips(
-                    baseline, "/wm/append_watch", op_bodies("append")
+                trips["baseline"]["append_lua"] = bench.round_trips(
+                    baseline, "/wm/append_lua", op_bodies("append")
                 )
                 contended: dict[str, dict[str, list[dict[str, Any]]]] = {}
                 if not args.skip_contended:

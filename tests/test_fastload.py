@@ -5,10 +5,19 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from marshmallow import EXCLUDE, Schema, ValidationError, fields, validates_schema
+from marshmallow import (
+    EXCLUDE,
+    Schema,
+    ValidationError,
+    fields,
+    post_load,
+    validate,
+    validates_schema,
+)
 
 from app.ops import load_ops
-from app.schemas.fastload import compile_loader
+from app.schemas.common import PlainText, StrictInt
+from app.schemas.fastload import compile_loader, fast_load
 
 SCHEMAS = sorted({declared.args for declared in load_ops()}, key=lambda c: c.__name__)
 
@@ -52,10 +61,15 @@ def test_the_working_memory_schemas_take_the_fast_path():
         assert compile_loader(schema_class()).__name__ == "load", schema_class.__name__
 
 
-def test_a_schema_hook_sends_the_schema_to_marshmallow():
-    """The fast path reads marshmallow's private ``Schema._hooks``: if a marshmallow release
-    keeps hooks elsewhere, this fails instead of a hook being skipped in silence."""
+def test_the_profile_write_schemas_take_the_fast_path():
+    from app.ops import profile
 
+    for schema_class in (profile.ProfileSetArgs, profile.ProfileAppendArgs,
+                         profile.ProfileRenderArgs):
+        assert compile_loader(schema_class()).__name__ == "load", schema_class.__name__
+
+
+def test_a_schema_not_declared_fast_is_loaded_by_marshmallow_with_its_hooks():
     class WithHook(Schema):
         name = fields.String()
 
@@ -68,15 +82,44 @@ def test_a_schema_hook_sends_the_schema_to_marshmallow():
         compile_loader(WithHook())({"name": "x"})
 
 
-def test_a_field_with_its_own_conversion_goes_to_marshmallow():
-    """The fast path compares ``type(field)._deserialize`` with ``fields.String``'s own."""
+def test_a_subclass_of_a_fast_schema_opts_in_on_its_own():
+    """A subclass may add a hook: the declaration of its parent does not speak for it."""
 
+    @fast_load
+    class Plain(Schema):
+        name = fields.String()
+
+    class Shouting(Plain):
+        @post_load
+        def _upper(self, data, **kwargs):
+            return {name: value.upper() for name, value in data.items()}
+
+    assert compile_loader(Plain()).__name__ == "load"
+    assert compile_loader(Shouting()).__name__ == "slow"
+    assert compile_loader(Shouting())({"name": "hi"}) == {"name": "HI"}
+
+
+def test_a_fast_schema_with_a_field_of_its_own_conversion_is_refused_at_compile():
     class Upper(fields.String):
         def _deserialize(self, value, attr, data, **kwargs):
             return super()._deserialize(value, attr, data, **kwargs).upper()
 
+    @fast_load
     class Shouting(Schema):
         word = Upper()
 
-    assert compile_loader(Shouting()).__name__ == "slow"
-    assert compile_loader(Shouting())({"word": "hi"}) == {"word": "HI"}
+    with pytest.raises(TypeError, match="word"):
+        compile_loader(Shouting())
+
+
+def test_plain_text_validators_still_refuse_on_the_fast_path():
+    @fast_load
+    class Named(Schema):
+        name = PlainText(required=True, validate=validate.Length(max=3))
+        count = StrictInt(load_default=1)
+
+    load = compile_loader(Named())
+    assert load({"name": "abc"}) == {"name": "abc", "count": 1}
+    with pytest.raises(ValidationError) as refused:
+        load({"name": "abcd", "count": True})
+    assert set(refused.value.messages) == {"name", "count"}

@@ -26,6 +26,7 @@ from app.registry import Call, op
 from app.schemas.common import (
     Answer,
     IdentityArgs,
+    PlainText,
     StrictBool,
     StrictFloat,
     StrictInt,
@@ -65,7 +66,7 @@ def _not_a_delete_version_trace(value: str) -> None:
         )
 
 
-class KeyText(fields.String):
+class KeyText(PlainText):
     """A row key or a profile label: 1 to 512 characters, no control characters."""
 
     def __init__(self, **kwargs: Any) -> None:

@@ -28,6 +28,7 @@ from app.ops.memory import (
 )
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, StrictInt
+from app.schemas.fastload import fast_load
 from app.store.activity import RETENTION_DAYS, ActivityStore
 from app.store.memory import (
     DEFAULT_PROFILE_CHAR_LIMIT,
@@ -45,6 +46,7 @@ ACTIVITY_ENTRIES = 20
 _WHO = {"namespace": "support", "agent": "triage-bot", "user_id": "u-42"}
 
 
+@fast_load
 class ProfileSetArgs(IdentityArgs):
     label = KeyText(
         required=True,
@@ -67,6 +69,7 @@ class ProfileSetArgs(IdentityArgs):
     )
 
 
+@fast_load
 class ProfileAppendArgs(IdentityArgs):
     label = KeyText(
         required=True,
@@ -79,6 +82,7 @@ class ProfileAppendArgs(IdentityArgs):
     )
 
 
+@fast_load
 class ProfileReplaceArgs(IdentityArgs):
     label = KeyText(
         required=True, metadata={"description": "The section to edit; a missing one is a 404."}
@@ -93,6 +97,7 @@ class ProfileReplaceArgs(IdentityArgs):
     )
 
 
+@fast_load
 class ProfileRenderArgs(IdentityArgs):
     format = fields.String(load_default="xml", validate=validate.OneOf(["xml", "markdown"]))
     labels = fields.List(
@@ -109,6 +114,7 @@ class ProfileRenderArgs(IdentityArgs):
     read_scope = read_scope_field()
 
 
+@fast_load
 class ProfileActivityArgs(IdentityArgs):
     lookback_days = StrictInt(
         load_default=7,

@@ -8,6 +8,7 @@ from marshmallow import Schema, fields, validate
 
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, StrictInt, no_control_characters
+from app.schemas.fastload import fast_load
 from app.store.working_memory import (
     DEFAULT_BLOCK_KEY,
     DEFAULT_CHAR_LIMIT,
@@ -28,6 +29,7 @@ def _block_key(description: str) -> fields.String:
     )
 
 
+@fast_load
 class WorkingMemorySetArgs(IdentityArgs):
     block_key = _block_key("The block to write, within the caller's scope.")
     content = fields.String(
@@ -43,6 +45,7 @@ class WorkingMemorySetArgs(IdentityArgs):
     )
 
 
+@fast_load
 class WorkingMemoryAppendArgs(IdentityArgs):
     block_key = _block_key("The block to append to; a missing block is created.")
     addition = fields.String(required=True, metadata={"description": "Text added at the end."})
@@ -52,6 +55,7 @@ class WorkingMemoryAppendArgs(IdentityArgs):
     )
 
 
+@fast_load
 class WorkingMemoryReplaceArgs(IdentityArgs):
     block_key = _block_key("The block to edit; a missing block is a 404.")
     old = fields.String(
@@ -64,15 +68,18 @@ class WorkingMemoryReplaceArgs(IdentityArgs):
     )
 
 
+@fast_load
 class WorkingMemoryKeyArgs(IdentityArgs):
     block_key = _block_key("The block to read or delete.")
 
 
+@fast_load
 class WorkingMemoryDeleteArgs(WorkingMemoryKeyArgs):
     """The delete's own schema: a write names one agent, a read may name '*' (the OpenAPI
     document says so per schema)."""
 
 
+@fast_load
 class WorkingMemoryRenderArgs(IdentityArgs):
     block_keys = fields.List(
         fields.String(validate=[validate.Length(min=1, max=BLOCK_KEY_MAX),
@@ -85,6 +92,7 @@ class WorkingMemoryRenderArgs(IdentityArgs):
     limit = StrictInt(load_default=20, validate=validate.Range(min=1, max=100))
 
 
+@fast_load
 class WorkingMemoryScopesArgs(IdentityArgs):
     class Meta(IdentityArgs.Meta):
         exclude = ("session_id", "run_id")

@@ -18,15 +18,11 @@ IDENTITY_MAX_LENGTH = 256
 
 
 class StrictInt(fields.Integer):
-    """An integer that must arrive as a JSON integer (no strings, floats or booleans)."""
+    """An integer that must arrive as a JSON integer (no strings, floats or booleans: a strict
+    ``Integer`` refuses booleans too)."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(strict=True, **kwargs)
-
-    def _validated(self, value: Any) -> Any:
-        if isinstance(value, bool):
-            raise self.make_error("invalid")
-        return super()._validated(value)
 
 
 class StrictBool(fields.Boolean):
@@ -60,7 +56,13 @@ def no_control_characters(value: str) -> None:
         raise ValidationError("must not contain control characters")
 
 
-class IdentityText(fields.String):
+class PlainText(fields.String):
+    """A string field that converts exactly as ``fields.String`` does and adds validators
+    only: a subclass must not change the conversion (``app.schemas.fastload`` checks such a
+    field itself, by its validators)."""
+
+
+class IdentityText(PlainText):
     """An identity component: 1 to 256 characters, no control characters."""
 
     def __init__(self, **kwargs: Any) -> None:

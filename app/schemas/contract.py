@@ -141,7 +141,7 @@ def checked_error(error: LoomError, op_name: str | None = None) -> LoomError:
     """``error``, or the violation to answer instead when its body is not what the document
     declares for the op (``op_name``, else the Flask request's) and the error's status. A 500
     is never checked: it is a failure already, and the violation's own answer is one."""
-    # Outside an app context (app.dispatch with the setting off) there is no contract.
+    # Outside an app context (a command's own call) there is no contract to check.
     if not has_app_context():
         return error
     contract: AnswerContract | None = current_app.extensions.get("loom_contract")

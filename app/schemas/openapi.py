@@ -11,19 +11,26 @@ apispec turns each schema's fields into JSON Schema; three things it cannot see 
   ``namespace``, ``agent`` or ``user_id``, so each op that needs one lists it as required
   (with auth on the caller's token may fill it, and the description says so). A body is
   required exactly when its schema requires a field (an empty body reads as ``{}``).
+
+Both schema additions are made by ``LoomMarshmallowPlugin.schema_helper``, apispec's hook for
+a plugin's part of a schema component, as the component is built; the request body's
+``required`` is written into the operation before it is given to ``spec.path``.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from apispec.ext.marshmallow import MarshmallowPlugin
 from apispec.ext.marshmallow.common import resolve_schema_instance
 from flask_smorest import Api
-from marshmallow import fields
+from marshmallow import Schema, fields
 
-from app.registry import Op, OpRegistry
+from app.registry import Op
 from app.schemas.common import CONTROL_FREE_PATTERN, no_control_characters
 
 
@@ -32,22 +39,6 @@ def field_properties(self: Any, field: fields.Field, **kwargs: Any) -> dict[str,
     if no_control_characters in field.validators and "pattern" not in field.metadata:
         return {"pattern": CONTROL_FREE_PATTERN}
     return {}
-
-
-class LoomMarshmallowPlugin(MarshmallowPlugin):
-    """apispec's plugin, adding each schema's ``OPENAPI_RULES`` (rules over several fields)."""
-
-    # MarshmallowPlugin's own signature, which apispec's BasePlugin does not declare.
-    def schema_helper(  # type: ignore[override]
-        self, name: Any, _: Any, schema: Any = None, **kwargs: Any
-    ) -> Any:
-        converted = super().schema_helper(name, _, schema=schema, **kwargs)
-        if schema is None:
-            return converted
-        rules = getattr(type(resolve_schema_instance(schema)), "OPENAPI_RULES", None)
-        if converted is not None and rules:
-            converted.update(copy.deepcopy(rules))  # refine_document edits each its own
-        return converted
 
 
 def identity_required(op: Op) -> tuple[str, ...]:
@@ -66,6 +57,39 @@ _A_USER = {"pattern": r"^(?!-$)[^\x00-\x1f\x7f]*$"}  # '-' is no user
 _ONE_AGENT = {"pattern": r"^(?!\*$)[^\x00-\x1f\x7f]*$"}  # '*' (every agent) is for reads
 
 
+@dataclass
+class InputRules:
+    """What the document adds to one input schema, from the ops that take it."""
+
+    write: bool
+    # Identity fields that no token can fill here (auth off), in the order the ops name them.
+    identity: list[str] = dataclasses.field(default_factory=list)
+    # A field that stands in for user_id (an op's ``needs_user`` name), with auth off.
+    user_stand_in: str | None = None
+
+
+def input_rules(ops: Iterable[Op], auth_on: bool) -> dict[type[Schema], InputRules]:
+    """Each body schema's rules; a schema shared by a read and a write is refused (only a
+    read may name agent '*', and the component says which one it is)."""
+    rules: dict[type[Schema], InputRules] = {}
+    for op in ops:
+        if op.http_method == "GET":
+            continue
+        write = op.kind != "read"
+        found = rules.setdefault(op.args, InputRules(write=write))
+        if found.write != write:
+            raise ValueError(f"{op.args.__name__} is the input of a read and of a write: give "
+                             f"{op.name} a schema of its own (only a read may name agent '*')")
+        if auth_on:
+            continue
+        for name in identity_required(op):
+            if name not in found.identity:
+                found.identity.append(name)
+        if isinstance(op.needs_user, str):
+            found.user_stand_in = op.needs_user
+    return rules
+
+
 def _one_agent_writes(component: dict[str, Any]) -> None:
     """A write names one agent, unless it names a row by memory_id (app.auth)."""
     if "agent" not in component["properties"]:
@@ -78,41 +102,63 @@ def _one_agent_writes(component: dict[str, Any]) -> None:
             branch["properties"]["agent"] = _ONE_AGENT
 
 
-def refine_document(api: Api, registry: OpRegistry, auth_on: bool) -> None:
-    """Mark each op's required identity fields and whether its body is required."""
-    spec = api.spec
-    names = {key[0]: name for key, name in api.ma_plugin.converter.refs.items()}
-    paths = spec._paths  # apispec keeps the operations it built here, by OpenAPI path
-    writes: dict[str, bool] = {}
-    for op in registry:
-        if op.http_method == "GET":
-            continue
-        name = names[op.args]
-        if writes.setdefault(name, op.kind != "read") != (op.kind != "read"):
-            raise ValueError(f"{name} is the input of a read and of a write: give {op.name} "
-                             "a schema of its own (only a read may name agent '*')")
-        component = spec.components.schemas[name]
-        required = list(component.get("required", []))
-        if op.kind != "read":
-            _one_agent_writes(component)
-        for name in () if auth_on else identity_required(op):
-            prop = component["properties"][name]
-            prop.pop("nullable", None)
-            prop.pop("default", None)
-            if name == "user_id":
-                prop.update(_A_USER)
-            if name not in required:
-                required.append(name)
-        if isinstance(op.needs_user, str) and not auth_on:
-            # A user_id, or the field that stands in for it.
-            component["anyOf"] = [
-                {"required": ["user_id"], "properties": {"user_id": _A_USER}},
-                {"required": [op.needs_user], "properties": {op.needs_user: {"type": "string"}}},
-            ]
-        if required:
-            component["required"] = required
-        body = paths[op.http_path][op.http_method.lower()]["requestBody"]
-        body["required"] = bool(required) or "anyOf" in component or "oneOf" in component
+def _apply_input_rules(component: dict[str, Any], rules: InputRules) -> None:
+    required = list(component.get("required", []))
+    if rules.write:
+        _one_agent_writes(component)
+    for name in rules.identity:
+        prop = component["properties"][name]
+        prop.pop("nullable", None)
+        prop.pop("default", None)
+        if name == "user_id":
+            prop.update(_A_USER)
+        if name not in required:
+            required.append(name)
+    if rules.user_stand_in:
+        # A user_id, or the field that stands in for it.
+        component["anyOf"] = [
+            {"required": ["user_id"], "properties": {"user_id": _A_USER}},
+            {"required": [rules.user_stand_in],
+             "properties": {rules.user_stand_in: {"type": "string"}}},
+        ]
+    if required:
+        component["required"] = required
+
+
+class LoomMarshmallowPlugin(MarshmallowPlugin):
+    """apispec's plugin, adding each schema's ``OPENAPI_RULES`` (rules over several fields)
+    and, for an op's input schema, its ``InputRules``."""
+
+    def __init__(self, inputs: dict[type[Schema], InputRules], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.inputs = inputs
+
+    # MarshmallowPlugin's own signature, which apispec's BasePlugin does not declare.
+    def schema_helper(  # type: ignore[override]
+        self, name: Any, _: Any, schema: Any = None, **kwargs: Any
+    ) -> Any:
+        converted = super().schema_helper(name, _, schema=schema, **kwargs)
+        if schema is None or converted is None:
+            return converted
+        schema_class = type(resolve_schema_instance(schema))
+        rules = getattr(schema_class, "OPENAPI_RULES", None)
+        if rules:
+            converted.update(copy.deepcopy(rules))  # _apply_input_rules edits its own copy
+        inputs = self.inputs.get(schema_class)
+        if inputs is not None:
+            _apply_input_rules(converted, inputs)
+        return converted
+
+
+def body_required(op: Op, auth_on: bool) -> bool:
+    """Whether the op's request body is required: its component requires a field or holds a
+    rule that does (an empty body reads as ``{}``)."""
+    if any(declared.required for declared in op.args().load_fields.values()):
+        return True
+    if not auth_on and (identity_required(op) or isinstance(op.needs_user, str)):
+        return True
+    rules = getattr(op.args, "OPENAPI_RULES", None) or {}
+    return bool(rules.get("required")) or "oneOf" in rules or "anyOf" in rules
 
 
 def get_parameters(api: Api, op: Op, in_path: set[str], auth_on: bool) -> list[dict[str, Any]]:

@@ -15,6 +15,11 @@ client), so the figures are Loom's own cost with no HTTP server in between:
    the store's own write path (the same script the op runs, without the HTTP layer) so the
    seeding takes seconds; the searches go through the app.
 
+Wall-clock rates move with whatever else the machine runs, so each phase also reports the CPU
+it cost: the app's own (``time.process_time`` of this process) plus the Redis server's
+(``used_cpu_user + used_cpu_sys`` from ``INFO cpu``), and the write rate that CPU allows
+(writes per CPU second), which a loaded machine does not move.
+
 Words are drawn from a 20,000-word vocabulary with a Zipf law, as in text, so common terms
 have long postings and rare ones short.
 """
@@ -30,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,6 +98,14 @@ def main(argv: list[str] | None = None) -> int:
             app = create_app({"redis_url": server.url, "data_dir": str(workdir / "loom"),
                               "secret_key": secrets.token_hex(32)})
             client = app.test_client()
+            server_client = redis.Redis.from_url(server.url)
+
+            def redis_cpu() -> float:
+                info = server_client.info("cpu")
+                return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+            def cpu() -> float:
+                return time.process_time() + redis_cpu()
 
             def post(op: str, **body: Any) -> dict[str, Any]:
                 response = client.post(f"/v1/{op}",
@@ -102,12 +117,16 @@ def main(argv: list[str] | None = None) -> int:
             bodies = [texts.sentence(12) for _ in range(args.writes + 200)]
             for i, body in enumerate(bodies[:200]):
                 post("memory.set", user_id="writer", key=f"warm{i}", value=body)
-            started = time.perf_counter()
+            started, spent, spent_redis = time.perf_counter(), cpu(), redis_cpu()
             for i, body in enumerate(bodies[200:]):
                 post("memory.set", user_id="writer", key=f"w{i % 1000}", value=body)
             rate = args.writes / (time.perf_counter() - started)
-            print(f"memory.set: {rate:,.0f} writes/s in-process ({args.writes} writes, "
-                  f"tree {Path(args.tree).resolve().name})", flush=True)
+            per_write = (cpu() - spent) / args.writes
+            redis_per_write = (redis_cpu() - spent_redis) / args.writes
+            print(f"memory.set: {rate:,.0f} writes/s wall, {1e6 * per_write:,.0f} us CPU a "
+                  f"write (app + Redis; Redis {1e6 * redis_per_write:,.0f}), "
+                  f"{1 / per_write:,.0f} writes per CPU second "
+                  f"({args.writes} writes, tree {Path(args.tree).resolve().name})", flush=True)
             if args.writes_only:
                 return 0
             from app.store.memory import Content, Location, MemoryStore
@@ -123,11 +142,14 @@ def main(argv: list[str] | None = None) -> int:
 
             def timed(user_id: str, scope: str) -> list[float]:
                 seconds = []
+                spent = cpu()
                 for _ in range(args.queries):
                     query = texts.sentence(3)
                     begun = time.perf_counter()
                     post("memory.search", user_id=user_id, query=query, read_scope=scope)
                     seconds.append(1000 * (time.perf_counter() - begun))
+                print(f"  CPU per search (app + Redis): "
+                      f"{1000 * (cpu() - spent) / args.queries:.2f} ms", flush=True)
                 return seconds
 
             begun = time.perf_counter()

@@ -292,3 +292,33 @@ def test_bad_input_is_a_422_naming_the_field(client, body, field):
 def test_a_query_of_stop_words_finds_nothing(client):
     ok(client, "memory.set", key="k", value="the and of")
     assert search(client, "the of", read_scope="own_user")["hits"] == []
+
+
+# --- erasure and export --------------------------------------------------------------------------
+
+
+def test_erasure_takes_the_users_index_and_leaves_the_others(client, app):
+    from tests.support.erasure_worker import run_erasure_jobs
+
+    ok(client, "memory.set", key="a", value="harbour walk at dawn")
+    ok(client, "memory.set", key="b", value="harbour ferry", user_id="u-7")
+    org = org_of(app)
+    redis = app.extensions["loom"].redis
+    recall_keys = [keys.recall_docs(org, "support", "u-42"),
+                   keys.recall_postings(org, "support", "u-42"),
+                   keys.recall_stats(org, "support", "u-42")]
+    assert all(redis.exists(key) for key in recall_keys)
+    started = ok(client, "user.erase", user_id="u-42")
+    run_erasure_jobs(app.extensions["loom"])
+    receipt = ok(client, "erasure.status", erasure_id=started["erasure_id"])
+    assert receipt["status"] == "done" and receipt["census"]["clean"] is True
+    assert not any(redis.exists(key) for key in recall_keys)
+    assert not redis.sismember(keys.recall_users(org, "support"), "u-42")
+    assert keys_of(search(client, "harbour")) == ["b"]
+    assert keys_of(search(client, "harbour", read_scope="own_user")) == []
+
+
+def test_export_carries_the_facts_but_never_the_index_fields(client):
+    ok(client, "memory.set", key="a", value="harbour walk at dawn")
+    out = ok(client, "subject.export", user_id="u-42")
+    assert "recall_terms" not in str(out) and "harbour walk at dawn" in str(out)

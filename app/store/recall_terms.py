@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from functools import lru_cache
 from typing import Any
 
 import Stemmer
@@ -43,24 +42,20 @@ TERMS_PER_ROW_MAX = 512
 _stemmer = Stemmer.Stemmer("english")
 
 
-@lru_cache(maxsize=65536)
-def _stem(word: str) -> str:
-    return str(_stemmer.stemWord(word))
-
-
-def words(text: str) -> Iterator[str]:
-    """The terms of ``text`` in order, repeats kept."""
-    for match in _WORD.finditer(text.casefold()):
-        word = match.group()
+def _kept_word(word: str) -> str:
+    # "user's" and "users" meet: the possessive goes before stemming, then the apostrophe.
+    if "'" in word:
+        word = (word[:-2] if word.endswith("'s") else word).replace("'", "")
         if word in STOP_WORDS:
-            continue
-        # "user's" and "users" meet: the possessive goes before stemming.
-        if word.endswith("'s"):
-            word = word[:-2]
-        word = word.replace("'", "")
-        if not word or word in STOP_WORDS:
-            continue
-        yield _stem(word)[:TERM_MAX]
+            return ""
+    return word
+
+
+def words(text: str) -> list[str]:
+    """The terms of ``text`` in order, repeats kept."""
+    found = [w for w in map(_kept_word, _WORD.findall(text.casefold()))
+             if w and w not in STOP_WORDS]
+    return [stem[:TERM_MAX] for stem in _stemmer.stemWords(found)]
 
 
 def query_terms(text: str) -> list[str]:
@@ -92,15 +87,17 @@ def _key_text(key: str) -> str:
 
 def row_terms(key: str, value: Any) -> str:
     """The stored ``recall_terms`` of a fact: ``term:tf`` pairs over its key and value."""
-    counts: Counter[str] = Counter()
-    for text in (_key_text(key), *_texts(value)):
-        counts.update(words(text))
+    counts: dict[str, int] = {}
+    text = value if isinstance(value, str) else " ".join(_texts(value))
+    for term in words(_key_text(key) + " " + text):
+        counts[term] = counts.get(term, 0) + 1
     return encode(counts)
 
 
-def encode(counts: Counter[str]) -> str:
-    kept = counts.most_common(TERMS_PER_ROW_MAX)
-    return " ".join(f"{term}:{count}" for term, count in sorted(kept))
+def encode(counts: dict[str, int]) -> str:
+    kept = (sorted(counts.items()) if len(counts) <= TERMS_PER_ROW_MAX
+            else sorted(Counter(counts).most_common(TERMS_PER_ROW_MAX)))
+    return " ".join(f"{term}:{count}" for term, count in kept)
 
 
 def decode(stored: str) -> dict[str, int]:

@@ -50,26 +50,35 @@ local function index_recall(r)
     new = nil
   end
   if old == new then return end
-  local function each(stored, fn)
-    local len = 0
-    for _, tf in string.gmatch(stored, '([^ ]+):(%d+)') do len = len + tonumber(tf) end
+  -- The postings of a stored term list, and its length: one ZREM or ZADD moves them all.
+  local function postings(stored, with_scores)
+    local pairs_, len = {}, 0
     for term, tf in string.gmatch(stored, '([^ ]+):(%d+)') do
-      fn(term .. NUL .. mid .. NUL .. tf .. NUL .. len)
+      pairs_[#pairs_ + 1] = {term, tf}
+      len = len + tonumber(tf)
     end
-    return len
+    local args = {}
+    for _, p in ipairs(pairs_) do
+      if with_scores then args[#args + 1] = 0 end
+      args[#args + 1] = p[1] .. NUL .. mid .. NUL .. p[2] .. NUL .. len
+    end
+    return args, len
   end
+  local docs, length = 0, 0
   if old then
-    local len = each(old, function(m) redis.call('ZREM', KEYS[13], m) end)
+    local members, len = postings(old, false)
+    if #members > 0 then redis.call('ZREM', KEYS[13], unpack(members)) end
     redis.call('HDEL', KEYS[12], mid)
-    redis.call('HINCRBY', KEYS[14], 'docs', -1)
-    redis.call('HINCRBY', KEYS[14], 'length', -len)
+    docs, length = docs - 1, length - len
   end
   if new then
-    local len = each(new, function(m) redis.call('ZADD', KEYS[13], 0, m) end)
+    local members, len = postings(new, true)
+    if #members > 0 then redis.call('ZADD', KEYS[13], unpack(members)) end
     redis.call('HSET', KEYS[12], mid, new)
-    redis.call('HINCRBY', KEYS[14], 'docs', 1)
-    redis.call('HINCRBY', KEYS[14], 'length', len)
+    docs, length = docs + 1, length + len
   end
+  if docs ~= 0 then redis.call('HINCRBY', KEYS[14], 'docs', docs) end
+  if length ~= 0 then redis.call('HINCRBY', KEYS[14], 'length', length) end
 end
 
 local function load_row()

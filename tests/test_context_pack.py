@@ -212,7 +212,10 @@ def test_the_prefix_is_working_memory_then_the_profile_and_its_hash_ignores_the_
     assert one["stable_prefix_chars"] == len(expected) == one["total_chars"]
     assert one["stable_hash"] == two["stable_hash"] == hashlib.sha256(
         expected.encode()).hexdigest()
-    assert one["query_sections"] == [] and one["notes"] == [NO_QUERY_SECTIONS]
+    # No fact answers either question: the memories section is there, and empty.
+    assert [(q["name"], q["chars"], q["memories"]) for q in one["query_sections"]] == [
+        ("memories", 0, [])]
+    assert one["notes"] == [] and pack(client, run_id="run-7")["notes"] == [NO_QUERY_SECTIONS]
 
     block(client, "state", "cursor: 4813", run_id="run-7")
     three = pack(client, run_id="run-7", query="refund policy")
@@ -298,3 +301,36 @@ def test_agent_state_never_enters_a_pack(client):
     out = pack(client, session_id="s-1", query="STATE-MARKER")
     assert "STATE-MARKER" not in out["pack"]
     assert out["pack"] == tag("state", "cursor")
+
+
+def test_the_querys_facts_follow_the_prefix_which_stays_the_same(client):
+    block(client, "state", "cursor: 4812", run_id="run-7")
+    ok(client, "profile.set", label="persona", value="Terse.", **USER)
+    ok(client, "memory.set", key="refunds", value="Refunds take 5 days & need a receipt.",
+       **USER)
+    ok(client, "memory.set", key="parcel", value="The parcel ships from Leeds.", **USER)
+    ok(client, "memory.set", key="other", value="Likes green tea.", **USER)
+    base = pack(client, run_id="run-7", read_scope="own_user")
+    one = pack(client, run_id="run-7", query="how long do refunds take", read_scope="own_user")
+    two = pack(client, run_id="run-7", query="where does my parcel ship from",
+               read_scope="own_user")
+    prefix = base["pack"]
+    assert one["stable_hash"] == two["stable_hash"] == base["stable_hash"]
+    assert one["stable_prefix_chars"] == two["stable_prefix_chars"] == len(prefix)
+    refunds = ok(client, "memory.get", key="refunds", **USER)["memory"]["memory_id"]
+    assert one["pack"] == prefix + "\n" + (
+        f'<memory key="refunds" memory_id="{refunds}">'
+        "Refunds take 5 days &amp; need a receipt.</memory>")
+    assert two["pack"].startswith(prefix + "\n") and "Leeds" in two["pack"]
+    assert "Refunds" not in two["pack"] and "green tea" not in one["pack"]
+    (memories,) = one["query_sections"]
+    assert memories["name"] == "memories" and memories["budget"] == 8192
+    assert [m["key"] for m in memories["memories"]] == ["refunds"]
+    assert one["total_chars"] == len(one["pack"])
+    # Profile rows never come back as facts, and a budget drops a fact whole.
+    small = pack(client, run_id="run-7", query="refunds receipt parcel", read_scope="own_user",
+                 memory_chars=60, format="markdown")
+    (section,) = small["query_sections"]
+    assert [m["key"] for m in section["memories"]] == ["refunds"]
+    assert [d["key"] for d in section["dropped"]] == ["parcel"]
+    assert small["pack"].endswith("- refunds: Refunds take 5 days & need a receipt.")

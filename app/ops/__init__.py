@@ -9,6 +9,7 @@ from app.ops import (  # noqa: F401 (importing declares the ops)
     namespace_config,
     profile,
     profile_schema,
+    recall,
     structured,
     tokens,
     usage,

@@ -2,8 +2,9 @@
 
 A pack renders working memory first and the profile second, ahead of the query-dependent
 sections, so its start stays the same across questions and a client can place a prompt-cache
-breakpoint after it (``stable_prefix_chars``, ``stable_hash``). Loom has no query-dependent
-section yet: ``query`` is accepted, and the answer says it was not used.
+breakpoint after it (``stable_prefix_chars``, ``stable_hash``). With a ``query``, the facts
+``memory.search`` finds for it follow the prefix as the ``memories`` section, in rank order,
+within its own budget; the prefix never depends on the query.
 
 Working memory is layered narrowest first: a pack for a run carries the run's blocks, then its
 session's (``run_id`` ``-``), then the agent's (``session_id`` ``-``, ``run_id`` ``-``). A
@@ -29,11 +30,13 @@ from marshmallow import Schema, ValidationError, fields, validate
 
 from app.auth import row_visible
 from app.ops.memory import read_scope_for, record_profile_read
-from app.ops.profile import ProfileRenderArgs, render_sections, sections_in_scope
+from app.ops.profile import ProfileRenderArgs, render_sections, section_text, sections_in_scope
+from app.ops.recall import search_rows
 from app.ops.working_memory import BLOCK_KEY_MAX, render_blocks
 from app.registry import Call, op
 from app.schemas.common import Answer, StrictInt
 from app.store.identity import Identity
+from app.store.memory import MemoryRow
 from app.store.working_memory import Block, WorkingMemoryStore
 
 DEFAULT_SECTION_CHARS = 16384
@@ -44,9 +47,11 @@ QUERY_MAX = 4096
 SESSION_NOTE_PREFIX = "session:"
 SEPARATORS = {"xml": "\n", "markdown": "\n\n"}
 NO_QUERY_SECTIONS = (
-    "Loom has no query-dependent sections yet: the pack is working memory and the profile, "
-    "and query was not used."
+    "No query: the pack is working memory and the profile, with no query-dependent section."
 )
+# The most facts the query's section ranks before its budget keeps what fits.
+QUERY_HITS = 10
+DEFAULT_MEMORY_CHARS = 8192
 _WHO = {"namespace": "support", "agent": "triage-bot", "user_id": "u-42", "run_id": "run-7"}
 
 Item = TypeVar("Item")
@@ -72,8 +77,8 @@ class ContextPackArgs(ProfileRenderArgs):
         load_default="",
         validate=validate.Length(max=QUERY_MAX),
         metadata={
-            "description": "The question the pack is for; no section depends on it yet "
-            "(the answer's notes say so)."
+            "description": "The question the pack is for: the facts memory.search finds for "
+            "it follow the stable prefix (the memories section)."
         },
     )
     session_block = fields.String(
@@ -93,6 +98,12 @@ class ContextPackArgs(ProfileRenderArgs):
         "Character budget of the profile section (default 16384, 0 to 262144); sections "
         "that do not fit are dropped whole."
     )
+    memory_chars = StrictInt(
+        load_default=DEFAULT_MEMORY_CHARS,
+        validate=validate.Range(min=0, max=MAX_SECTION_CHARS),
+        metadata={"description": "Character budget of the query's memories section (default "
+                  "8192, 0 to 262144); facts that do not fit are dropped whole."},
+    )
 
 
 class PackItem(Schema):
@@ -102,11 +113,13 @@ class PackItem(Schema):
     block_key = fields.String(metadata={"description": "Working memory: the block."})
     label = fields.String(metadata={"description": "Profile: the section's label."})
     agent = fields.String(metadata={"description": "Profile: the agent that wrote it."})
+    memory_id = fields.String(metadata={"description": "Memories: the fact."})
+    key = fields.String(metadata={"description": "Memories: the fact's key."})
     chars = fields.Integer(metadata={"description": "Its length as rendered."})
 
 
 class PackSection(Schema):
-    name = fields.String(metadata={"description": "working_memory or profile."})
+    name = fields.String(metadata={"description": "working_memory, profile or memories."})
     chars = fields.Integer(metadata={"description": "The section's length in the pack."})
     budget = fields.Integer()
     blocks = fields.List(
@@ -114,6 +127,9 @@ class PackSection(Schema):
     )
     labels = fields.List(
         fields.String(), metadata={"description": "Profile: labels kept, in pack order."}
+    )
+    memories = fields.List(
+        fields.Nested(PackItem), metadata={"description": "Memories: facts kept, best first."}
     )
     dropped = fields.List(
         fields.Nested(PackItem), metadata={"description": "Left out whole for the budget."}
@@ -124,14 +140,17 @@ class ContextPacked(Answer):
     pack = fields.String()
     sections = fields.List(fields.Nested(PackSection))
     stable_prefix_chars = fields.Integer(
-        metadata={"description": "Length of the working-memory + profile prefix."}
+        metadata={"description": "Length of the working-memory + profile prefix, which no "
+                  "query changes."}
     )
     stable_hash = fields.String(
         metadata={"description": "sha256 hex of that prefix: equal across questions."}
     )
     total_chars = fields.Integer()
     query_sections = fields.List(
-        fields.Nested(PackSection), metadata={"description": "Always empty for now."}
+        fields.Nested(PackSection),
+        metadata={"description": "The sections that depend on query (memories), after the "
+                  "prefix; empty without a query."}
     )
     notes = fields.List(fields.String())
 
@@ -232,26 +251,70 @@ def _profile(call: Call, read_scope: str, style: str) -> tuple[str, dict[str, An
     }
 
 
+def _escaped(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def render_memories(rows: list[MemoryRow], style: str) -> str:
+    if style == "markdown":
+        return "\n".join(f"- {row.key}: {section_text(row)}" for row in rows)
+    return "\n".join(
+        f'<memory key="{_escaped(row.key).replace(chr(34), "&quot;")}" '
+        f'memory_id="{row.memory_id}">{_escaped(section_text(row))}</memory>'
+        for row in rows
+    )
+
+
+def _memories(call: Call, read_scope: str, style: str) -> tuple[str, dict[str, Any]]:
+    a = call.args
+    rows = [row for row, _hit in search_rows(call, a["query"], QUERY_HITS, read_scope)]
+    kept, dropped = fit(
+        rows, lambda row: render_memories([row], style), "\n", a["memory_chars"]
+    )
+    text = render_memories([row for row, _ in kept], style)
+
+    def described(entries: list[tuple[MemoryRow, int]]) -> list[dict[str, Any]]:
+        return [{"memory_id": row.memory_id, "key": row.key, "chars": size}
+                for row, size in entries]
+
+    return text, {
+        "name": "memories",
+        "chars": len(text),
+        "budget": a["memory_chars"],
+        "memories": described(kept),
+        "dropped": described(dropped),
+    }
+
+
 @op("context.pack", role="viewer", kind="read",
     args=ContextPackArgs, answer=ContextPacked,
     example={**_WHO, "query": "refund policy", "format": "xml", "read_scope": "own_user"})
 def context_pack(call: Call) -> dict[str, Any]:
-    """Working memory, then the profile, as one prompt fragment with a stable prefix."""
+    """Working memory, then the profile, then the query's facts, with a stable prefix."""
     a = call.args
     style = a["format"]
     read_scope = read_scope_for(call, a["read_scope"])
     memory_text, memory_section = _working_memory(call, read_scope, style)
     profile_text, profile_section = _profile(call, read_scope, style)
     record_profile_read(call, "context.pack")
-    prefix = SEPARATORS[style].join(text for text in (memory_text, profile_text) if text)
-    # The query-dependent sections would follow the prefix after a separator; there are none.
+    separator = SEPARATORS[style]
+    prefix = separator.join(text for text in (memory_text, profile_text) if text)
+    query_sections: list[dict[str, Any]] = []
+    notes: list[str] = []
     pack = prefix
+    if a["query"].strip():
+        query_text, query_section = _memories(call, read_scope, style)
+        query_sections.append(query_section)
+        # The query's section follows the prefix; the prefix stays byte for byte the same.
+        pack = separator.join(text for text in (prefix, query_text) if text)
+    else:
+        notes.append(NO_QUERY_SECTIONS)
     return {
         "pack": pack,
         "sections": [memory_section, profile_section],
         "stable_prefix_chars": len(prefix),
         "stable_hash": hashlib.sha256(prefix.encode("utf-8")).hexdigest(),
         "total_chars": len(pack),
-        "query_sections": [],
-        "notes": [NO_QUERY_SECTIONS],
+        "query_sections": query_sections,
+        "notes": notes,
     }

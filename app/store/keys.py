@@ -240,6 +240,34 @@ def profile_reads_meta(org: str, namespace: str, user_id: str) -> str:
     return f"{PREFIX}:profile-reads-meta:{user_tag(org, namespace, user_id)}"
 
 
+# --- recall: the lexical index of a user's facts ------------------------------------------------
+# Kept by the memory write scripts (app/store/lua/memory_write.lua) in the user's slot, so the
+# index moves with the row in the same script. Profile rows are never indexed.
+
+
+def recall_docs(org: str, namespace: str, user_id: str) -> str:
+    """Hash memory_id -> the row's indexed terms (``term:tf term:tf ...``) of its current
+    version: what a later write of the row takes out of the postings."""
+    return f"{PREFIX}:recall-docs:{user_tag(org, namespace, user_id)}"
+
+
+def recall_postings(org: str, namespace: str, user_id: str) -> str:
+    """Sorted set (all scores 0) of ``term NUL memory_id NUL tf NUL doc_length``: one lex range
+    per term holds its postings and their count is its document frequency."""
+    return f"{PREFIX}:recall-post:{user_tag(org, namespace, user_id)}"
+
+
+def recall_stats(org: str, namespace: str, user_id: str) -> str:
+    """Hash: ``docs`` (indexed rows) and ``length`` (their summed term counts), for BM25."""
+    return f"{PREFIX}:recall-stats:{user_tag(org, namespace, user_id)}"
+
+
+def recall_users(org: str, namespace: str) -> str:
+    """Set of the users of a namespace that have (or had) indexed facts: what a namespace
+    search fans out over."""
+    return f"{PREFIX}:recall-users:{namespace_tag(org, namespace)}"
+
+
 # --- structured profiles ------------------------------------------------------------------------
 
 

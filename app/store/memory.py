@@ -664,6 +664,9 @@ class MemoryStore:
             keys.memory_pointer(location.org, location.namespace, written.row.memory_id),
             location.pointer_value(),
         )
+        if written.row.memory_type != PROFILE_TYPE:
+            # A namespace search fans out over these users (app/store/recall.py).
+            pipe.sadd(keys.recall_users(location.org, location.namespace), location.user_id)
         if written.row.memory_type == PROFILE_TYPE:
             pipe.sadd(keys.profile_users(location.org, location.namespace), location.user_id)
             pipe.sadd(keys.profile_label_users(location.org, location.namespace, location.key),

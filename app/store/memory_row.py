@@ -22,6 +22,7 @@ from typing import Any
 
 from app.clock import iso_from_ns
 from app.store import keys
+from app.store.recall_terms import indexable, row_terms
 
 SOURCE_TYPES = frozenset({"semantic", "preference", "decision"})
 # The structured profile's row (agent '-', session '-') and the worker that writes it: a write
@@ -139,6 +140,9 @@ class Location:
             keys.profile_source_expiry(*user),
             keys.user_erasing(*user),
             keys.memory_live(*user),
+            keys.recall_docs(*user),
+            keys.recall_postings(*user),
+            keys.recall_stats(*user),
         ]
 
     def pointer_value(self) -> str:
@@ -362,6 +366,11 @@ class Content:
             "provenance": self.provenance,
             "source_trace": self.source_trace,
             "actor": self.actor,
+            # What the lexical recall index holds for this version ('' keeps it out).
+            "recall_terms": (
+                row_terms(location.key, self.value)
+                if indexable(self.memory_type, self.tags) else ""
+            ),
         }
         return [item for pair in pairs.items() for item in pair], len(canonical)
 

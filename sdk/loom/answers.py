@@ -99,6 +99,7 @@ class PackSection(TypedDict, total=False):
     budget: int
     blocks: list[PackItem]
     labels: list[str]
+    memories: list[PackItem]
     dropped: list[PackItem]
 
 
@@ -107,6 +108,8 @@ class PackItem(TypedDict, total=False):
     block_key: str
     label: str
     agent: str
+    memory_id: str
+    key: str
     chars: int
 
 
@@ -244,6 +247,39 @@ class MemoryRedactAnswer(TypedDict, total=False):
     key: str
     redacted: bool
     versions_redacted: int
+
+
+class MemorySearchAnswer(TypedDict, total=False):
+    ignored_args: list[str]
+    hits: list[SearchHit]
+    count: int
+    read_scope: str
+    scratchpad: list[ScratchpadBlock]
+
+
+class SearchHit(TypedDict, total=False):
+    memory_id: str
+    key: str
+    value: Any
+    memory_type: str
+    score: float
+    legs: list[str]
+    matched_terms: list[str]
+    user_id: str
+    agent: str
+    session_id: str
+    tags: list[str]
+    confidence: float
+    valid_at: str | None
+    valid_to: str | None
+    updated_at: str
+
+
+class ScratchpadBlock(TypedDict, total=False):
+    layer: str
+    block_key: str
+    content: str
+    updated_at: str
 
 
 class MemorySetAnswer(TypedDict, total=False):
@@ -625,6 +661,7 @@ class MemoryOps(Plane[M]):
     lock: Op[MemoryLockAnswer] = Op('memory.lock')
     pin: Op[MemoryPinAnswer] = Op('memory.pin')
     redact: Op[MemoryRedactAnswer] = Op('memory.redact')
+    search: Op[MemorySearchAnswer] = Op('memory.search')
     set: Op[MemorySetAnswer] = Op('memory.set')
     unlock: Op[MemoryUnlockAnswer] = Op('memory.unlock')
     unpin: Op[MemoryUnpinAnswer] = Op('memory.unpin')

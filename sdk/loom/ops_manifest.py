@@ -445,7 +445,7 @@ OPS: dict[str, dict[str, Any]] = {
         'http_method': 'POST',
         'path': '/v1/context.pack',
         'summary': (
-            'Working memory, then the profile, as one prompt fragment with a stable prefix.'
+            "Working memory, then the profile, then the query's facts, with a stable prefix."
         ),
         'fields': {
             'org': {'required': False, 'default': None},
@@ -462,6 +462,7 @@ OPS: dict[str, dict[str, Any]] = {
             'session_block': {'required': False, 'default': None},
             'working_memory_chars': {'required': False, 'default': 16384},
             'profile_chars': {'required': False, 'default': 16384},
+            'memory_chars': {'required': False, 'default': 8192},
         },
         'input_schema': {
             'type': 'object',
@@ -543,8 +544,8 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': '',
                     'maxLength': 4096,
                     'description': (
-                        'The question the pack is for; no section depends on it yet (the '
-                        "answer's notes say so)."
+                        'The question the pack is for: the facts memory.search finds for it '
+                        'follow the stable prefix (the memories section).'
                     ),
                 },
                 'session_block': {
@@ -575,6 +576,16 @@ OPS: dict[str, dict[str, Any]] = {
                     'description': (
                         'Character budget of the profile section (default 16384, 0 to 262144); '
                         'sections that do not fit are dropped whole.'
+                    ),
+                },
+                'memory_chars': {
+                    'type': 'integer',
+                    'default': 8192,
+                    'minimum': 0,
+                    'maximum': 262144,
+                    'description': (
+                        "Character budget of the query's memories section (default 8192, 0 to "
+                        '262144); facts that do not fit are dropped whole.'
                     ),
                 },
             },
@@ -1531,6 +1542,124 @@ OPS: dict[str, dict[str, Any]] = {
                     'description': 'Only a row of this type (profile for a section).',
                 },
             },
+        },
+    },
+    'memory.search': {
+        'role': 'viewer',
+        'kind': 'read',
+        'listed': True,
+        'mcp': True,
+        'http_method': 'POST',
+        'path': '/v1/memory.search',
+        'summary': 'Find the facts that answer a question, best first (profile rows stay out).',
+        'fields': {
+            'org': {'required': False, 'default': None},
+            'namespace': {'required': False, 'default': None},
+            'agent': {'required': False, 'default': None},
+            'user_id': {'required': False, 'default': '-'},
+            'session_id': {'required': False, 'default': '-'},
+            'run_id': {'required': False, 'default': '-'},
+            'query': {'required': True},
+            'read_scope': {'required': False, 'default': None},
+            'memory_type': {'required': False, 'default': None},
+            'tags': {'required': False, 'computed': True},
+            'valid_at': {'required': False, 'default': None},
+            'limit': {'required': False, 'default': 10},
+        },
+        'input_schema': {
+            'type': 'object',
+            'properties': {
+                'org': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The tenant.',
+                },
+                'namespace': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
+                },
+                'agent': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
+                },
+                'user_id': {
+                    'type': 'string',
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The end user; '-' for none.",
+                },
+                'session_id': {
+                    'type': 'string',
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The session or conversation; '-' for none.",
+                },
+                'run_id': {
+                    'type': 'string',
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The agent run (task scope); '-' for none.",
+                },
+                'query': {
+                    'type': 'string',
+                    'minLength': 1,
+                    'maxLength': 4096,
+                    'description': 'The question, in words.',
+                },
+                'read_scope': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'enum': ['namespace', 'own_user', 'own_session', None],
+                    'description': (
+                        'How far the read reaches across users and session_ids; left out, the '
+                        "token's ceiling."
+                    ),
+                },
+                'memory_type': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'pattern': '^[a-z][a-z0-9_]{0,39}$',
+                    'description': 'Only facts of this type (profile rows stay out of search).',
+                },
+                'tags': {
+                    'type': 'array',
+                    'maxItems': 16,
+                    'description': 'Only facts holding every one of these tags.',
+                    'items': {'type': 'string', 'minLength': 1, 'maxLength': 128},
+                },
+                'valid_at': {
+                    'type': ['string', 'null'],
+                    'format': 'date-time',
+                    'default': None,
+                    'description': 'Only facts true at this moment (valid_at <= it < valid_to).',
+                },
+                'limit': {
+                    'type': 'integer',
+                    'default': 10,
+                    'minimum': 1,
+                    'maximum': 100,
+                    'description': 'How many hits at most (default 10, at most 100).',
+                },
+            },
+            'required': ['query'],
         },
     },
     'memory.set': {

@@ -480,6 +480,9 @@ class ErasureStore:
             keys.profile_source_digest(*user),
             keys.profile_source_expiry(*user),
             keys.structured_meta(*user),
+            keys.recall_docs(*user),
+            keys.recall_postings(*user),
+            keys.recall_stats(*user),
         ])
         self._count(run, index_entries=self._remove_namespace_entries(run, names, writers))
 
@@ -492,6 +495,7 @@ class ErasureStore:
         indexes = [
             keys.profile_users(org, namespace),
             keys.structured_users(org, namespace),
+            keys.recall_users(org, namespace),
             *(keys.profile_label_users(org, namespace, label) for label in sorted(labels)),
             *(keys.profile_agent_users(org, namespace, agent) for agent in sorted(agents)),
         ]

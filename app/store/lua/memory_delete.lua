@@ -9,6 +9,7 @@ r.deleted = '1'
 r.value = 'null'
 r.value_length = '4'
 r.content_sha256 = ''
+r.recall_terms = ''
 r.source_trace = ARGV[5]
 r.written_by = ARGV[2]
 return done('OK', commit(r, ARGV[1], ARGV[3], r.memory_type), r)

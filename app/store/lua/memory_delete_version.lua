@@ -19,6 +19,7 @@ else
   n.value = 'null'
   n.value_length = '4'
   n.content_sha256 = ''
+  n.recall_terms = ''
 end
 -- Row-level facts stay the row's: its id, birth, last version and flags.
 n.memory_id = r.memory_id

@@ -1,4 +1,4 @@
--- KEYS: 1..11 see memory_write, then per derived row its row key and versions key (12..).
+-- KEYS: 1..14 see memory_write, then per derived row its row key and versions key (15..).
 -- ARGV: 1 now, 2 written_by, 3 expected memory_id, 4 the number of derived rows. Scrubs every
 -- version of the row in place (no new version: the history keeps its shape, without the
 -- text), and every profile version of a derived row whose source_trace names the row's
@@ -18,11 +18,12 @@ local function scrub(s)
   s.value = 'null'
   s.value_length = '4'
   s.content_sha256 = ''
+  s.recall_terms = ''
   s.redacted = '1'
 end
 local derived = tonumber(ARGV[4])
 for d = 1, derived do
-  local flags = redis.call('HMGET', KEYS[10 + 2 * d], 'locked', 'key', 'memory_id')
+  local flags = redis.call('HMGET', KEYS[13 + 2 * d], 'locked', 'key', 'memory_id')
   if flags[1] == '1' then return {'DERIVED_LOCKED', flags[2] or '', flags[3] or ''} end
 end
 local versions = redis.call('HGETALL', KEYS[2])
@@ -36,12 +37,14 @@ end
 scrub(r)
 r.redacted_by = ARGV[2]
 redis.call('HSET', KEYS[1], 'value', r.value, 'value_length', r.value_length,
-  'content_sha256', '', 'redacted', '1', 'redacted_by', ARGV[2])
+  'content_sha256', '', 'recall_terms', '', 'redacted', '1', 'redacted_by', ARGV[2])
+-- A redacted fact is never found again: its terms leave the recall index with its text.
+index_recall(r)
 -- A redacted section renders nothing: it leaves the section index until it is written again.
 index_section(r.key, r.agent, r.session_id, false)
 local reached, rows = 0, 0
 for d = 1, derived do
-  local rk, vk = KEYS[10 + 2 * d], KEYS[11 + 2 * d]
+  local rk, vk = KEYS[13 + 2 * d], KEYS[14 + 2 * d]
   local touched = false
   local all = redis.call('HGETALL', vk)
   for i = 1, #all, 2 do

@@ -1,6 +1,7 @@
 -- The shared part of every memory write script. KEYS: 1 row, 2 versions, 3 version order,
 -- 4 the user's rows, 5 memory_id -> row key, 6 renderable profile sections, 7 sources,
--- 8 digest, 9 source expiry, 10 the user's erasure marker, 11 live rows.
+-- 8 digest, 9 source expiry, 10 the user's erasure marker, 11 live rows, 12 recall docs,
+-- 13 recall postings, 14 recall stats.
 --#include version
 --#include memory_digest
 local SOURCE_TYPES = {semantic = true, preference = true, decision = true}
@@ -35,6 +36,49 @@ local function index_live(r, old_type, member)
   else
     redis.call('ZADD', KEYS[11], 0, r.memory_type .. NUL .. member, 0, NUL .. member)
   end
+end
+
+-- The row's entries in the user's lexical recall index (keys.recall_*): its current terms
+-- when it is a live, unredacted fact with terms, none otherwise. A write that leaves the terms
+-- as they were (a lock, a pin) touches nothing but one HGET.
+local function index_recall(r)
+  local mid = r.memory_id
+  local old = redis.call('HGET', KEYS[12], mid)
+  if old == false then old = nil end
+  local new = r.recall_terms
+  if new == '' or r.deleted == '1' or r.redacted == '1' or r.memory_type == 'profile' then
+    new = nil
+  end
+  if old == new then return end
+  -- The postings of a stored term list, and its length: one ZREM or ZADD moves them all.
+  local function postings(stored, with_scores)
+    local pairs_, len = {}, 0
+    for term, tf in string.gmatch(stored, '([^ ]+):(%d+)') do
+      pairs_[#pairs_ + 1] = {term, tf}
+      len = len + tonumber(tf)
+    end
+    local args = {}
+    for _, p in ipairs(pairs_) do
+      if with_scores then args[#args + 1] = 0 end
+      args[#args + 1] = p[1] .. NUL .. mid .. NUL .. p[2] .. NUL .. len
+    end
+    return args, len
+  end
+  local docs, length = 0, 0
+  if old then
+    local members, len = postings(old, false)
+    if #members > 0 then redis.call('ZREM', KEYS[13], unpack(members)) end
+    redis.call('HDEL', KEYS[12], mid)
+    docs, length = docs - 1, length - len
+  end
+  if new then
+    local members, len = postings(new, true)
+    if #members > 0 then redis.call('ZADD', KEYS[13], unpack(members)) end
+    redis.call('HSET', KEYS[12], mid, new)
+    docs, length = docs + 1, length + len
+  end
+  if docs ~= 0 then redis.call('HINCRBY', KEYS[14], 'docs', docs) end
+  if length ~= 0 then redis.call('HINCRBY', KEYS[14], 'length', length) end
 end
 
 local function load_row()
@@ -122,6 +166,7 @@ local function commit(r, now, member, old_type)
   index_section(r.key, r.agent, r.session_id,
     r.memory_type == 'profile' and r.deleted ~= '1' and r.redacted ~= '1')
   index_live(r, old_type, member)
+  index_recall(r)
   local entry = source_entry(r, now)
   local valid_to = ''
   if entry then valid_to = r.valid_to or '' end

@@ -21,6 +21,7 @@ export const OPS = {
   "memory.lock": {"kind": "idempotent", "role": "writer", "method": "POST", "path": "/v1/memory.lock"},
   "memory.pin": {"kind": "idempotent", "role": "writer", "method": "POST", "path": "/v1/memory.pin"},
   "memory.redact": {"kind": "idempotent", "role": "admin", "method": "POST", "path": "/v1/memory.redact"},
+  "memory.search": {"kind": "read", "role": "viewer", "method": "POST", "path": "/v1/memory.search"},
   "memory.set": {"kind": "idempotent", "role": "writer", "method": "POST", "path": "/v1/memory.set"},
   "memory.unlock": {"kind": "idempotent", "role": "writer", "method": "POST", "path": "/v1/memory.unlock"},
   "memory.unpin": {"kind": "idempotent", "role": "writer", "method": "POST", "path": "/v1/memory.unpin"},
@@ -167,7 +168,7 @@ export interface ContextPackInput {
   scope?: "namespace" | "this_agent";
   /** How far the read reaches across users and session_ids; left out, the token's ceiling. */
   read_scope?: "namespace" | "own_user" | "own_session" | null;
-  /** The question the pack is for; no section depends on it yet (the answer's notes say so). */
+  /** The question the pack is for: the facts memory.search finds for it follow the stable prefix (the memories section). */
   query?: string;
   /** This project's note, e.g. session:projectA: the agent layer's other session:* blocks are left out. */
   session_block?: string | null;
@@ -175,6 +176,8 @@ export interface ContextPackInput {
   working_memory_chars?: number;
   /** Character budget of the profile section (default 16384, 0 to 262144); sections that do not fit are dropped whole. */
   profile_chars?: number;
+  /** Character budget of the query's memories section (default 8192, 0 to 262144); facts that do not fit are dropped whole. */
+  memory_chars?: number;
 }
 
 export interface ErasureStatusInput {
@@ -385,6 +388,33 @@ export interface MemoryRedactInput {
   memory_id?: string | null;
   /** Only a row of this type (profile for a section). */
   memory_type?: string | null;
+}
+
+export interface MemorySearchInput {
+  /** The tenant. */
+  org?: string | null;
+  /** The namespace the op reads or writes. Required (422 IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, and always with auth off. */
+  namespace?: string | null;
+  /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
+  agent?: string | null;
+  /** The end user; '-' for none. */
+  user_id?: string;
+  /** The session or conversation; '-' for none. */
+  session_id?: string;
+  /** The agent run (task scope); '-' for none. */
+  run_id?: string;
+  /** The question, in words. */
+  query: string;
+  /** How far the read reaches across users and session_ids; left out, the token's ceiling. */
+  read_scope?: "namespace" | "own_user" | "own_session" | null;
+  /** Only facts of this type (profile rows stay out of search). */
+  memory_type?: string | null;
+  /** Only facts holding every one of these tags. */
+  tags?: Array<string>;
+  /** Only facts true at this moment (valid_at <= it < valid_to). */
+  valid_at?: string | null;
+  /** How many hits at most (default 10, at most 100). */
+  limit?: number;
 }
 
 export interface MemorySetInput {
@@ -1000,18 +1030,18 @@ export interface ContextPackAnswer {
   ignored_args?: Array<string>;
   pack?: string;
   sections?: Array<PackSection>;
-  /** Length of the working-memory + profile prefix. */
+  /** Length of the working-memory + profile prefix, which no query changes. */
   stable_prefix_chars?: number;
   /** sha256 hex of that prefix: equal across questions. */
   stable_hash?: string;
   total_chars?: number;
-  /** Always empty for now. */
+  /** The sections that depend on query (memories), after the prefix; empty without a query. */
   query_sections?: Array<PackSection>;
   notes?: Array<string>;
 }
 
 export interface PackSection {
-  /** working_memory or profile. */
+  /** working_memory, profile or memories. */
   name?: string;
   /** The section's length in the pack. */
   chars?: number;
@@ -1020,6 +1050,8 @@ export interface PackSection {
   blocks?: Array<PackItem>;
   /** Profile: labels kept, in pack order. */
   labels?: Array<string>;
+  /** Memories: facts kept, best first. */
+  memories?: Array<PackItem>;
   /** Left out whole for the budget. */
   dropped?: Array<PackItem>;
 }
@@ -1033,6 +1065,10 @@ export interface PackItem {
   label?: string;
   /** Profile: the agent that wrote it. */
   agent?: string;
+  /** Memories: the fact. */
+  memory_id?: string;
+  /** Memories: the fact's key. */
+  key?: string;
   /** Its length as rendered. */
   chars?: number;
 }
@@ -1200,6 +1236,46 @@ export interface MemoryRedactAnswer {
   key?: string;
   redacted?: boolean;
   versions_redacted?: number;
+}
+
+export interface MemorySearchAnswer {
+  /** Input fields the op did not use. */
+  ignored_args?: Array<string>;
+  hits?: Array<SearchHit>;
+  count?: number;
+  /** The scope the search read at. */
+  read_scope?: string;
+  /** The named run's and session's working-memory blocks. */
+  scratchpad?: Array<ScratchpadBlock>;
+}
+
+export interface SearchHit {
+  memory_id?: string;
+  key?: string;
+  value?: unknown;
+  memory_type?: string;
+  /** Higher is better; compares within a call. */
+  score?: number;
+  /** The legs that found it. */
+  legs?: Array<string>;
+  /** The query's terms (stemmed) it holds. */
+  matched_terms?: Array<string>;
+  user_id?: string;
+  agent?: string;
+  session_id?: string;
+  tags?: Array<string>;
+  confidence?: number;
+  valid_at?: string | null;
+  valid_to?: string | null;
+  updated_at?: string;
+}
+
+export interface ScratchpadBlock {
+  /** run or session. */
+  layer?: string;
+  block_key?: string;
+  content?: string;
+  updated_at?: string;
 }
 
 export interface MemorySetAnswer {
@@ -1609,7 +1685,7 @@ export class OpsClient {
     set(input?: BudgetSetInput, options?: CallOptions): Promise<BudgetSetAnswer>;
   };
   readonly context: {
-    /** Working memory, then the profile, as one prompt fragment with a stable prefix. */
+    /** Working memory, then the profile, then the query's facts, with a stable prefix. */
     pack(input?: ContextPackInput, options?: CallOptions): Promise<ContextPackAnswer>;
   };
   readonly erasure: {
@@ -1639,6 +1715,8 @@ export class OpsClient {
     pin(input?: MemoryPinInput, options?: CallOptions): Promise<MemoryPinAnswer>;
     /** Scrub every version of a row and the profile versions whose trace names it. */
     redact(input?: MemoryRedactInput, options?: CallOptions): Promise<MemoryRedactAnswer>;
+    /** Find the facts that answer a question, best first (profile rows stay out). */
+    search(input: MemorySearchInput, options?: CallOptions): Promise<MemorySearchAnswer>;
     /** Write a memory row; every write is a new version. */
     set(input: MemorySetInput, options?: CallOptions): Promise<MemorySetAnswer>;
     /** Unlock a row: a new version with the same content. */
@@ -1752,6 +1830,7 @@ export class OpsClient {
       lock: (input, options) => send("memory.lock", input ?? {}, options),
       pin: (input, options) => send("memory.pin", input ?? {}, options),
       redact: (input, options) => send("memory.redact", input ?? {}, options),
+      search: (input, options) => send("memory.search", input ?? {}, options),
       set: (input, options) => send("memory.set", input ?? {}, options),
       unlock: (input, options) => send("memory.unlock", input ?? {}, options),
       unpin: (input, options) => send("memory.unpin", input ?? {}, options),

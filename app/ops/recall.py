@@ -1,0 +1,263 @@
+"""memory.search (seed 000, "Unified search"): the facts that answer a question, best first.
+
+Facts are found by the lexical leg (BM25 over the index the memory write scripts keep in the
+user's slot, app/store/recall.py); a hit is a live fact inside the read scope: never a profile
+row, an expired row (past its ``valid_to``), a stored request to forget (tag ``forget``) or a
+redacted row, none of which the index holds or the filter lets through. Working memory is not
+recall: a call naming a run or session gets those blocks under ``scratchpad``, never ranked.
+
+Read scope is ``profile.render``'s: ``own_user`` reads the user's facts and the namespace-level
+ones (user ``-``), ``own_session`` those of the user's session and the namespace-level ones,
+``namespace`` every user's; the token's claim is the ceiling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from marshmallow import Schema, fields, validate
+
+from app.auth import row_visible
+from app.ops.memory import (
+    TAG_MAX,
+    memory_type_field,
+    read_scope_field,
+    read_scope_for,
+    to_ns,
+)
+from app.registry import Call, op
+from app.schemas.common import Answer, IdentityArgs, StrictInt, no_control_characters
+from app.store.memory import PROFILE_TYPE, MemoryRow, MemoryStore
+from app.store.recall import LexicalHit, RecallStore
+from app.store.recall_terms import query_terms
+from app.store.working_memory import WorkingMemoryStore
+
+QUERY_MAX = 4096
+SEARCH_LIMIT_MAX = 100
+FILTER_TAGS_MAX = 16
+# Candidates read per hit asked for: filters and the read scope drop some; a round that comes
+# short reads further, up to this many candidates in all.
+OVERFETCH = 3
+CANDIDATES_MAX = 4000
+_WHO = {"namespace": "support", "agent": "triage-bot", "user_id": "u-42"}
+
+
+class MemorySearchArgs(IdentityArgs):
+    query = fields.String(
+        required=True,
+        validate=[validate.Length(min=1, max=QUERY_MAX), no_control_characters],
+        metadata={"description": "The question, in words."},
+    )
+    read_scope = read_scope_field()
+    memory_type = memory_type_field(
+        load_default=None,
+        metadata={"description": "Only facts of this type (profile rows stay out of search)."},
+    )
+    tags = fields.List(
+        fields.String(validate=[validate.Length(min=1, max=TAG_MAX), no_control_characters]),
+        load_default=list,
+        validate=validate.Length(max=FILTER_TAGS_MAX),
+        metadata={"description": "Only facts holding every one of these tags."},
+    )
+    valid_at = fields.AwareDateTime(
+        format="iso",
+        load_default=None,
+        metadata={"description": "Only facts true at this moment (valid_at <= it < valid_to)."},
+    )
+    limit = StrictInt(
+        load_default=10,
+        validate=validate.Range(min=1, max=SEARCH_LIMIT_MAX),
+        metadata={"description": "How many hits at most (default 10, at most 100)."},
+    )
+
+
+class SearchHit(Schema):
+    memory_id = fields.String()
+    key = fields.String()
+    value = fields.Raw(allow_none=True)
+    memory_type = fields.String()
+    score = fields.Float(metadata={"description": "Higher is better; compares within a call."})
+    legs = fields.List(fields.String(), metadata={"description": "The legs that found it."})
+    matched_terms = fields.List(
+        fields.String(), metadata={"description": "The query's terms (stemmed) it holds."}
+    )
+    user_id = fields.String()
+    agent = fields.String()
+    session_id = fields.String()
+    tags = fields.List(fields.String())
+    confidence = fields.Float()
+    valid_at = fields.String(allow_none=True)
+    valid_to = fields.String(allow_none=True)
+    updated_at = fields.String()
+
+
+class ScratchpadBlock(Schema):
+    layer = fields.String(metadata={"description": "run or session."})
+    block_key = fields.String()
+    content = fields.String()
+    updated_at = fields.String()
+
+
+class MemorySearchAnswer(Answer):
+    hits = fields.List(fields.Nested(SearchHit))
+    count = fields.Integer()
+    read_scope = fields.String(metadata={"description": "The scope the search read at."})
+    scratchpad = fields.List(
+        fields.Nested(ScratchpadBlock),
+        metadata={"description": "The named run's and session's working-memory blocks."},
+    )
+
+
+def _users(call: Call, read_scope: str) -> list[str]:
+    identity = call.identity
+    users = ["-", identity.user_id]
+    if read_scope == "namespace":
+        users += call.services.store(RecallStore).namespace_users(
+            identity.org, identity.namespace
+        )
+    return list(dict.fromkeys(users))
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """What a hit must be besides a live fact in scope: a type, every tag, true at a time."""
+
+    memory_type: str | None = None
+    tags: tuple[str, ...] = ()
+    valid_at_ns: int | None = None
+
+
+def _kept(call: Call, row: MemoryRow, read_scope: str, now: int, filters: Filters) -> bool:
+    identity = call.identity
+    if not row.live or row.redacted or row.memory_type == PROFILE_TYPE or row.expired(now):
+        return False
+    if "forget" in row.tags:
+        return False
+    fixed_agent = call.principal.agent
+    if fixed_agent is not None and row.agent not in (fixed_agent, "-"):
+        return False
+    if not row_visible(read_scope, identity, row.user_id, row.session_id):
+        return False
+    if filters.memory_type is not None and row.memory_type != filters.memory_type:
+        return False
+    if any(tag not in row.tags for tag in filters.tags):
+        return False
+    at = filters.valid_at_ns
+    if at is not None:
+        if row.valid_at is not None and row.valid_at > at:
+            return False
+        if row.valid_to is not None and row.valid_to <= at:
+            return False
+    return True
+
+
+def search_rows(call: Call, query: str, limit: int, read_scope: str,
+                filters: Filters = Filters()) -> list[tuple[MemoryRow, LexicalHit]]:
+    """The best ``limit`` facts for ``query`` inside ``read_scope``, each with its hit."""
+    identity = call.identity
+    terms = query_terms(query)
+    if not terms:
+        return []
+    recall = call.services.store(RecallStore)
+    memory = call.services.store(MemoryStore)
+    users = _users(call, read_scope)
+    now = call.services.clock.now_ns()
+    top = limit * OVERFETCH + 10
+    kept: list[tuple[MemoryRow, LexicalHit]] = []
+    examined = 0
+    while True:
+        hits = recall.lexical(identity.org, identity.namespace, users, terms, top)
+        # Rows are read a few past what is still missing, so an unfiltered search reads
+        # about ``limit`` rows, and a selective filter reads on down the ranking.
+        while examined < len(hits) and len(kept) < limit:
+            chunk = hits[examined:examined + (limit - len(kept)) + 5]
+            examined += len(chunk)
+            found = _rows_of(recall, memory, identity.org, identity.namespace, chunk)
+            kept += [(row, hit) for row, hit in found if _kept(call, row, read_scope, now, filters)]
+        if len(kept) >= limit or len(hits) < top or top >= CANDIDATES_MAX:
+            return kept[:limit]
+        top = min(top * 4, CANDIDATES_MAX)
+
+
+def _rows_of(recall: RecallStore, memory: MemoryStore, org: str, namespace: str,
+             hits: Sequence[LexicalHit]) -> list[tuple[MemoryRow, LexicalHit]]:
+    by_user: dict[str, list[LexicalHit]] = {}
+    for hit in hits:
+        by_user.setdefault(hit.user_id, []).append(hit)
+    row_key_of: dict[str, str] = {}
+    for user_id, user_hits in by_user.items():
+        ids = [hit.memory_id for hit in user_hits]
+        for memory_id, row_key in zip(
+            ids, recall.row_keys(org, namespace, user_id, ids), strict=True
+        ):
+            if row_key is not None:
+                row_key_of[memory_id] = row_key
+    wanted = [hit for hit in hits if hit.memory_id in row_key_of]
+    rows = memory.read_row_keys([row_key_of[hit.memory_id] for hit in wanted])
+    by_id = {row.memory_id: row for row in rows}
+    return [(by_id[hit.memory_id], hit) for hit in wanted if hit.memory_id in by_id]
+
+
+def hit_answer(row: MemoryRow, hit: LexicalHit) -> dict[str, Any]:
+    answer = row.as_answer()
+    return {
+        "memory_id": row.memory_id,
+        "key": row.key,
+        "value": row.value,
+        "memory_type": row.memory_type,
+        "score": round(hit.score, 6),
+        "legs": ["lexical"],
+        "matched_terms": list(hit.matched_terms),
+        "user_id": row.user_id,
+        "agent": row.agent,
+        "session_id": row.session_id,
+        "tags": list(row.tags),
+        "confidence": row.confidence,
+        "valid_at": answer["valid_at"],
+        "valid_to": answer["valid_to"],
+        "updated_at": answer["updated_at"],
+    }
+
+
+def scratchpad(call: Call, read_scope: str) -> list[dict[str, Any]]:
+    """The named run's blocks, then the named session's: never ranked, inside the scope."""
+    identity = call.identity
+    layers = []
+    if identity.run_id != "-":
+        layers.append(("run", identity))
+    if identity.session_id != "-":
+        layers.append(("session", identity.with_(run_id="-")))
+    store = call.services.store(WorkingMemoryStore)
+    found: list[dict[str, Any]] = []
+    for name, scope in layers:
+        if not row_visible(read_scope, identity, scope.user_id, scope.session_id):
+            continue
+        for block in store.blocks(scope):
+            shown = block.as_answer()
+            found.append({"layer": name, "block_key": block.block_key,
+                          "content": block.content, "updated_at": shown["updated_at"]})
+    return found
+
+
+@op("memory.search", role="viewer", kind="read",
+    args=MemorySearchArgs, answer=MemorySearchAnswer,
+    example={**_WHO, "query": "which currency for invoices", "read_scope": "own_user"})
+def memory_search(call: Call) -> dict[str, Any]:
+    """Find the facts that answer a question, best first (profile rows stay out)."""
+    a = call.args
+    read_scope = read_scope_for(call, a["read_scope"])
+    filters = Filters(
+        memory_type=a["memory_type"],
+        tags=tuple(a["tags"]),
+        valid_at_ns=None if a["valid_at"] is None else to_ns(a["valid_at"]),
+    )
+    found = search_rows(call, a["query"], a["limit"], read_scope, filters)
+    hits = [hit_answer(row, hit) for row, hit in found]
+    return {
+        "hits": hits,
+        "count": len(hits),
+        "read_scope": read_scope,
+        "scratchpad": scratchpad(call, read_scope),
+    }

@@ -1,0 +1,179 @@
+"""memory.search latency at scale, and the memory.set write rate the index costs.
+
+    .venv/bin/python bench/recall.py [--user-facts 10000] [--namespace-facts 100000]
+    .venv/bin/python bench/recall.py --writes-only [--tree PATH]   # the rate alone
+
+Starts its own redis-server on a free loopback port and calls the Flask app in-process (test
+client), so the figures are Loom's own cost with no HTTP server in between:
+
+1. ``memory.set`` write rate: ``--writes`` facts of about twelve words through the app, one
+   user, after a warm-up. ``--tree`` runs the same loop against another checkout's app (an
+   older commit, to compare the rate before the recall index with the rate after it).
+2. ``memory.search`` p50/p99 over ``--queries`` queries of three words at read_scope
+   ``own_user`` on one user holding ``--user-facts`` facts, and at read_scope ``namespace``
+   over ``--namespace-facts`` facts spread over ``--users`` users. The facts are written by
+   the store's own write path (the same script the op runs, without the HTTP layer) so the
+   seeding takes seconds; the searches go through the app.
+
+Wall-clock rates move with whatever else the machine runs, so each phase also reports the CPU
+it cost: the app's own (``time.process_time`` of this process) plus the Redis server's
+(``used_cpu_user + used_cpu_sys`` from ``INFO cpu``), and the write rate that CPU allows
+(writes per CPU second), which a loaded machine does not move.
+
+Words are drawn from a 20,000-word vocabulary with a Zipf law, as in text, so common terms
+have long postings and rare ones short.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _import_tree(tree: Path) -> None:
+    if str(tree) not in sys.path:
+        sys.path.insert(0, str(tree))
+
+
+VOCABULARY = 20_000
+NAMESPACE = "recall"
+AGENT = "bench"
+
+
+def vocabulary(rng: random.Random) -> tuple[list[str], list[float]]:
+    letters = "bcdfghjklmnpqrstvwz"
+    vowels = "aeiou"
+    seen: dict[str, None] = {}
+    while len(seen) < VOCABULARY:
+        word = "".join(rng.choice(letters) + rng.choice(vowels) for _ in range(rng.randint(2, 4)))
+        seen.setdefault(word)
+    weights = [1 / (rank + 1) for rank in range(VOCABULARY)]
+    return list(seen), weights
+
+
+class Texts:
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.words, self.weights = vocabulary(self.rng)
+
+    def sentence(self, n: int) -> str:
+        return " ".join(self.rng.choices(self.words, self.weights, k=n))
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tree", default=str(ROOT), help="the checkout whose app to run")
+    parser.add_argument("--writes-only", action="store_true")
+    parser.add_argument("--writes", type=int, default=3000)
+    parser.add_argument("--user-facts", type=int, default=10_000)
+    parser.add_argument("--namespace-facts", type=int, default=100_000)
+    parser.add_argument("--users", type=int, default=100)
+    parser.add_argument("--queries", type=int, default=300)
+    args = parser.parse_args(argv)
+    _import_tree(Path(args.tree).resolve())
+    from app import create_app
+    from app.local import RedisServerProcess
+
+    texts = Texts(7)
+    with tempfile.TemporaryDirectory(prefix="loom-recall-") as tmp:
+        workdir = Path(tmp)
+        server = RedisServerProcess(workdir / "redis", appendonly=False).start()
+        try:
+            app = create_app({"redis_url": server.url, "data_dir": str(workdir / "loom"),
+                              "secret_key": secrets.token_hex(32)})
+            client = app.test_client()
+            server_client = redis.Redis.from_url(server.url)
+
+            def redis_cpu() -> float:
+                info = server_client.info("cpu")
+                return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+            def cpu() -> float:
+                return time.process_time() + redis_cpu()
+
+            def post(op: str, **body: Any) -> dict[str, Any]:
+                response = client.post(f"/v1/{op}",
+                                       json={"namespace": NAMESPACE, "agent": AGENT, **body})
+                if response.status_code != 200:
+                    raise RuntimeError(f"{op}: {response.status_code} {response.get_json()}")
+                return response.get_json()
+
+            bodies = [texts.sentence(12) for _ in range(args.writes + 200)]
+            for i, body in enumerate(bodies[:200]):
+                post("memory.set", user_id="writer", key=f"warm{i}", value=body)
+            started, spent, spent_redis = time.perf_counter(), cpu(), redis_cpu()
+            for i, body in enumerate(bodies[200:]):
+                post("memory.set", user_id="writer", key=f"w{i % 1000}", value=body)
+            rate = args.writes / (time.perf_counter() - started)
+            per_write = (cpu() - spent) / args.writes
+            redis_per_write = (redis_cpu() - spent_redis) / args.writes
+            print(f"memory.set: {rate:,.0f} writes/s wall, {1e6 * per_write:,.0f} us CPU a "
+                  f"write (app + Redis; Redis {1e6 * redis_per_write:,.0f}), "
+                  f"{1 / per_write:,.0f} writes per CPU second "
+                  f"({args.writes} writes, tree {Path(args.tree).resolve().name})", flush=True)
+            if args.writes_only:
+                return 0
+            from app.store.memory import Content, Location, MemoryStore
+
+            store = app.extensions["loom"].store(MemoryStore)
+            org = app.extensions["loom"].settings.default_org
+
+            def seed(user_id: str, count: int) -> None:
+                for i in range(count):
+                    store.set(Location(org, NAMESPACE, user_id, AGENT, "-", f"f{i}"),
+                              Content(value=texts.sentence(12), actor=AGENT),
+                              written_by=AGENT)
+
+            def timed(user_id: str, scope: str) -> list[float]:
+                seconds = []
+                spent = cpu()
+                for _ in range(args.queries):
+                    query = texts.sentence(3)
+                    begun = time.perf_counter()
+                    post("memory.search", user_id=user_id, query=query, read_scope=scope)
+                    seconds.append(1000 * (time.perf_counter() - begun))
+                print(f"  CPU per search (app + Redis): "
+                      f"{1000 * (cpu() - spent) / args.queries:.2f} ms", flush=True)
+                return seconds
+
+            begun = time.perf_counter()
+            seed("solo", args.user_facts)
+            print(f"seeded {args.user_facts:,} facts for one user in "
+                  f"{time.perf_counter() - begun:.1f} s", flush=True)
+            solo = timed("solo", "own_user")
+            print(f"memory.search own_user, {args.user_facts:,} facts: "
+                  f"p50 {statistics.median(solo):.2f} ms, p99 {percentile(solo, 0.99):.2f} ms "
+                  f"(target p50 < 20 ms)", flush=True)
+            each = args.namespace_facts // args.users
+            begun = time.perf_counter()
+            for n in range(args.users):
+                seed(f"u{n}", each)
+            print(f"seeded {each * args.users:,} facts over {args.users} users in "
+                  f"{time.perf_counter() - begun:.1f} s", flush=True)
+            spread = timed("u0", "namespace")
+            print(f"memory.search namespace, {each * args.users + args.user_facts:,} facts "
+                  f"over {args.users + 1} users: p50 {statistics.median(spread):.2f} ms, "
+                  f"p99 {percentile(spread, 0.99):.2f} ms (target p50 < 50 ms)", flush=True)
+        finally:
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,324 @@
+"""memory.search through the Flask app against a real server: the lexical index the write
+scripts keep, what stays out of it, read scopes, filters, scratchpad and bad input.
+
+The index is checked against one rebuilt from the rows themselves after every kind of write
+(set, lock, pin, delete, delete_version, redact, a change of type), including under
+concurrent writers, so an index that drifts from its rows fails here.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+
+import pytest
+
+from app.store import keys
+from app.store.memory import MemoryStore
+from app.store.recall_terms import decode, query_terms, row_terms
+from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint
+
+NS = {"namespace": "support", "agent": "triage-bot", "user_id": "u-42"}
+
+
+def call(client, op, headers=None, **body):
+    response = client.post(f"/v1/{op}", json={**NS, **body}, headers=headers or {})
+    return response.status_code, response.get_json()
+
+
+def ok(client, op, **body):
+    status, out = call(client, op, **body)
+    assert status == 200, out
+    return out
+
+
+def search(client, query, **body):
+    return ok(client, "memory.search", query=query, **body)
+
+
+def keys_of(out):
+    return [hit["key"] for hit in out["hits"]]
+
+
+def text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def org_of(app) -> str:
+    return app.extensions["loom"].settings.default_org
+
+
+def index_matches_rows(app, namespace: str, user_id: str) -> None:
+    """The user's postings, docs and stats are exactly what the live facts say they are."""
+    services = app.extensions["loom"]
+    org = org_of(app)
+    redis = services.redis
+    rows = services.store(MemoryStore).scan_rows(org, namespace, user_id, batch=10_000)[0]
+    expected: dict[str, str] = {}
+    for _, row in rows:
+        if row is None or not row.live or row.redacted or row.memory_type == "profile":
+            continue
+        if "forget" in row.tags:
+            continue
+        expected[row.memory_id] = row_terms(row.key, row.value)
+    docs = {text(k): text(v) for k, v in
+            redis.hgetall(keys.recall_docs(org, namespace, user_id)).items()}
+    assert docs == {k: v for k, v in expected.items() if v}
+    postings = set()
+    length = 0
+    for memory_id, stored in docs.items():
+        counts = decode(stored)
+        size = sum(counts.values())
+        length += size
+        postings |= {f"{t}\x00{memory_id}\x00{tf}\x00{size}" for t, tf in counts.items()}
+    found = {text(m) for m in
+             redis.zrange(keys.recall_postings(org, namespace, user_id), 0, -1)}
+    assert found == postings
+    stats = {text(k): int(v) for k, v in
+             redis.hgetall(keys.recall_stats(org, namespace, user_id)).items()}
+    assert stats.get("docs", 0) == len(docs)
+    assert stats.get("length", 0) == length
+
+
+# --- the tokenizer -----------------------------------------------------------------------------
+
+
+def test_query_terms_lowercase_stem_and_drop_stop_words():
+    assert query_terms("What are the User's favourite Running shoes?") == [
+        "user", "favourit", "run", "shoe"]
+    assert query_terms("the of and") == []
+    counts = decode(row_terms("invoice_currency", {"note": "Prefers EUR invoices", "n": 3}))
+    assert counts == Counter({"invoic": 2, "currenc": 1, "note": 1, "prefer": 1, "eur": 1,
+                              "n": 1, "3": 1})
+
+
+# --- ranking and what a hit carries ------------------------------------------------------------
+
+
+def test_search_ranks_by_bm25_and_names_the_matched_terms(client):
+    ok(client, "memory.set", key="currency", value="Prefers EUR invoices, paid monthly.",
+       memory_type="preference")
+    ok(client, "memory.set", key="pet", value="Has a dog called Rex who loves running.")
+    ok(client, "memory.set", key="shoes", value="Bought new running shoes for the marathon.")
+    ok(client, "memory.set", key="other", value="Lives in Lisbon.")
+    out = search(client, "which running shoes", read_scope="own_user")
+    assert keys_of(out) == ["shoes", "pet"]
+    first, second = out["hits"]
+    assert first["score"] > second["score"] > 0
+    assert first["legs"] == ["lexical"] and sorted(first["matched_terms"]) == ["run", "shoe"]
+    assert second["matched_terms"] == ["run"]
+    assert first["value"] == "Bought new running shoes for the marathon."
+    assert first["memory_type"] == "semantic" and first["memory_id"].startswith("mem_")
+    assert out["count"] == 2 and out["read_scope"] == "own_user" and out["scratchpad"] == []
+    # A rare term outweighs a common one: "eur" is in one fact, "running" in two.
+    out = search(client, "running EUR", read_scope="own_user")
+    assert keys_of(out)[0] == "currency"
+
+
+def test_limit_caps_the_hits_best_first(client):
+    for i in range(15):
+        ok(client, "memory.set", key=f"k{i}", value="tea " * (i + 1) + "filler words here")
+    out = search(client, "tea", limit=5, read_scope="own_user")
+    # More occurrences score higher (BM25's saturating tf), so the last written win.
+    assert keys_of(out) == ["k14", "k13", "k12", "k11", "k10"]
+    assert len(search(client, "tea", read_scope="own_user")["hits"]) == 10
+
+
+# --- what never comes back ---------------------------------------------------------------------
+
+
+def test_profile_expired_forgotten_deleted_and_redacted_rows_stay_out(client, app, clock):
+    ok(client, "memory.set", key="kept", value="The espresso machine is broken.")
+    ok(client, "profile.set", label="about", value="Loves espresso every morning.")
+    ok(client, "memory.set", key="forgot", value="espresso order", tags=["forget"])
+    ok(client, "memory.set", key="gone", value="espresso beans from Brazil")
+    ok(client, "memory.delete", key="gone")
+    ok(client, "memory.set", key="secret", value="espresso with secret syrup")
+    ok(client, "memory.redact", key="secret")
+    ok(client, "memory.set", key="old", value="espresso was cheap",
+       valid_to="2001-01-01T00:00:00Z")
+    out = search(client, "espresso", read_scope="own_user")
+    assert keys_of(out) == ["kept"]
+    # The redacted fact's words are gone from the index, not only filtered.
+    org = org_of(app)
+    docs = app.extensions["loom"].redis.hgetall(keys.recall_docs(org, "support", "u-42"))
+    assert not any("syrup" in text(v) or "secret" in text(v) for v in docs.values())
+    index_matches_rows(app, "support", "u-42")
+
+
+def test_every_write_kind_keeps_the_index_equal_to_the_rows(client, app):
+    first = ok(client, "memory.set", key="trip", value="Flying to Oslo in May.")
+    bergen = ok(client, "memory.set", key="trip", value="Flying to Bergen in June.")
+    assert keys_of(search(client, "oslo", read_scope="own_user")) == []
+    assert keys_of(search(client, "bergen", read_scope="own_user")) == ["trip"]
+    assert bergen["memory_id"] == first["memory_id"]
+    # Removing the newest version brings the older content back, and its terms with it.
+    ok(client, "memory.delete_version", key="trip", version_text=bergen["version_text"])
+    assert keys_of(search(client, "oslo", read_scope="own_user")) == ["trip"]
+    assert keys_of(search(client, "bergen", read_scope="own_user")) == []
+    index_matches_rows(app, "support", "u-42")
+    # A flag writes a version with the same content: the fact stays found.
+    ok(client, "memory.lock", key="trip")
+    ok(client, "memory.unlock", key="trip")
+    ok(client, "memory.pin", key="trip")
+    ok(client, "memory.unpin", key="trip")
+    assert keys_of(search(client, "oslo", read_scope="own_user")) == ["trip"]
+    index_matches_rows(app, "support", "u-42")
+    # Turning a fact into a profile row takes it out; a delete of the last one too.
+    ok(client, "memory.set", key="trip", value="Flying to Oslo.", memory_type="profile")
+    assert keys_of(search(client, "oslo", read_scope="own_user")) == []
+    ok(client, "memory.set", key="trip", value="Flying to Oslo.", memory_type="episodic")
+    assert keys_of(search(client, "oslo", read_scope="own_user")) == ["trip"]
+    ok(client, "memory.delete", key="trip")
+    assert keys_of(search(client, "oslo", read_scope="own_user")) == []
+    index_matches_rows(app, "support", "u-42")
+
+
+def test_concurrent_writers_leave_the_index_exact(app):
+    def work(writer: int) -> None:
+        c = app.test_client()
+        for i in range(25):
+            key = f"k{i % 4}"
+            status, out = call(c, "memory.set", key=key,
+                               value=f"writer {writer} wrote word{i % 3} at {i}")
+            assert status == 200, out
+            if i % 6 == 5:
+                call(c, "memory.delete", key=key)
+            if i % 9 == 8:
+                call(c, "memory.pin", key=key)
+                call(c, "memory.unpin", key=key)
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    index_matches_rows(app, "support", "u-42")
+    client = app.test_client()
+    live = {row["key"] for row in ok(client, "memory.list", limit=100)["memories"]}
+    assert set(keys_of(search(client, "writer", read_scope="own_user"))) == live
+
+
+# --- read scopes, filters, scratchpad ----------------------------------------------------------
+
+
+def test_read_scopes_reach_users_and_sessions_as_profile_render(client):
+    ok(client, "memory.set", key="mine", value="kayak trip")
+    ok(client, "memory.set", key="session", value="kayak rental", session_id="s-1")
+    ok(client, "memory.set", key="shared", value="kayak policy", user_id="-")
+    ok(client, "memory.set", key="theirs", value="kayak lessons", user_id="u-7")
+    everything = search(client, "kayak")  # the ceiling of auth off: namespace
+    assert everything["read_scope"] == "namespace"
+    assert sorted(keys_of(everything)) == ["mine", "session", "shared", "theirs"]
+    assert {h["user_id"] for h in everything["hits"]} == {"u-42", "-", "u-7"}
+    assert sorted(keys_of(search(client, "kayak", read_scope="own_user"))) == [
+        "mine", "session", "shared"]
+    assert sorted(keys_of(search(client, "kayak", read_scope="own_session",
+                                 session_id="s-1"))) == ["session", "shared"]
+
+
+def test_a_tokens_read_scope_is_the_ceiling(app_factory):
+    app = auth_app(app_factory)
+    client = app.test_client()
+    admin = bearer(ADMIN_TOKEN)
+    ok(client, "memory.set", headers=admin, key="mine", value="violin lessons")
+    ok(client, "memory.set", headers=admin, key="theirs", value="violin repair", user_id="u-7")
+    token = mint(client, namespace="support", role="viewer", read_scope="own_user")
+    status, out = call(client, "memory.search", bearer(token), query="violin",
+                       read_scope="namespace")
+    assert status == 403 and out["error"]["field"] == "read_scope"
+    status, out = call(client, "memory.search", bearer(token), query="violin")
+    assert status == 200 and keys_of(out) == ["mine"] and out["read_scope"] == "own_user"
+
+
+def test_filters_type_tags_and_valid_at(client):
+    ok(client, "memory.set", key="a", value="garden roses", memory_type="preference",
+       tags=["home"])
+    ok(client, "memory.set", key="b", value="garden tulips", tags=["home", "spring"],
+       valid_at="2030-03-01T00:00:00Z", valid_to="2099-06-01T00:00:00Z")
+    ok(client, "memory.set", key="c", value="garden fence", memory_type="episodic")
+    own = {"read_scope": "own_user"}
+    assert keys_of(search(client, "garden", memory_type="preference", **own)) == ["a"]
+    assert keys_of(search(client, "garden", tags=["home", "spring"], **own)) == ["b"]
+    assert sorted(keys_of(search(client, "garden", tags=["home"], **own))) == ["a", "b"]
+    inside = search(client, "garden", valid_at="2040-04-01T00:00:00Z", **own)
+    assert sorted(keys_of(inside)) == ["a", "b", "c"]
+    after = search(client, "garden", valid_at="2099-07-01T00:00:00Z", **own)
+    assert sorted(keys_of(after)) == ["a", "c"]
+    february = search(client, "garden", valid_at="2030-02-01T00:00:00Z", **own)
+    assert sorted(keys_of(february)) == ["a", "c"]
+
+
+def test_selective_filter_reads_past_the_first_candidates(client):
+    for i in range(40):
+        ok(client, "memory.set", key=f"n{i}", value="lamp " * 5 + f"note {i}")
+    ok(client, "memory.set", key="rare", value="lamp", memory_type="decision")
+    out = search(client, "lamp", memory_type="decision", limit=1, read_scope="own_user")
+    assert keys_of(out) == ["rare"]
+
+
+def test_scratchpad_carries_the_named_run_and_session_blocks(client):
+    ok(client, "working_memory.set", block_key="cursor", content="page 3", session_id="s-1",
+       run_id="r-1")
+    ok(client, "working_memory.set", block_key="where", content="drafting", session_id="s-1")
+    ok(client, "working_memory.set", block_key="agent-note", content="agent wide")
+    ok(client, "memory.set", key="fact", value="drafting the report")
+    out = search(client, "drafting", session_id="s-1", run_id="r-1", read_scope="own_user")
+    assert [(b["layer"], b["block_key"], b["content"]) for b in out["scratchpad"]] == [
+        ("run", "cursor", "page 3"), ("session", "where", "drafting")]
+    # Blocks are never ranked: the hit is the fact, not the block with the same word.
+    assert keys_of(out) == ["fact"]
+    assert search(client, "drafting", read_scope="own_user")["scratchpad"] == []
+
+
+@pytest.mark.parametrize("body, field", [
+    ({}, "query"),
+    ({"query": ""}, "query"),
+    ({"query": "x" * 4097}, "query"),
+    ({"query": "a", "limit": 0}, "limit"),
+    ({"query": "a", "limit": 101}, "limit"),
+    ({"query": "a", "limit": "5"}, "limit"),
+    ({"query": "a", "read_scope": "everything"}, "read_scope"),
+    ({"query": "a", "tags": "home"}, "tags"),
+    ({"query": "a", "valid_at": "yesterday"}, "valid_at"),
+    ({"query": "a", "memory_type": "Not A Type"}, "memory_type"),
+])
+def test_bad_input_is_a_422_naming_the_field(client, body, field):
+    status, out = call(client, "memory.search", **body)
+    assert status == 422, out
+    assert field in out["error"]["fields"]
+
+
+def test_a_query_of_stop_words_finds_nothing(client):
+    ok(client, "memory.set", key="k", value="the and of")
+    assert search(client, "the of", read_scope="own_user")["hits"] == []
+
+
+# --- erasure and export --------------------------------------------------------------------------
+
+
+def test_erasure_takes_the_users_index_and_leaves_the_others(client, app):
+    from tests.support.erasure_worker import run_erasure_jobs
+
+    ok(client, "memory.set", key="a", value="harbour walk at dawn")
+    ok(client, "memory.set", key="b", value="harbour ferry", user_id="u-7")
+    org = org_of(app)
+    redis = app.extensions["loom"].redis
+    recall_keys = [keys.recall_docs(org, "support", "u-42"),
+                   keys.recall_postings(org, "support", "u-42"),
+                   keys.recall_stats(org, "support", "u-42")]
+    assert all(redis.exists(key) for key in recall_keys)
+    started = ok(client, "user.erase", user_id="u-42")
+    run_erasure_jobs(app.extensions["loom"])
+    receipt = ok(client, "erasure.status", erasure_id=started["erasure_id"])
+    assert receipt["status"] == "done" and receipt["census"]["clean"] is True
+    assert not any(redis.exists(key) for key in recall_keys)
+    assert not redis.sismember(keys.recall_users(org, "support"), "u-42")
+    assert keys_of(search(client, "harbour")) == ["b"]
+    assert keys_of(search(client, "harbour", read_scope="own_user")) == []
+
+
+def test_export_carries_the_facts_but_never_the_index_fields(client):
+    ok(client, "memory.set", key="a", value="harbour walk at dawn")
+    out = ok(client, "subject.export", user_id="u-42")
+    assert "recall_terms" not in str(out) and "harbour walk at dawn" in str(out)

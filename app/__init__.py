@@ -13,7 +13,7 @@ from flask import Blueprint, Flask
 from flask.json.provider import DefaultJSONProvider
 from flask_smorest import Api
 
-from app import dispatch, log_ids
+from app import dispatch, host_guard, log_ids
 from app.api import register_error_handlers, register_ops
 from app.console import register_console
 from app.operate import register_operations
@@ -148,6 +148,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     register_operations(app, services)
     # Last, so that it is the outermost WSGI layer: the op routes skip Flask's request cycle.
     dispatch.install(app, services, ops)
+    # Outermost of all: the Host check and no-store see every request, whoever serves it.
+    host_guard.install(app, settings)
 
     from app.cli import loom_cli
 

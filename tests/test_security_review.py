@@ -1,0 +1,86 @@
+"""The findings of the review with auth on of the MCP listener, the operator pages and what the
+console leaves behind: one test (or a few) per finding, through the real processes where the
+finding lives (a real gunicorn for the web process; the MCP HTTP server's are in test_mcp).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import requests
+
+from app.host_guard import allowed_names
+from app.settings import load_settings
+from loom import mcp_server
+from tests.conftest import TEST_SECRET
+
+# --- Host and Cache-Control on the web process ---------------------------------------------
+
+
+def _live(redis_url: str, tmp_path: Path, **env: str):
+    from tests.support.live_server import LiveServer
+
+    return LiveServer({"REDIS_URL": redis_url, "LOOM_SECRET_KEY": TEST_SECRET,
+                       "LOOM_DATA_DIR": str(tmp_path), "LOOM_AUTH": "off", **env}, workers=1)
+
+
+WRITE = {"namespace": "support", "agent": "triage-bot", "block_key": "state", "content": "x"}
+
+
+@pytest.mark.slow
+def test_a_loopback_web_process_refuses_a_rebound_host_on_every_route(redis_url, tmp_path):
+    with _live(redis_url, tmp_path) as server:
+        port = server.port
+        for method, path, body in (("POST", "/v1/working_memory.set", WRITE),
+                                   ("GET", "/healthz", None), ("GET", "/console/", None),
+                                   ("GET", "/openapi.json", None)):
+            refused = requests.request(method, server.url + path, json=body, timeout=10,
+                                       headers={"Host": f"rebound.attacker.example:{port}"})
+            assert refused.status_code == 421, (path, refused.text)
+            assert refused.json()["error"]["code"] == "HOST_NOT_ALLOWED"
+            for host in (f"127.0.0.1:{port}", f"localhost:{port}", "localhost"):
+                answered = requests.request(method, server.url + path, json=body, timeout=10,
+                                            headers={"Host": host})
+                assert answered.status_code == 200, (path, host, answered.text)
+                assert answered.headers["Cache-Control"] == "no-store", path
+    with _live(redis_url, tmp_path, LOOM_ALLOWED_HOSTS="loom.example") as server:
+        allowed = requests.get(server.url + "/healthz", headers={"Host": "loom.example"},
+                               timeout=10)
+        assert allowed.status_code == 200
+        assert requests.get(server.url + "/healthz", headers={"Host": "other.example"},
+                            timeout=10).status_code == 421
+
+
+@pytest.mark.slow
+def test_every_answer_says_no_store_and_errors_too(live_server):
+    for response in (
+        requests.post(live_server.url + "/v1/working_memory.render",
+                      json={"namespace": "support", "agent": "a"}, timeout=10),
+        requests.post(live_server.url + "/v1/working_memory.set", json={}, timeout=10),
+        requests.get(live_server.url + "/v1/nowhere", timeout=10),
+        requests.get(live_server.url + "/metrics", timeout=10),
+    ):
+        assert response.headers.get("Cache-Control") == "no-store", response.url
+
+
+@pytest.mark.parametrize("environ", [
+    {}, {"LOOM_ALLOWED_HOSTS": "loom.example, 10.0.0.7"}, {"LOOM_ALLOWED_HOSTS": "*"},
+])
+def test_the_web_and_the_mcp_server_answer_the_same_host_names(environ, tmp_path):
+    web = allowed_names(load_settings({**environ, "LOOM_DATA_DIR": str(tmp_path)}))
+    mcp = mcp_server.allowed_host_names(environ)
+    if mcp is None:
+        assert web is None
+    else:
+        assert web is not None and set(mcp) <= web
+        assert web - set(mcp) <= {"::1"}
+
+
+def test_a_wide_bind_checks_host_only_when_names_are_listed(tmp_path):
+    wide = {"LOOM_AUTH": "on", "LOOM_SECRET_KEY": TEST_SECRET, "LOOM_DATA_DIR": str(tmp_path)}
+    assert allowed_names(load_settings(wide)) is None
+    listed = allowed_names(load_settings({**wide, "LOOM_ALLOWED_HOSTS": "loom.example"}))
+    assert listed is not None and "loom.example" in listed and "localhost" in listed
+    with pytest.raises(ValueError, match="LOOM_ALLOWED_HOSTS"):
+        load_settings({**wide, "LOOM_ALLOWED_HOSTS": "https://loom.example/"})

@@ -3,8 +3,9 @@
 The console is server-rendered by the same Flask app (Jinja templates and one stylesheet, all
 served from this package). It owns no data and no Redis access: every page runs ops through
 ``app.api.run_op``, the same path the HTTP API takes (role, input schema, identity, handler),
-as the principal of the token the person signed in with, and as the client ``loom-console`` so
-that its reads stay out of ``profile.activity``.
+as the principal of the token the person signed in with, and as the client ``loom-console``;
+its calls are marked as the console's in process (``by_console``), which keeps its reads out
+of ``profile.activity`` (a client calling the API with that name is recorded like any other).
 
 The signed-in token lives in Flask's session: a cookie signed with a key derived from the
 install's secret, HttpOnly, SameSite=Strict, scoped to ``/console`` and good for
@@ -98,4 +99,4 @@ def run(name: str, body: dict[str, Any], principal: Principal) -> dict[str, Any]
     if declared is None:
         raise KeyError(name)
     services.check_budget(principal)
-    return run_op(declared, body, principal, services, client=CONSOLE_CLIENT)
+    return run_op(declared, body, principal, services, client=CONSOLE_CLIENT, by_console=True)

@@ -164,3 +164,51 @@ def test_an_mcp_answer_carries_the_escaped_render(live_server):
                     ("working-memory", FORGED)]
 
         anyio.run(go)
+
+
+# --- /rq: credentials a browser resends must not let another site act -------------------------
+
+
+@pytest.mark.slow
+def test_the_queue_dashboard_refuses_cross_site_requests_and_state_changes_by_get(
+        redis_url, tmp_path):
+    import base64
+
+    import redis as redis_module
+    from rq import Queue
+
+    from jobs.queues import BUILDS
+    from tests.auth_support import ADMIN_TOKEN
+
+    basic = {"Authorization": "Basic " + base64.b64encode(f"admin:{ADMIN_TOKEN}".encode()
+                                                          ).decode()}
+    queue = Queue(BUILDS, connection=redis_module.Redis.from_url(redis_url))
+    queue.enqueue("jobs.structured_profile.build_user_job", "o", "n", "u")
+    failed = Queue("loom-probe", connection=queue.connection)
+    failed_job = failed.enqueue("jobs.structured_profile.build_user_job", "o", "n", "u")
+    failed.remove(failed_job)
+    failed.failed_job_registry.add(failed_job, ttl=600, exc_string="probe")
+    with _live(redis_url, tmp_path, LOOM_AUTH="on", LOOM_ADMIN_TOKEN=ADMIN_TOKEN) as server:
+        empty = f"{server.url}/rq/queue/{BUILDS}/queued/empty"
+        for forged in ({"Sec-Fetch-Site": "cross-site", "Origin": "http://attacker.example"},
+                       {"Sec-Fetch-Site": "same-site"},
+                       {"Origin": "http://attacker.example"}, {"Origin": "null"}):
+            refused = requests.post(empty, headers={**basic, **forged}, timeout=10)
+            assert refused.status_code == 403, (forged, refused.text)
+            assert refused.json()["error"]["code"] == "CROSS_SITE_REFUSED"
+        assert queue.count == 1
+        # "Requeue all" by GET (an <img> on any page could make it) is refused; by POST from
+        # the dashboard's own page it works.
+        requeue = f"{server.url}/rq/requeue/loom-probe"
+        by_get = requests.get(requeue, headers={**basic, "Sec-Fetch-Site": "same-origin"},
+                              timeout=10)
+        assert by_get.status_code == 405
+        assert failed.failed_job_registry.count == 1
+        own = {**basic, "Sec-Fetch-Site": "same-origin", "Origin": server.url}
+        assert requests.post(requeue, headers=own, timeout=10).json()["count"] == 1
+        assert requests.post(empty, headers=own, timeout=10).status_code == 200
+        assert queue.count == 0
+        page = requests.get(server.url + "/rq/", headers={**basic, "Sec-Fetch-Site": "none"},
+                            timeout=10)
+        assert page.status_code == 200
+        assert page.headers["Content-Security-Policy"] == "frame-ancestors 'none'"

@@ -212,3 +212,50 @@ def test_the_queue_dashboard_refuses_cross_site_requests_and_state_changes_by_ge
                             timeout=10)
         assert page.status_code == 200
         assert page.headers["Content-Security-Policy"] == "frame-ancestors 'none'"
+
+
+# --- token ops stay inside the caller's pin and agent ---------------------------------------
+
+
+def test_a_pinned_or_agent_bound_admin_sees_and_revokes_only_tokens_inside_its_binding(
+        app_factory):
+    from tests.auth_support import auth_app, bearer, mint
+
+    client = auth_app(app_factory).test_client()
+    shop = {"namespace": "shop"}
+    pinned = mint(client, role="admin", read_user_id="carol", **shop)
+    bound = mint(client, role="admin", agent="bot-a", **shop)
+
+    def token_ids(token: str) -> set[str]:
+        response = client.post("/v1/token.list", json={}, headers=bearer(token))
+        assert response.status_code == 200, response.get_json()
+        return {row["token_id"] for row in response.get_json()["tokens"]}
+
+    def token_id_of(token: str) -> str:
+        listed = client.post("/v1/token.list", json={}, headers=bearer(
+            "install-admin-token-for-tests")).get_json()["tokens"]
+        return next(row["token_id"] for row in listed if row["label"] == token)
+
+    for label, claims in (("carol", {"read_user_id": "carol"}), ("dave", {"read_user_id": "dave"}),
+                          ("bot-a", {"agent": "bot-a"}), ("bot-b", {"agent": "bot-b"}),
+                          ("carol-by-pinned", {})):
+        creator = pinned if label == "carol-by-pinned" else "install-admin-token-for-tests"
+        mint(client, creator, role="writer", label=label, **shop, **claims)
+    carol, dave = token_id_of("carol"), token_id_of("dave")
+    bot_a, bot_b = token_id_of("bot-a"), token_id_of("bot-b")
+    by_pinned = token_id_of("carol-by-pinned")
+    assert {carol, by_pinned} <= token_ids(pinned)
+    assert not {dave, bot_a, bot_b} & token_ids(pinned)
+    assert bot_a in token_ids(bound) and not {carol, dave, bot_b, by_pinned} & token_ids(bound)
+    for token, outside in ((pinned, dave), (pinned, bot_b), (bound, bot_b), (bound, carol)):
+        refused = client.post("/v1/token.revoke", json={"token_id": outside},
+                              headers=bearer(token))
+        assert refused.status_code == 404, refused.get_json()
+        assert refused.get_json()["error"]["code"] == "TOKEN_NOT_FOUND"
+    for token, inside in ((pinned, carol), (bound, bot_a)):
+        assert client.post("/v1/token.revoke", json={"token_id": inside},
+                           headers=bearer(token)).status_code == 200
+    admin_view = client.post("/v1/token.list", json={}, headers=bearer(
+        "install-admin-token-for-tests")).get_json()["tokens"]
+    revoked = {row["token_id"] for row in admin_view if row["revoked"]}
+    assert revoked == {carol, bot_a}

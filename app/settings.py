@@ -190,6 +190,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("LOOM_ADMIN_TOKEN", "", _text, "The install's admin token (auth on)."),
     Setting("LOOM_RATE_LIMIT", "", _rate_limit,
             "Per-token request budget such as 100/minute; empty turns it off."),
+    Setting("LOOM_BAD_TOKEN_LIMIT", "20/minute", _rate_limit,
+            "Refused tokens one client address may send per window; past it, its requests "
+            "that carry a token answer 429 until the window ends. Empty turns it off."),
+    Setting("LOOM_TRUSTED_PROXIES", "0", _int_range(0, 10),
+            "Proxies in front of the web process whose X-Forwarded-For and -Proto it believes "
+            "(client address, HTTPS); 0 believes none."),
     Setting("LOOM_DATA_DIR", "var", _text,
             "Folder for local state: the embedded Redis's files and a generated secret key."),
     Setting("LOOM_MAX_BODY_BYTES", "262144", _int_range(1024, 64 * 1024 * 1024),
@@ -302,6 +308,8 @@ class Settings:
     auth: str = 'off'
     admin_token: str = ''
     rate_limit: tuple[int, int] | None = None
+    bad_token_limit: tuple[int, int] | None = (20, 60)
+    trusted_proxies: int = 0
     data_dir: str = 'var'
     max_body_bytes: int = 262144
     llm_base_url: str = ''

@@ -259,3 +259,40 @@ def test_a_pinned_or_agent_bound_admin_sees_and_revokes_only_tokens_inside_its_b
         "install-admin-token-for-tests")).get_json()["tokens"]
     revoked = {row["token_id"] for row in admin_view if row["revoked"]}
     assert revoked == {carol, bot_a}
+
+
+# --- refused tokens spend a per-address budget -----------------------------------------------
+
+
+@pytest.mark.slow
+def test_an_address_sending_bad_tokens_is_held_off_with_429_by_every_route(redis_url, tmp_path):
+    from tests.auth_support import ADMIN_TOKEN
+
+    with _live(redis_url, tmp_path, LOOM_AUTH="on", LOOM_ADMIN_TOKEN=ADMIN_TOKEN,
+               LOOM_BAD_TOKEN_LIMIT="3/hour") as server:
+        render = server.url + "/v1/working_memory.render"
+        body = {"namespace": "shop", "agent": "a"}
+        good = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        guesses = [requests.post(render, json=body, timeout=10,
+                                 headers={"Authorization": f"Bearer guess-{n}"})
+                   for n in range(4)]
+        assert [r.status_code for r in guesses] == [401, 401, 401, 401]
+        # The console's sign-in form is a guess too.
+        signed = requests.post(server.url + "/console/sign-in", data={"token": "guess"},
+                               timeout=10)
+        assert signed.status_code == 429
+        for response in (requests.post(render, json=body, headers=good, timeout=10),
+                         requests.get(server.url + "/rq/", headers=good, timeout=10)):
+            assert response.status_code == 429, response.text
+            assert response.json()["error"]["code"] == "RATE_LIMITED"
+            assert 0 < int(response.headers["Retry-After"]) <= 3600
+        # A request without a credential is not held off.
+        assert requests.get(server.url + "/healthz", timeout=10).status_code == 200
+    # The count lives in Redis: a restarted process holds the address off at its next guess.
+    with _live(redis_url, tmp_path, LOOM_AUTH="on", LOOM_ADMIN_TOKEN=ADMIN_TOKEN,
+               LOOM_BAD_TOKEN_LIMIT="3/hour") as server:
+        first = requests.post(server.url + "/v1/working_memory.render", json=body, timeout=10,
+                              headers={"Authorization": "Bearer guess-5"})
+        assert first.status_code == 401
+        assert requests.post(server.url + "/v1/working_memory.render", json=body, timeout=10,
+                             headers=good).status_code == 429

@@ -22,7 +22,9 @@ def _live(redis_url: str, tmp_path: Path, **env: str):
     from tests.support.live_server import LiveServer
 
     return LiveServer({"REDIS_URL": redis_url, "LOOM_SECRET_KEY": TEST_SECRET,
-                       "LOOM_DATA_DIR": str(tmp_path), "LOOM_AUTH": "off", **env}, workers=1)
+                       "LOOM_DATA_DIR": str(tmp_path), "LOOM_AUTH": "off", **env}, workers=1,
+                      # The access log on stdout, as the Procfile's web line writes it.
+                      extra_args=("--access-logfile", "-"))
 
 
 WRITE = {"namespace": "support", "agent": "triage-bot", "block_key": "state", "content": "x"}
@@ -296,3 +298,82 @@ def test_an_address_sending_bad_tokens_is_held_off_with_429_by_every_route(redis
         assert first.status_code == 401
         assert requests.post(server.url + "/v1/working_memory.render", json=body, timeout=10,
                              headers=good).status_code == 429
+
+
+# --- the console: a server-side session, and no id in any address ---------------------------
+
+
+@pytest.mark.slow
+def test_the_console_session_is_server_side_and_its_addresses_name_nobody(redis_url, tmp_path):
+    import re
+
+    from tests.auth_support import ADMIN_TOKEN
+
+    csrf_field = re.compile(r'name="csrf_token" value="([^"]+)"')
+    handle = "carol.secret@example.com"
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    with _live(redis_url, tmp_path, LOOM_AUTH="on", LOOM_ADMIN_TOKEN=ADMIN_TOKEN,
+               LOOM_TRUSTED_PROXIES="1") as server:
+        minted = requests.post(server.url + "/v1/token.create", headers=admin, timeout=10,
+                               json={"namespace": "shop", "role": "writer"}).json()
+        token = minted["token"]
+        requests.post(server.url + "/v1/profile.set", headers=admin, timeout=10, json={
+            "namespace": "shop", "agent": "bot", "user_id": handle, "label": "persona",
+            "value": "Terse."})
+        browser = requests.Session()
+
+        def csrf(path: str) -> str:
+            page = browser.get(server.url + path, timeout=10, allow_redirects=False)
+            found = csrf_field.search(page.text)
+            assert found, (path, page.status_code, page.text[:300])
+            return found.group(1)
+
+        def sign_in(**headers: str) -> requests.Response:
+            return browser.post(server.url + "/console/sign-in", headers=headers, timeout=10,
+                                allow_redirects=False, data={
+                                    "token": token, "next": "/console/",
+                                    "csrf_token": csrf("/console/sign-in")})
+
+        signed = sign_in()
+        assert signed.status_code == 302
+        cookie = signed.headers["Set-Cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Secure" not in cookie
+        assert token not in cookie
+        sid = browser.cookies.get("loom_console", path="/console")
+        opened = browser.post(server.url + "/console/find-user", timeout=10, data={
+            "namespace": "shop", "user_id": handle, "csrf_token": csrf("/console/")})
+        assert opened.status_code == 200 and handle in opened.text and "Terse." in opened.text
+        assert "user_id=r%3A" in opened.url or "user_id=r:" in opened.url, opened.url
+        assert "carol" not in opened.url
+        # Every link of the user page addresses the user by reference.
+        assert "carol" not in " ".join(re.findall(r'href="([^"]+)"', opened.text))
+
+        # Sign-out deletes the session: a copy of the cookie opens nothing.
+        assert browser.post(server.url + "/console/sign-out", timeout=10, allow_redirects=False,
+                            data={"csrf_token": csrf("/console/")}).status_code == 302
+        copied = requests.get(server.url + "/console/ns/shop", cookies={"loom_console": sid},
+                              timeout=10, allow_redirects=False)
+        assert copied.status_code == 302 and "/console/sign-in" in copied.headers["Location"]
+
+        # Revoking the token ends the session signed in with it.
+        sign_in()
+        assert browser.get(server.url + "/console/ns/shop", timeout=10,
+                           allow_redirects=False).status_code == 200
+        again = browser.cookies.get("loom_console", path="/console")
+        assert again and again != sid  # a new id at each sign-in
+        requests.post(server.url + "/v1/token.revoke", headers=admin, timeout=10,
+                      json={"token_id": minted["token_id"]})
+        assert browser.get(server.url + "/console/ns/shop", timeout=10,
+                           allow_redirects=False).status_code == 302
+        revoked = requests.get(server.url + "/console/", cookies={"loom_console": again},
+                               timeout=10, allow_redirects=False)
+        assert revoked.status_code == 302
+
+        # Behind a trusted proxy that says HTTPS, the cookie is Secure.
+        token = requests.post(server.url + "/v1/token.create", headers=admin, timeout=10,
+                              json={"namespace": "shop", "role": "writer"}).json()["token"]
+        assert "Secure" in sign_in(**{"X-Forwarded-Proto": "https"}).headers["Set-Cookie"]
+        output = server.output
+    text = output.read_text()
+    assert "carol" not in text
+    assert token not in text

@@ -7,10 +7,18 @@ as the principal of the token the person signed in with, and as the client ``loo
 its calls are marked as the console's in process (``by_console``), which keeps its reads out
 of ``profile.activity`` (a client calling the API with that name is recorded like any other).
 
-The signed-in token lives in Flask's session: a cookie signed with a key derived from the
-install's secret, HttpOnly, SameSite=Strict, scoped to ``/console`` and good for
-``SESSION_HOURS``. The token is checked again on every page, so a revoked token stops working
-at once. Every form carries the session's CSRF token; a POST without it is refused.
+The session is kept server-side (``app.store.console_sessions``): the cookie holds only a
+random session id, HttpOnly, SameSite=Strict, ``Secure`` when the request came over HTTPS
+(behind proxies, ``LOOM_TRUSTED_PROXIES`` says so), scoped to ``/console`` and good for
+``SESSION_HOURS``. Signing in issues a new id; signing out deletes the session, so a copied
+cookie stops working. The token is checked again on every page, and a session whose token
+stops working is deleted. Every form carries the session's CSRF token; a POST without it is
+refused.
+
+No user or session id goes into a console address, where access logs and browser history
+would keep it after the user is erased: ``url_for`` writes each as a keyed reference
+(``r:<hash>``) that this session maps back (``id_reference`` / ``resolve_references``), and
+the forms that name a user send it by POST.
 """
 
 from __future__ import annotations
@@ -21,12 +29,16 @@ import secrets
 from datetime import timedelta
 from typing import Any
 
-from flask import Blueprint, Flask, Request, current_app, session
-from flask.sessions import SecureCookieSession, SecureCookieSessionInterface
+from flask import Blueprint, Flask, Request, current_app, request, session
+from flask.sessions import SessionInterface, SessionMixin
+from werkzeug.datastructures import CallbackDict
+from werkzeug.wrappers import Response
 
 from app.auth import Principal
+from app.keyed import keyed_digest
 from app.registry import load_ops
 from app.store.activity import CONSOLE_CLIENT
+from app.store.console_sessions import ConsoleSessionStore
 
 SESSION_HOURS = 8
 SESSION_COOKIE = "loom_console"
@@ -42,15 +54,100 @@ bp = Blueprint(
 )
 
 
-class ConsoleSessions(SecureCookieSessionInterface):
-    """Flask's signed-cookie session, opened only under ``/console``, the cookie's path: an API
-    request has no session to read, and opening one would cost it a signer and a cookie parse
-    (Flask gives it the null session instead)."""
+SESSION_SECONDS = SESSION_HOURS * 3600
+# The query fields whose values are ids of people: written into addresses as references.
+ID_FIELDS = ("user_id", "session_id")
+REFERENCE_PREFIX = "r:"
+_REFERENCE_PURPOSE = b"loom.console.reference.v1"
 
-    def open_session(self, app: Flask, request: Request) -> SecureCookieSession | None:
+
+class ConsoleSession(CallbackDict[str, Any], SessionMixin):  # type: ignore[misc]
+    """A session's values, its id (None until first saved) and an id it replaced."""
+
+    def __init__(self, initial: dict[str, Any] | None = None, sid: str | None = None) -> None:
+        def on_update(changed: ConsoleSession) -> None:
+            changed.modified = True
+
+        super().__init__(initial, on_update)
+        self.sid = sid
+        self.retired: str | None = None
+        self.modified = False
+
+    def renew(self) -> None:
+        """A new id at the next save (at sign-in: an id known before it is worthless after)."""
+        if self.sid is not None:
+            self.retired = self.sid
+        self.sid = None
+        self.modified = True
+
+
+class ConsoleSessions(SessionInterface):
+    """Server-side sessions, opened only under ``/console``, the cookie's path: an API request
+    has no session to read (Flask gives it the null session instead)."""
+
+    def _store(self, app: Flask) -> ConsoleSessionStore:
+        store: ConsoleSessionStore = app.extensions["loom"].store(ConsoleSessionStore)
+        return store
+
+    def open_session(self, app: Flask, request: Request) -> ConsoleSession | None:
         if not request.path.startswith(CONSOLE_PATH):
             return None
-        return super().open_session(app, request)
+        sid = request.cookies.get(self.get_cookie_name(app), "")
+        if sid and len(sid) <= 128:
+            data = self._store(app).load(sid)
+            if data is not None:
+                return ConsoleSession(data, sid=sid)
+        return ConsoleSession()
+
+    def save_session(self, app: Flask, session: SessionMixin, response: Response) -> None:
+        if not isinstance(session, ConsoleSession):
+            return
+        store = self._store(app)
+        name, path = self.get_cookie_name(app), self.get_cookie_path(app)
+        if session.retired is not None:
+            store.delete(session.retired)
+            session.retired = None
+        if not session:
+            if session.sid is not None:
+                store.delete(session.sid)
+                response.delete_cookie(name, path=path, httponly=True, samesite="Strict",
+                                       secure=request.is_secure)
+            return
+        if not session.modified and session.sid is not None:
+            return
+        if session.sid is None:
+            session.sid = secrets.token_urlsafe(32)
+        store.save(session.sid, dict(session), SESSION_SECONDS)
+        response.set_cookie(name, session.sid, max_age=SESSION_SECONDS, path=path,
+                            httponly=True, samesite="Strict", secure=request.is_secure)
+
+
+def end_session() -> None:
+    """Forget this browser's session here and in the store (sign-out, a token that failed)."""
+    session.clear()
+
+
+def id_reference(value: str) -> str:
+    """The address form of a user or session id: a keyed hash this session maps back."""
+    if value in ("", "-") or value.startswith(REFERENCE_PREFIX):
+        return value
+    secret = current_app.extensions["loom"].settings.secret_key.encode("utf-8")
+    reference = REFERENCE_PREFIX + keyed_digest(
+        secret, _REFERENCE_PURPOSE, str(session.get("csrf", "")), value)[:24]
+    references = dict(session.get("references") or {})
+    if references.get(reference) != value:
+        references[reference] = value
+        session["references"] = references
+    return reference
+
+
+def resolve_reference(value: str) -> str | None:
+    """The id a reference stands for in this session; the value itself when it is none;
+    None for a reference this session did not make (another sign-in's link)."""
+    if not value.startswith(REFERENCE_PREFIX):
+        return value
+    found = (session.get("references") or {}).get(value)
+    return str(found) if found is not None else None
 
 
 def session_key(secret_key: str) -> bytes:

@@ -17,7 +17,9 @@ _RAW_PROFILE_PATH = re.compile(r"/+v1/+profiles/+(?!h:)[^\s\"']+?/+agent-state",
 _TOKEN = re.compile(r"loom_[0-9a-f]{16}_[A-Za-z0-9_-]{8,}|Bearer\s+[A-Za-z0-9._~+/=-]{8,}|"
                     r"Basic\s+[A-Za-z0-9+/=]{8,}")
 # A console address carrying a user or session id in its query.
-_CONSOLE_ID = re.compile(r"/console/[^\s\"']*[?&](user_id|session_id)=[^&\s\"']", re.IGNORECASE)
+# (``r:<hash>``, a reference the console's session maps back, and ``-``, nobody, are not ids.)
+_CONSOLE_ID = re.compile(r"/console/[^\s\"']*[?&](user_id|session_id)=(?!r:)(?!-(?:[&\s\"']|$))"
+                         r"[^&\s\"']", re.IGNORECASE)
 
 
 def _decoded(text: str) -> str:

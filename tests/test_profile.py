@@ -281,7 +281,7 @@ def test_render_formats_exactly(client):
     xml = ok(client, "profile.render", user_id="u-42", read_scope="own_user")
     assert xml["rendered"] == (
         '<profile label="persona">Terse.</profile>\n'
-        '<profile label="prefs" user_id="u-42">EUR & CHF</profile>'
+        '<profile label="prefs" user_id="u-42">EUR &amp; CHF</profile>'
     )
     assert xml["section_count"] == 2 and xml["labels"] == ["persona", "prefs"]
     assert xml["total_chars"] == len(xml["rendered"])

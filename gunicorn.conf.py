@@ -47,6 +47,11 @@ class _LoomGunicornLogger(_GunicornLogger):
 
 logger_class = _LoomGunicornLogger
 
+# gunicorn's default access format less two atoms: %(u)s, the HTTP Basic user name (a client
+# may put a token there: the queue dashboard takes the admin token as Basic credentials), and
+# %(f)s, the Referer (a page's address, which may name what the page showed).
+access_log_format = '%(h)s %(l)s - %(t)s "%(r)s" %(s)s %(b)s "-" "%(a)s"'
+
 
 def on_starting(server):
     directory = _os.environ["PROMETHEUS_MULTIPROC_DIR"]

@@ -12,8 +12,9 @@ import swagger_ui_bundle
 from flask import Blueprint, Flask
 from flask.json.provider import DefaultJSONProvider
 from flask_smorest import Api
+from werkzeug.middleware.proxy_fix import ProxyFix
 
-from app import log_ids
+from app import bad_tokens, host_guard, log_ids
 from app.api import register_error_handlers, register_ops
 from app.console import register_console
 from app.operate import register_operations
@@ -144,6 +145,14 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         contract.install(app, api)
     register_console(app)
     register_operations(app, services)
+    # Outermost of all, so they see every request whoever serves it: the refused-token
+    # budget, then the Host check and no-store, then (behind proxies) the client's address and
+    # scheme from the proxies' headers, which the two inner layers read.
+    bad_tokens.install(app, services)
+    host_guard.install(app, settings)
+    if settings.trusted_proxies:
+        app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
+            app.wsgi_app, x_for=settings.trusted_proxies, x_proto=settings.trusted_proxies)
 
     from app.cli import loom_cli
 

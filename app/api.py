@@ -168,6 +168,7 @@ def run_op(
     principal: Principal,
     services: Services,
     client: str | Callable[[], str] = "",
+    by_console: bool = False,
 ) -> dict[str, Any]:
     """Run one op for a principal: role, input schema, identity, handler, ``ignored_args``;
     with ``LOOM_VALIDATE_ANSWERS`` on, the answer is checked against the op's answer schema.
@@ -183,7 +184,7 @@ def run_op(
     args = load_args(op.args, body)
     identity = resolve_identity(op, principal, args)
     logs.bind(org=identity.org, namespace=identity.namespace)
-    result = op.handler(Call(op, args, identity, principal, services, client))
+    result = op.handler(Call(op, args, identity, principal, services, client, by_console))
     known = _known_fields(op.args)
     result["ignored_args"] = [name for name in body if name not in known]
     if services.settings.validate_answers:

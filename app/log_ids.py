@@ -8,6 +8,11 @@ factory once, so every record any logger creates, whichever handler or formatter
 it (plain text or JSON), has that path segment replaced by ``h:<keyed hash>`` (HMAC-SHA256 under
 the install's secret, so equal ids still correlate across lines and nobody without the secret
 can test a guess). Percent-encoded and plain spellings of one id give the same hash.
+
+Every spelling a router or a client may use is caught: doubled slashes
+(``//v1//profiles/<id>/agent-state``), percent-encoded letters or slashes anywhere in the path
+(``/v1/%70rofiles/...``, an id holding ``%2F``), either case. A word of a line that decodes to
+such a path is written as the canonical path with the hash.
 """
 
 from __future__ import annotations
@@ -20,22 +25,45 @@ from urllib.parse import unquote
 from app.keyed import keyed_digest
 
 _PURPOSE = b"loom.log.path_id.v1"
-# The id segment of the profile agent-state path, in a raw path or a full request line.
-_PROFILE_PATH = re.compile(r"(/v1/profiles/)([^/?#\s\"]+)(/agent-state)")
+# The profile agent-state path in a decoded word: any run of slashes, any case; the id is
+# everything between (it may hold a decoded slash).
+_PROFILE_PATH = re.compile(r"/+v1/+profiles/+(.+?)/+agent-state", re.IGNORECASE)
+# One word of a line: what a request line, a JSON string or a message separates by spaces or
+# quotes.
+_WORD = re.compile(r"[^\s\"']+")
 
 _secret: bytes = b""
 _base_factory: Any = None
 
 
 def hashed_id(raw: str) -> str:
-    return "h:" + keyed_digest(_secret, _PURPOSE, unquote(raw))[:32]
+    return "h:" + keyed_digest(_secret, _PURPOSE, _decoded(raw))[:32]
+
+
+def _decoded(text: str) -> str:
+    # Percent-decoding until nothing changes (a few rounds): a client may encode twice.
+    for _ in range(4):
+        decoded = unquote(text)
+        if decoded == text:
+            break
+        text = decoded
+    return text
+
+
+def _scrub_word(match: re.Match[str]) -> str:
+    word = match.group(0)
+    decoded = _decoded(word)
+    if not _PROFILE_PATH.search(decoded):
+        return word
+    return _PROFILE_PATH.sub(
+        lambda m: "/v1/profiles/" + hashed_id(m.group(1)) + "/agent-state", decoded)
 
 
 def scrub(text: str) -> str:
     """``text`` with every profile id of an agent-state path replaced by its keyed hash."""
-    if "/v1/profiles/" not in text or not _secret:
+    if not _secret or ("%" not in text and "profiles" not in text.lower()):
         return text
-    return _PROFILE_PATH.sub(lambda m: m.group(1) + hashed_id(m.group(2)) + m.group(3), text)
+    return _WORD.sub(_scrub_word, text)
 
 
 def _scrub_value(value: Any) -> Any:

@@ -5,6 +5,12 @@ None of these routes is an op: they are not in the registry, the OpenAPI documen
 ``/healthz`` and ``/readyz`` need no token. With auth on, ``/metrics`` takes the install's
 admin token or ``LOOM_METRICS_TOKEN``, and ``/rq`` the install's admin token (Bearer, or the
 password of HTTP Basic so that a browser can sign in): both show every org's work.
+
+A browser resends Basic credentials to ``/rq`` on any request, whichever site makes it, so
+the dashboard refuses what another site could make it do: a request the browser marks
+cross-site or same-site (``Sec-Fetch-Site``) or whose ``Origin`` is not this server's is a
+403; a route that changes state (one that accepts POST) answers 405 to any other method (the
+dashboard's "requeue all" took a GET); and no page may frame it (``frame-ancestors 'none'``).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import random
 import re
 import time
 from typing import Any
+from urllib.parse import urlparse
 
 from flask import Flask, Request, Response, jsonify, request
 
@@ -182,6 +189,31 @@ def _refuse_unless(
 
 
 DASHBOARD_PREFIX = "/rq"
+# Sec-Fetch-Site values of a request this server's own pages (or the address bar) made.
+_OWN_FETCH_SITES = frozenset(("same-origin", "none"))
+
+
+def _refusal(status: int, code: str, message: str, **details: Any) -> Response:
+    response = jsonify({"error": {"code": code, "message": message, **details}})
+    response.status_code = status
+    return response
+
+
+def _refuse_cross_site() -> Response | None:
+    """403 for a request another site made; 405 for a state change by anything but POST."""
+    fetch_site = request.headers.get("Sec-Fetch-Site", "").strip().lower()
+    if fetch_site and fetch_site not in _OWN_FETCH_SITES:
+        return _refusal(403, "CROSS_SITE_REFUSED",
+                        "the queue dashboard answers only its own pages", field="Sec-Fetch-Site")
+    origin = request.headers.get("Origin", "").strip()
+    if origin and urlparse(origin).netloc != request.host:
+        return _refusal(403, "CROSS_SITE_REFUSED",
+                        "the queue dashboard answers only its own pages", field="Origin")
+    rule = request.url_rule
+    if rule is not None and "POST" in (rule.methods or ()) and request.method != "POST":
+        return _refusal(405, "METHOD_NOT_ALLOWED",
+                        f"{request.method} changes no state here: send POST", method=request.method)
+    return None
 
 
 def mount_dashboard(app: Flask, services: Services) -> None:
@@ -197,7 +229,14 @@ def mount_dashboard(app: Flask, services: Services) -> None:
     app.register_blueprint(rq_dashboard.blueprint, url_prefix=DASHBOARD_PREFIX)
 
     def guard_dashboard() -> Response | None:
-        return _refuse_unless(services, basic=True)
+        return _refuse_cross_site() or _refuse_unless(services, basic=True)
+
+    def frame_nowhere(response: Response) -> Response:
+        response.headers["Content-Security-Policy"] = "frame-ancestors 'none'"
+        response.headers["X-Frame-Options"] = "DENY"
+        return response
+
+    app.after_request_funcs.setdefault(rq_dashboard.blueprint.name, []).append(frame_nowhere)
 
     # Run for the dashboard's requests only (Flask keys these hooks by blueprint name), ahead
     # of the dashboard's own hooks: every other request skips the call.

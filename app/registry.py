@@ -38,6 +38,9 @@ class Call:
     # The reading client's name (X-Loom-Client, else User-Agent); a callable is read only when
     # a handler asks, since most ops never do.
     client_source: str | Callable[[], str] = ""
+    # Whether the console runs this call in its own process (``app.console.run``). Only the
+    # server sets it: no header can, so no client can read a profile unrecorded.
+    by_console: bool = False
 
     @property
     def client(self) -> str:

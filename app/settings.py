@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import secrets
 import typing
 from collections.abc import Callable, Mapping
@@ -44,6 +45,18 @@ def _bool(value: str) -> bool:
     if lowered in ("0", "false", "no", "off", ""):
         return False
     raise ValueError("must be true or false")
+
+
+def _host_names(value: str) -> tuple[str, ...]:
+    names = tuple(part.strip().lower() for part in value.split(",") if part.strip())
+    for name in names:
+        if name != "*" and not _HOST_NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not a host name (no scheme, no port, no path)")
+    return names
+
+
+# A DNS name, an IPv4 address or a bracketed IPv6 address.
+_HOST_NAME = re.compile(r"[a-z0-9_-][a-z0-9_.-]*|\[[0-9a-f:.]+\]")
 
 
 def _int_range(low: int, high: int) -> Callable[[str], int]:
@@ -162,6 +175,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("HOST", "", _text,
             "Address the web and MCP processes listen on. Unset: 127.0.0.1 with LOOM_AUTH=off "
             "(no token protects the data), 0.0.0.0 with LOOM_AUTH=on."),
+    Setting("LOOM_ALLOWED_HOSTS", "", _host_names,
+            "Host names (comma-separated, no port; * for any) the "
+            "web and MCP processes answer besides the loopback names. The MCP server checks "
+            "Host and Origin always; the web process when it listens on loopback or this is "
+            "set."),
     Setting("LOOM_DEFAULT_ORG", "default", _org,
             "The install's org: every call without a token acts in it when auth is off."),
     Setting("LOOM_SECRET_KEY", "", _text,
@@ -172,6 +190,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("LOOM_ADMIN_TOKEN", "", _text, "The install's admin token (auth on)."),
     Setting("LOOM_RATE_LIMIT", "", _rate_limit,
             "Per-token request budget such as 100/minute; empty turns it off."),
+    Setting("LOOM_BAD_TOKEN_LIMIT", "20/minute", _rate_limit,
+            "Refused tokens one client address may send per window; past it, its requests "
+            "that carry a token answer 429 until the window ends. Empty turns it off."),
+    Setting("LOOM_TRUSTED_PROXIES", "0", _int_range(0, 10),
+            "Proxies in front of the web process whose X-Forwarded-For and -Proto it believes "
+            "(client address, HTTPS); 0 believes none."),
     Setting("LOOM_DATA_DIR", "var", _text,
             "Folder for local state: the embedded Redis's files and a generated secret key."),
     Setting("LOOM_MAX_BODY_BYTES", "262144", _int_range(1024, 64 * 1024 * 1024),
@@ -231,7 +255,11 @@ SETTINGS: tuple[Setting, ...] = (
             "Port of the MCP server's Streamable HTTP endpoint (the Procfile's mcp line)."),
     Setting("LOOM_API_URL", "http://127.0.0.1:8000", _text,
             "Where the MCP server sends its calls."),
-    Setting("LOOM_API_KEY", "", _text, "Token the MCP server sends when its caller gives none."),
+    Setting("LOOM_API_KEY", "", _text,
+            "Token the MCP server sends on stdio; over HTTP only with LOOM_MCP_HTTP_SERVER_KEY."),
+    Setting("LOOM_MCP_HTTP_SERVER_KEY", "false", _bool,
+            "Over HTTP, send LOOM_API_KEY for a caller that sends no token. Off: with auth on "
+            "such a call is refused (401), so reaching the port is not acting as that key."),
     Setting("LOOM_LOG_FORMAT", "auto", _choice("auto", "json", "text"),
             "json: one JSON object a line; text: for a terminal; auto: text on a terminal, "
             "else json."),
@@ -274,11 +302,14 @@ class Settings:
     web_graceful_timeout_seconds: int = 30
     web_keepalive_seconds: int = 5
     host: str = ''
+    allowed_hosts: tuple[str, ...] = ()
     default_org: str = 'default'
     secret_key: str = ''
     auth: str = 'off'
     admin_token: str = ''
     rate_limit: tuple[int, int] | None = None
+    bad_token_limit: tuple[int, int] | None = (20, 60)
+    trusted_proxies: int = 0
     data_dir: str = 'var'
     max_body_bytes: int = 262144
     llm_base_url: str = ''
@@ -311,6 +342,7 @@ class Settings:
     mcp_port: int = 8001
     api_url: str = 'http://127.0.0.1:8000'
     api_key: str = ''
+    mcp_http_server_key: bool = False
     log_format: str = 'auto'
     metrics_token: str = ''
     metrics_max_orgs: int = 100

@@ -23,7 +23,7 @@ class _Assets(HTMLParser):
 
 @pytest.mark.parametrize("auth", ["off", "on"])
 def test_docs_reference_only_same_origin_assets_that_answer(app_factory, auth):
-    app = app_factory(auth=auth, admin_token="admin-token-for-docs")
+    app = app_factory(auth=auth, admin_token="admin-token-for-docs", allowed_hosts=("loom.test",))
     client = app.test_client()
     page = client.get("/docs", base_url="http://loom.test")
     assert page.status_code == 200

@@ -150,10 +150,19 @@ def test_a_bug_is_seen_answered_500_and_signalled(app_factory, monkeypatch, seen
 
 def test_no_op_route_is_served_outside_flask(app):
     """Every op's route is in Flask's URL map, served by the view its blueprint registered, and
-    the app's WSGI callable is Flask's own."""
+    the layers around Flask's own WSGI callable are only the two guards, which refuse a request
+    (a Host not answered, an address past its refused-token budget) and never serve one."""
+    from werkzeug.middleware.proxy_fix import ProxyFix
+
+    from app.bad_tokens import BadTokenGuard
+    from app.host_guard import HostGuard
     from app.registry import REGISTRY
 
-    assert app.wsgi_app.__func__ is Flask.wsgi_app  # type: ignore[attr-defined]
+    layer = app.wsgi_app
+    while not hasattr(layer, "__func__"):
+        assert isinstance(layer, HostGuard | BadTokenGuard | ProxyFix), type(layer)
+        layer = layer.app
+    assert layer.__func__ is Flask.wsgi_app  # type: ignore[attr-defined]
     rules = {(rule.rule, method): rule.endpoint for rule in app.url_map.iter_rules()
              for method in rule.methods or ()}
     for declared in REGISTRY:

@@ -56,3 +56,49 @@ def test_records_of_any_logger_are_scrubbed(app, caplog):
     for raw in ("ana%40example.com", "+33711223344", "cust-9f3e1c77"):
         assert raw not in text
     assert log_ids.hashed_id("ana@example.com") in text
+
+
+SPELLINGS = (
+    "//v1//profiles/{id}/agent-state",
+    "/v1/profiles//{id}//agent-state",
+    "/v1/%70rofiles/{id}/agent-state",
+    "/v1/profiles/{id}/agent%2Dstate",
+    "/%2576%31/profiles/{id}/agent-state",
+)
+
+
+def test_every_spelling_of_the_profile_path_is_scrubbed_in_gunicorns_own_lines(
+        redis_url, tmp_path):
+    """The Procfile's web line writes its access log to stdout (``--access-logfile -``): the
+    spellings a client can send are all scrubbed there, and no line carries a Basic user."""
+    env = {"REDIS_URL": redis_url, "LOOM_SECRET_KEY": TEST_SECRET, "LOOM_DATA_DIR": str(tmp_path)}
+    with LiveServer(env, workers=1, extra_args=("--access-logfile", "-")) as server:
+        for spelling in SPELLINGS:
+            for handle in HANDLES:
+                raw = spelling.format(id=quote(handle, safe="@+"))
+                requests.get(f"{server.url}{raw}", params={"namespace": "shop"}, timeout=10)
+        requests.get(f"{server.url}/healthz", auth=("loom_0123456789abcdef_secretpart", "x"),
+                     timeout=10)
+        requests.get(f"{server.url}/rq/", auth=("admin", "not-the-token"), timeout=10)
+        output = server.output
+    text = output.read_text()
+    lines = [line for line in text.splitlines() if "agent-state" in line]
+    assert len(lines) >= len(SPELLINGS) * len(HANDLES), text[-2000:]
+    for handle in HANDLES:
+        assert handle not in text and quote(handle, safe="") not in text
+        assert handle.split("@")[0] not in text
+    assert "secretpart" not in text and " admin [" not in text
+    log_ids.install(TEST_SECRET)
+    for handle in HANDLES:
+        assert sum(log_ids.hashed_id(handle) in line for line in lines) >= len(SPELLINGS), handle
+
+
+def test_scrub_catches_doubled_slashes_and_encoded_letters():
+    log_ids.install(TEST_SECRET)
+    for spelling in SPELLINGS:
+        line = f'127.0.0.1 - - "GET {spelling.format(id="carol%40example.com")} HTTP/1.1" 200'
+        scrubbed = log_ids.scrub(line)
+        assert "carol" not in scrubbed, scrubbed
+        assert f"/v1/profiles/{log_ids.hashed_id('carol@example.com')}/agent-state" in scrubbed
+    assert log_ids.scrub("GET /v1/working_memory.render 200") == (
+        "GET /v1/working_memory.render 200")

@@ -291,10 +291,103 @@ def recording_api() -> Iterator[tuple[str, list[dict[str, Any]]]]:
         server.server_close()
 
 
+async def _render_with_and_without_a_token(url: str) -> None:
+    headers = {"Authorization": "Bearer caller-token"}
+    async with httpx2.AsyncClient(headers=headers) as http:
+        async with Client(streamable_http_client(url, http_client=http)) as c:
+            result = await c.call_tool("loom_working_memory_render", WHO)
+            assert payload(result) == {"recorded": True}
+    async with Client(url) as client:
+        await client.call_tool("loom_working_memory_render", WHO)
+
+
 @pytest.mark.slow
-def test_http_forwards_the_callers_authorization_else_the_env_key(recording_api):
+def test_http_forwards_the_callers_authorization_and_never_lends_the_env_key(recording_api):
     api_url, seen = recording_api
     with HttpMCP(api_url, LOOM_API_KEY="env-key") as mcp_http:
+        run(_render_with_and_without_a_token, mcp_http.url)
+    assert [call["authorization"] for call in seen] == ["Bearer caller-token", None]
+    assert seen[0]["path"] == "/v1/working_memory.render"
+    assert seen[0]["body"] == WHO
+    assert seen[0]["client"].startswith("loom-mcp/")
+
+
+@pytest.mark.slow
+def test_http_lends_the_env_key_only_when_the_operator_opts_in(recording_api):
+    api_url, seen = recording_api
+    with HttpMCP(api_url, LOOM_API_KEY="env-key", LOOM_AUTH="on",
+                 LOOM_MCP_HTTP_SERVER_KEY="true") as mcp_http:
+        run(_render_with_and_without_a_token, mcp_http.url)
+    assert [call["authorization"] for call in seen] == ["Bearer caller-token", "Bearer env-key"]
+
+
+# --- the Procfile's mcp line with auth on: who may call, by which Host and Origin --------------
+
+INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {},
+    "clientInfo": {"name": "probe", "version": "1"}}}
+MCP_HEADERS = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+
+
+class ProcfileMCP:
+    """The Procfile's ``mcp`` line, through a shell as a platform runs it, with auth on and no
+    ``HOST`` (so on 0.0.0.0), reached here through loopback."""
+
+    def __init__(self, api_url: str, **env: str) -> None:
+        self.port = free_port()
+        procfile = dict(line.split(": ", 1) for line in
+                        (ROOT / "Procfile").read_text().splitlines() if line.strip())
+        self.command = procfile["mcp"]
+        self.env = {key: value for key, value in os.environ.items()
+                    if key not in ("HOST", "LOOM_ALLOWED_HOSTS", "LOOM_MCP_HTTP_SERVER_KEY")}
+        self.env.update(PYTHONPATH=PYTHONPATH, LOOM_API_URL=api_url, LOOM_AUTH="on",
+                        LOOM_API_KEY="env-key", MCP_PORT=str(self.port),
+                        PATH=os.path.dirname(sys.executable) + os.pathsep
+                        + os.environ.get("PATH", ""), **env)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    def __enter__(self) -> ProcfileMCP:
+        self.process = subprocess.Popen(self.command, shell=True, cwd=ROOT, env=self.env,
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                        start_new_session=True)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(self.process.stderr.read().decode())  # type: ignore[union-attr]
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return self
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("the MCP HTTP server did not start")
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.process is not None
+        os.killpg(self.process.pid, 15)
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, 9)
+            self.process.wait()
+
+    def post(self, **headers: str) -> httpx2.Response:
+        return httpx2.post(self.url, json=INITIALIZE, headers={**MCP_HEADERS, **headers},
+                           timeout=10)
+
+
+@pytest.mark.slow
+def test_auth_on_the_procfile_mcp_line_refuses_a_call_without_a_caller_token(recording_api):
+    api_url, seen = recording_api
+    with ProcfileMCP(api_url) as mcp_http:
+        refused = mcp_http.post()
+        assert refused.status_code == 401
+        assert refused.headers["WWW-Authenticate"].startswith("Bearer")
+        assert "AUTH_REQUIRED" in refused.json()["error"]["message"]
+        assert mcp_http.post(Authorization="Basic ZW52LWtleQ==").status_code == 401
 
         async def go() -> None:
             headers = {"Authorization": "Bearer caller-token"}
@@ -302,14 +395,29 @@ def test_http_forwards_the_callers_authorization_else_the_env_key(recording_api)
                 async with Client(streamable_http_client(mcp_http.url, http_client=http)) as c:
                     result = await c.call_tool("loom_working_memory_render", WHO)
                     assert payload(result) == {"recorded": True}
-            async with Client(mcp_http.url) as client:
-                await client.call_tool("loom_working_memory_render", WHO)
 
         run(go)
-    assert [call["authorization"] for call in seen] == ["Bearer caller-token", "Bearer env-key"]
-    assert seen[0]["path"] == "/v1/working_memory.render"
-    assert seen[0]["body"] == WHO
-    assert seen[0]["client"].startswith("loom-mcp/")
+    # The server's own key never left it: the one call made carried the caller's token.
+    assert [call["authorization"] for call in seen] == ["Bearer caller-token"]
+
+
+@pytest.mark.slow
+def test_the_procfile_mcp_line_checks_host_and_origin_on_a_wide_bind(recording_api):
+    api_url, _ = recording_api
+    token = {"Authorization": "Bearer caller-token"}
+    with ProcfileMCP(api_url) as mcp_http:
+        assert mcp_http.post(**token).status_code == 200
+        rebound = mcp_http.post(**token, Host=f"attacker.example:{mcp_http.port}")
+        assert rebound.status_code == 421
+        cross_site = mcp_http.post(**token, Origin="http://attacker.example")
+        assert cross_site.status_code == 403
+        assert mcp_http.post(**token, Origin=f"http://localhost:{mcp_http.port}"
+                             ).status_code == 200
+    with ProcfileMCP(api_url, LOOM_ALLOWED_HOSTS="loom.example, 10.0.0.7") as mcp_http:
+        assert mcp_http.post(**token, Host="loom.example").status_code == 200
+        assert mcp_http.post(**token, Host=f"10.0.0.7:{mcp_http.port}",
+                             Origin="https://loom.example").status_code == 200
+        assert mcp_http.post(**token, Host="attacker.example").status_code == 421
 
 
 @pytest.mark.slow

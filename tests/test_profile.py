@@ -281,7 +281,7 @@ def test_render_formats_exactly(client):
     xml = ok(client, "profile.render", user_id="u-42", read_scope="own_user")
     assert xml["rendered"] == (
         '<profile label="persona">Terse.</profile>\n'
-        '<profile label="prefs" user_id="u-42">EUR & CHF</profile>'
+        '<profile label="prefs" user_id="u-42">EUR &amp; CHF</profile>'
     )
     assert xml["section_count"] == 2 and xml["labels"] == ["persona", "prefs"]
     assert xml["total_chars"] == len(xml["rendered"])
@@ -422,8 +422,6 @@ def test_reads_are_recorded_per_agent_and_client(app_factory):
              memory_id=written["memory_id"], user_id="u-42", agent="ide-bot")
     assert got["found"]
     clock.advance(5)
-    ok(client, "profile.render", {"X-Loom-Client": "loom-console"}, user_id="u-42",
-       agent="dashboard")
     ok(client, "memory.set", key="fact", value="v", user_id="u-42")
     ok(client, "memory.get", {"X-Loom-Client": "not-a-profile-read"}, key="fact", user_id="u-42")
     entries = activity(client)
@@ -438,6 +436,21 @@ def test_reads_are_recorded_per_agent_and_client(app_factory):
     entries = activity(client)
     assert [e["agent"] for e in entries] == ["triage-bot", "ide-bot"]
     assert ok(client, "profile.activity", user_id="u-7")["entries"] == []
+
+
+def test_the_console_is_known_by_its_in_process_call_never_by_a_header(app_factory):
+    client = app_factory(clock=FrozenClock()).test_client()
+    ok(client, "profile.set", label="persona", value="v", user_id="u-42")
+    ok(client, "profile.render", {"X-Loom-Client": "loom-console"}, user_id="u-42",
+       agent="dashboard")
+    ok(client, "profile.render", {"User-Agent": "loom-console/9"}, user_id="u-42",
+       agent="dashboard-ua")
+    assert sorted((e["agent"], e["client"]) for e in activity(client)) == [
+        ("dashboard", "loom-console"), ("dashboard-ua", "loom-console/9")]
+    # The console's own page reads the profile in process, and is left out.
+    page = client.get("/console/ns/support/user", query_string={"user_id": "u-42"})
+    assert page.status_code == 200 and "persona" in page.get_data(as_text=True)
+    assert len(activity(client)) == 2
 
 
 def test_activity_answers_at_most_twenty_most_recent_first(app_factory):

@@ -15,10 +15,15 @@ from flask import Blueprint, current_app, session
 
 from app.api import run_op
 from app.auth import Principal
+from app.keyed import keyed_digest
 from app.ops import load_ops
 from app.store.activity import CONSOLE_CLIENT
 
 CONSOLE_PATH = "/console"
+# The query fields whose values are ids of people: written into addresses as references.
+ID_FIELDS = ("user_id", "session_id")
+REFERENCE_PREFIX = "r:"
+_REFERENCE_PURPOSE = b"loom.console.reference.v1"
 
 bp = Blueprint(
     "console",
@@ -52,4 +57,33 @@ def run(name: str, body: dict[str, Any], principal: Principal) -> dict[str, Any]
     if declared is None:
         raise KeyError(name)
     services.check_budget(principal)
-    return run_op(declared, body, principal, services, client=CONSOLE_CLIENT)
+    return run_op(declared, body, principal, services, client=CONSOLE_CLIENT,
+                  by_console=True)
+
+
+def end_session() -> None:
+    """Forget this browser's session here and in the store (sign-out, a token that failed)."""
+    session.clear()
+
+
+def id_reference(value: str) -> str:
+    """The address form of a user or session id: a keyed hash this session maps back."""
+    if value in ("", "-") or value.startswith(REFERENCE_PREFIX):
+        return value
+    secret = current_app.extensions["loom"].settings.secret_key.encode("utf-8")
+    reference = REFERENCE_PREFIX + keyed_digest(
+        secret, _REFERENCE_PURPOSE, str(session.get("csrf", "")), value)[:24]
+    references = dict(session.get("references") or {})
+    if references.get(reference) != value:
+        references[reference] = value
+        session["references"] = references
+    return reference
+
+
+def resolve_reference(value: str) -> str | None:
+    """The id a reference stands for in this session; the value itself when it is none;
+    None for a reference this session did not make (another sign-in's link)."""
+    if not value.startswith(REFERENCE_PREFIX):
+        return value
+    found = (session.get("references") or {}).get(value)
+    return str(found) if found is not None else None

@@ -24,9 +24,19 @@ from flask import (
     session,
     url_for,
 )
+from werkzeug.datastructures import ImmutableMultiDict
 
 from app.auth import ANY, Principal
-from app.console.blueprint import bp, csrf_matches, csrf_token, run
+from app.console.blueprint import (
+    ID_FIELDS,
+    bp,
+    csrf_matches,
+    csrf_token,
+    end_session,
+    id_reference,
+    resolve_reference,
+    run,
+)
 from app.console.explain import structured_reason
 from app.errors import (
     AuthInvalid,
@@ -65,7 +75,35 @@ def _guard() -> Response | None:
             message="This form arrived without its security token (CSRF), so nothing was "
                     "changed. Reload the page and send the form again.",
         )
+    return _resolve_id_references()
+
+
+def _resolve_id_references() -> Response | None:
+    """The page's query with each id reference (``r:...``) back to the id it stands for."""
+    if not any(name in request.args for name in ID_FIELDS):
+        return None
+    resolved = []
+    for name, value in request.args.items(multi=True):
+        if name in ID_FIELDS:
+            found = resolve_reference(value)
+            if found is None:
+                return _page("error.html", 404, title="Link expired",
+                             message="This link was made for another sign-in. Open the user "
+                                     "again from the namespace page.")
+            value = found
+        resolved.append((name, value))
+    # werkzeug's Request.args is a settable cached property: the views read the ids.
+    request.args = ImmutableMultiDict(resolved)  # type: ignore[misc]
     return None
+
+
+@bp.url_defaults
+def _ids_as_references(endpoint: str, values: dict[str, Any]) -> None:
+    """``url_for`` for a console page writes user and session ids as references."""
+    for name in ID_FIELDS:
+        value = values.get(name)
+        if isinstance(value, str):
+            values[name] = id_reference(value)
 
 
 @bp.after_request
@@ -102,7 +140,7 @@ def current_principal() -> Principal:
     try:
         return services.authenticate(headers)
     except (AuthInvalid, AuthRequired) as error:
-        session.pop("token", None)
+        end_session()  # a revoked token ends every session signed in with it
         raise NotSignedIn(f"Your token no longer works: {error.message}") from None
 
 
@@ -181,8 +219,10 @@ def sign_in() -> Any:
     except LoomError as error:
         return _page("sign_in.html", 401, next_page=next_page, auth_off=auth_off,
                      error=f"That token was refused: {error.message}")
-    # A new CSRF token with the new identity, so a token planted before sign-in is worthless.
+    # A new session id and CSRF token with the new identity, so neither an id nor a token
+    # planted before sign-in is worth anything after it.
     session.clear()
+    session.renew()  # type: ignore[attr-defined]
     session.permanent = True
     session["token"] = token
     csrf_token()
@@ -191,7 +231,7 @@ def sign_in() -> Any:
 
 @bp.route("/sign-out", methods=["POST"])
 def sign_out() -> Any:
-    session.clear()
+    end_session()
     response = redirect(url_for("console.sign_in"))
     return response
 
@@ -210,11 +250,13 @@ def home(principal: Principal) -> Any:
                  auth_off=_services().settings.auth == "off")
 
 
-@bp.route("/find-user")
+@bp.route("/find-user", methods=["GET", "POST"])
 @page
 def find_user(principal: Principal) -> Any:
-    namespace = request.args.get("namespace", "").strip()
-    user_id = request.args.get("user_id", "").strip()
+    # By POST from the forms, so the typed id is in no address; the page opened is addressed
+    # by the id's reference.
+    namespace = request.values.get("namespace", "").strip()
+    user_id = request.values.get("user_id", "").strip()
     if not namespace or not user_id:
         return _page("error.html", 422, title="Not opened",
                      message="Give both the namespace and the user id.")

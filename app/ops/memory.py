@@ -405,7 +405,8 @@ def writable_location(call: Call, key: str) -> Location:
 
 def record_profile_read(call: Call, op_name: str) -> None:
     """Note a read of the caller's user's profile (render, section get, structured, pack)."""
-    call.services.store(ActivityStore).record(call.identity, call.client, op_name)
+    call.services.store(ActivityStore).record(call.identity, call.client, op_name,
+                                              by_console=call.by_console)
 
 
 def _not_found(call: Call) -> MemoryNotFound:

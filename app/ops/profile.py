@@ -26,6 +26,7 @@ from app.ops.memory import (
     source_trace_field,
     writable_location,
 )
+from app.prompt_text import markdown_body, markdown_heading, xml_attribute, xml_text
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, StrictInt
 from app.schemas.fastload import fast_load
@@ -231,22 +232,20 @@ def section_text(row: MemoryRow) -> str:
     return row.value if isinstance(row.value, str) else canonical_json(row.value)
 
 
-def _attribute(text: str) -> str:
-    return text.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
-
-
 def render_sections(rows: list[MemoryRow], style: str) -> str:
     """Sections as one prompt fragment; context.pack renders its profile layer with this."""
     if style == "markdown":
-        return "\n\n".join(f"## {row.key}\n{section_text(row)}" for row in rows)
+        return "\n\n".join(
+            f"## {markdown_heading(row.key)}\n{markdown_body(section_text(row))}" for row in rows
+        )
     parts = []
     for row in rows:
-        attributes = f'label="{_attribute(row.key)}"'
+        attributes = f'label="{xml_attribute(row.key)}"'
         if row.user_id != "-":
-            attributes += f' user_id="{_attribute(row.user_id)}"'
+            attributes += f' user_id="{xml_attribute(row.user_id)}"'
         if row.session_id != "-":
-            attributes += f' session_id="{_attribute(row.session_id)}"'
-        parts.append(f"<profile {attributes}>{section_text(row)}</profile>")
+            attributes += f' session_id="{xml_attribute(row.session_id)}"'
+        parts.append(f"<profile {attributes}>{xml_text(section_text(row))}</profile>")
     return "\n".join(parts)
 
 

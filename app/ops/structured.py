@@ -67,7 +67,8 @@ def profile_structured(call: Call) -> dict[str, Any]:
     snapshot = call.services.store(StructuredStore).snapshot(identity, for_build=False)
     answer = snapshot.read(call.services.clock.now_ns())
     answer["schema_sha256"] = snapshot.schema.sha if snapshot.schema is not None else ""
-    call.services.store(ActivityStore).record(identity, call.client, call.op.name)
+    call.services.store(ActivityStore).record(identity, call.client, call.op.name,
+                                              by_console=call.by_console)
     return answer
 
 

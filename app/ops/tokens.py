@@ -5,7 +5,8 @@ model.
 
 A new token never reaches above the token that minted it: its role, org, namespace, read
 scope, pinned user, bound session, agent, scopes and expiry are each the same as or narrower
-than the creator's.
+than the creator's. ``token.list`` and ``token.revoke`` see only the tokens a caller could
+have minted: inside its org, namespace, pinned user, session and agent.
 """
 
 from __future__ import annotations
@@ -132,9 +133,16 @@ def claims_for(call: Call) -> dict[str, Any]:
 
 
 def _in_reach(principal: Principal, claims: dict[str, Any]) -> bool:
+    """Whether ``principal`` may see and revoke a token of ``claims``: one inside its org and
+    namespace, and inside its pinned user, bound session and bound agent when it has them (a
+    token it could have minted), so a pinned admin cannot list or revoke its neighbours'."""
     if principal.org not in (ANY, claims["org"]) and not principal.single_user:
         return False
-    return principal.namespace == ANY or principal.namespace == claims["namespace"]
+    if principal.namespace not in (ANY, claims["namespace"]):
+        return False
+    bindings = (("read_user_id", principal.read_user_id), ("session_id", principal.session_id),
+                ("agent", principal.agent))
+    return all(bound is None or claims.get(claim) == bound for claim, bound in bindings)
 
 
 @op("token.create", role="admin", kind="write", listed=False,

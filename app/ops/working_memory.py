@@ -6,6 +6,7 @@ from typing import Any
 
 from marshmallow import Schema, fields, validate
 
+from app.prompt_text import markdown_body, markdown_heading, xml_attribute, xml_text
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, StrictInt, no_control_characters
 from app.schemas.fastload import fast_load
@@ -207,15 +208,15 @@ def working_memory_get(call: Call) -> dict[str, Any]:
 def render_blocks(blocks: list[Any], style: str) -> str:
     """The blocks as one prompt fragment; context.pack renders its layers with this too."""
     if style == "markdown":
-        return "\n\n".join(f"## {block.block_key}\n{block.content}" for block in blocks)
+        return "\n\n".join(
+            f"## {markdown_heading(block.block_key)}\n{markdown_body(block.content)}"
+            for block in blocks
+        )
     return "\n".join(
-        f'<working-memory block="{_attribute(block.block_key)}">{block.content}</working-memory>'
+        f'<working-memory block="{xml_attribute(block.block_key)}">{xml_text(block.content)}'
+        "</working-memory>"
         for block in blocks
     )
-
-
-def _attribute(text: str) -> str:
-    return text.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
 
 
 @op("working_memory.render", role="viewer", kind="read",

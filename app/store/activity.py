@@ -7,9 +7,10 @@ record is one Lua script (``app/store/lua/activity_record.lua``) that also drops
 than the 30-day window and keeps at most ``MAX_READERS``, so the keys stay small without a sweep
 job.
 
-Reads by the console (a client name starting ``loom-console``, sent as ``X-Loom-Client``) are
-not recorded: the activity answers "which client read my profile", and the console is where
-that question is asked.
+Reads by the console are not recorded: the activity answers "which client read my profile",
+and the console is where that question is asked. The server decides that a read is the
+console's (the console's own in-process call), never a header: a client naming itself
+``loom-console`` is recorded under that name like any other.
 """
 
 from __future__ import annotations
@@ -32,10 +33,6 @@ RETENTION_DAYS = 30
 MAX_READERS = 200
 MAX_CLIENT_CHARS = 200
 _DAY_US = 86_400 * 1_000_000
-
-
-def is_console(client: str) -> bool:
-    return client.strip().lower().startswith(CONSOLE_CLIENT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,10 +62,11 @@ class ActivityStore:
         user = (identity.org, identity.namespace, identity.user_id)
         return [keys.profile_reads(*user), keys.profile_reads_meta(*user)]
 
-    def record(self, identity: Identity, client: str, op: str) -> bool:
+    def record(self, identity: Identity, client: str, op: str, *, by_console: bool = False
+               ) -> bool:
         """Note that ``identity.agent`` read the user's profile through ``op``; False when the
-        read is the console's and is left out."""
-        if is_console(client):
+        read is the console's own (``by_console``) and is left out."""
+        if by_console:
             return False
         now_us = self.clock.now_ns() // 1000
         member = json.dumps([identity.agent, client[:MAX_CLIENT_CHARS]], ensure_ascii=False)

@@ -71,6 +71,17 @@ def org_tokens(org: str) -> str:
     return f"{PREFIX}:tokens:{org_tag(org)}"
 
 
+def console_session(sid_digest: str) -> str:
+    """One signed-in console session, under the keyed hash of the id its cookie holds."""
+    return f"{PREFIX}:console:{{{escape(sid_digest)}}}"
+
+
+def bad_credentials(address: str) -> str:
+    """Requests from one client address that sent a token the server refused, in the window
+    that began with the first of them."""
+    return f"{PREFIX}:badauth:{{{escape(address)}}}"
+
+
 def rate_window(caller: str, window: int) -> str:
     """Requests a caller (token id, or the single user) made in one fixed window."""
     return f"{PREFIX}:rate:{{{escape(caller)}}}:{window}"

@@ -1,4 +1,5 @@
-"""The per-token request budget: a fixed-window counter per caller in Redis.
+"""The per-token request budget: a fixed-window counter per caller in Redis; and the
+per-address budget of refused tokens (``BadCredentialBudget``).
 
 One pipelined INCR + EXPIRE per request (one round trip), shared by every web process. Off
 unless LOOM_RATE_LIMIT is set.
@@ -35,3 +36,31 @@ class RateLimiter:
         if count <= limit:
             return None
         return max(1, int((window + 1) * period - now + 0.999))
+
+
+class BadCredentialBudget:
+    """How many refused tokens one client address may send (``LOOM_BAD_TOKEN_LIMIT``).
+
+    Counted only when a token is refused, so a good request costs no round trip. The window
+    starts with the address's first refusal (EXPIRE NX), not at a wall-clock boundary, so a
+    guesser cannot spend two budgets back to back across one.
+    """
+
+    def __init__(self, services: StoreServices) -> None:
+        self.redis = services.redis
+        self.budget: tuple[int, int] | None = services.settings.bad_token_limit
+
+    def spend(self, address: str) -> int | None:
+        """Count one refusal; the seconds until the window ends when over budget, else None."""
+        if self.budget is None:
+            return None
+        limit, period = self.budget
+        key = keys.bad_credentials(address)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.incr(key)
+        pipe.expire(key, period, nx=True)
+        pipe.ttl(key)
+        count, _, ttl = pipe.execute()
+        if int(count) <= limit:
+            return None
+        return max(1, int(ttl))

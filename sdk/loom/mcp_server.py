@@ -22,6 +22,14 @@ when a call leaves them out, so a desktop client need not repeat them on every c
 Run ``loom-mcp stdio`` (or ``python -m loom.mcp_server stdio``) for a desktop client, or
 ``loom-mcp http --host 0.0.0.0 --port 8001`` for Streamable HTTP at ``/mcp`` (stateless,
 JSON answers).
+
+Over HTTP, whoever reaches the port is a caller: each call carries the caller's own token.
+``LOOM_API_KEY`` is sent for a caller without one only when ``LOOM_MCP_HTTP_SERVER_KEY`` is on
+(on stdio the desktop user who started the process is the caller, and it is always sent);
+with ``LOOM_AUTH=on`` and no opt-in, a request without a bearer token is refused with 401
+before it reaches the MCP layer. Every bind checks ``Host`` and ``Origin`` (the MCP SDK's
+``TransportSecuritySettings``) against the loopback names and ``LOOM_ALLOWED_HOSTS``, so a web
+page that rebinds a name to this machine cannot call the tools.
 """
 
 from __future__ import annotations
@@ -41,6 +49,10 @@ import anyio.to_thread
 import mcp_types as types
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from loom._version import __version__
 from loom.calls import Call
@@ -55,6 +67,10 @@ IDENTITY_ENV = {
     "namespace": "LOOM_MCP_NAMESPACE",
     "agent": "LOOM_MCP_AGENT",
 }
+ALLOWED_HOSTS_ENV = "LOOM_ALLOWED_HOSTS"
+SERVER_KEY_ENV = "LOOM_MCP_HTTP_SERVER_KEY"
+# The names a client on this machine reaches it by; what LOOM_ALLOWED_HOSTS adds to.
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 CLIENT_NAME = f"loom-mcp/{__version__}"
 INSTRUCTIONS = (
     "Loom holds the context an agent is told every time: working-memory blocks (leases, "
@@ -241,8 +257,11 @@ class LoomMCP:
         self._local = threading.local()
 
     @classmethod
-    def from_env(cls, toolsets: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> LoomMCP:
+    def from_env(cls, toolsets: str | None = None, timeout: float = DEFAULT_TIMEOUT,
+                 *, server_key: bool = True) -> LoomMCP:
+        """From the environment; ``server_key=False`` never sends ``LOOM_API_KEY``."""
         return cls(
+            api_key=None if server_key else "",
             toolsets=parse_toolsets(toolsets or os.environ.get(TOOLSETS_ENV)),
             identity={field: os.environ.get(env, "") for field, env in IDENTITY_ENV.items()},
             timeout=timeout,
@@ -334,11 +353,82 @@ def listen_host(environ: Mapping[str, str]) -> str:
     return "0.0.0.0" if environ.get("LOOM_AUTH", "off").strip().lower() == "on" else "127.0.0.1"
 
 
-def http_app(loom: LoomMCP, *, host: str, path: str = "/mcp") -> Any:
-    """The Streamable HTTP app: stateless, JSON answers (no SSE streams to keep open)."""
-    return loom.server().streamable_http_app(
-        streamable_http_path=path, json_response=True, stateless_http=True, host=host
+def _on(environ: Mapping[str, str], name: str) -> bool:
+    return environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def auth_on(environ: Mapping[str, str]) -> bool:
+    return environ.get("LOOM_AUTH", "off").strip().lower() == "on"
+
+
+def sends_server_key_over_http(environ: Mapping[str, str]) -> bool:
+    """Whether an HTTP caller without a token is given ``LOOM_API_KEY``: only by opt-in."""
+    return _on(environ, SERVER_KEY_ENV)
+
+
+def allowed_host_names(environ: Mapping[str, str]) -> tuple[str, ...] | None:
+    """The Host names answered: loopback and ``LOOM_ALLOWED_HOSTS``; None when it lists ``*``.
+
+    The web process reads the same setting through ``app.settings`` (which this process does
+    not import); a test holds both to one rule.
+    """
+    extra = tuple(part.strip().lower()
+                  for part in environ.get(ALLOWED_HOSTS_ENV, "").split(",") if part.strip())
+    if "*" in extra:
+        return None
+    return tuple(dict.fromkeys((*LOOPBACK_NAMES, *extra)))
+
+
+def transport_security(environ: Mapping[str, str]) -> TransportSecuritySettings:
+    """Host and Origin checks for every bind, not only the loopback ones the SDK guards
+    by itself: each allowed name on any port, and its http and https origins."""
+    names = allowed_host_names(environ)
+    if names is None:
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[form for name in names for form in (name, f"{name}:*")],
+        allowed_origins=[f"{scheme}://{name}{port}" for name in names
+                         for scheme in ("http", "https") for port in ("", ":*")],
     )
+
+
+class CallerTokenRequired:
+    """ASGI: a request without ``Authorization: Bearer <token>`` answers 401, since with auth
+    on and no server key a call could only fail, and the refusal should not wait for one."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                refusal = JSONResponse(
+                    {"jsonrpc": "2.0", "id": None, "error": {
+                        "code": -32001,
+                        "message": "AUTH_REQUIRED: auth is on: send Authorization: Bearer "
+                                   "<token> (this server does not lend its own key)"}},
+                    status_code=401, headers={"WWW-Authenticate": 'Bearer realm="loom"'},
+                )
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def http_app(loom: LoomMCP, *, host: str, path: str = "/mcp",
+             environ: Mapping[str, str] | None = None) -> Any:
+    """The Streamable HTTP app: stateless, JSON answers (no SSE streams to keep open), Host
+    and Origin checked, and with auth on a caller token required unless the operator lends
+    the server's key (``LOOM_MCP_HTTP_SERVER_KEY``)."""
+    environ = os.environ if environ is None else environ
+    app = loom.server().streamable_http_app(
+        streamable_http_path=path, json_response=True, stateless_http=True, host=host,
+        transport_security=transport_security(environ),
+    )
+    if auth_on(environ) and not sends_server_key_over_http(environ):
+        return CallerTokenRequired(app)
+    return app
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -361,8 +451,9 @@ def main(argv: list[str] | None = None) -> int:
     http.add_argument("--port", type=int, default=8001)
     http.add_argument("--path", default="/mcp")
     args = parser.parse_args(argv)
+    server_key = args.transport == "stdio" or sends_server_key_over_http(os.environ)
     try:
-        loom = LoomMCP.from_env(args.toolsets, timeout=args.timeout)
+        loom = LoomMCP.from_env(args.toolsets, timeout=args.timeout, server_key=server_key)
     except ValueError as exc:
         parser.error(str(exc))
     if args.transport == "stdio":

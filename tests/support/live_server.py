@@ -16,6 +16,7 @@ from pathlib import Path
 import requests
 
 from app.local import die_with_parent, free_port
+from tests.support.log_leaks import leaking_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,6 +82,17 @@ class LiveServer:
             mismatches = [line for line in self.output.read_text(errors="replace").splitlines()
                           if "answer contract violation" in line]
             assert mismatches == [], mismatches[:5]
+            # And no line it wrote, to its output or a log file it was given, leaks an id or a
+            # token.
+            leaked = [line for path in self.log_files() for line in leaking_lines(path)]
+            assert leaked == [], leaked[:5]
+
+    def log_files(self) -> list[Path]:
+        files = [self.output]
+        for flag, value in zip(self.extra_args, self.extra_args[1:], strict=False):
+            if flag in ("--access-logfile", "--error-logfile") and value != "-":
+                files.append(Path(value))
+        return files
 
     def __enter__(self) -> LiveServer:
         return self.start()

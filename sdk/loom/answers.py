@@ -318,6 +318,7 @@ class ProfileActivityEntry(TypedDict, total=False):
 class ProfileAppendAnswer(TypedDict, total=False):
     ignored_args: list[str]
     version: int
+    version_text: str
     memory_id: str
     content_sha256: str
     namespace: str
@@ -337,6 +338,7 @@ class ProfileRenderAnswer(TypedDict, total=False):
 class ProfileReplaceAnswer(TypedDict, total=False):
     ignored_args: list[str]
     version: int
+    version_text: str
     memory_id: str
     content_sha256: str
     namespace: str
@@ -348,6 +350,7 @@ class ProfileReplaceAnswer(TypedDict, total=False):
 class ProfileSetAnswer(TypedDict, total=False):
     ignored_args: list[str]
     version: int
+    version_text: str
     memory_id: str
     content_sha256: str
     namespace: str
@@ -504,6 +507,7 @@ class WorkingMemoryAppendAnswer(TypedDict, total=False):
     ignored_args: list[str]
     block_key: str
     version: int
+    version_text: str
     char_limit: int
     value_length: int
     fill_ratio: float
@@ -520,6 +524,7 @@ class WorkingMemoryGetAnswer(TypedDict, total=False):
     content: str
     char_limit: int
     version: int
+    version_text: str
     updated_at: str | None
     fill_ratio: float
     ignored_args: list[str]
@@ -539,6 +544,7 @@ class WorkingMemoryBlock(TypedDict, total=False):
     content: str
     char_limit: int
     version: int
+    version_text: str
     updated_at: str | None
     fill_ratio: float
 
@@ -547,6 +553,7 @@ class WorkingMemoryReplaceAnswer(TypedDict, total=False):
     ignored_args: list[str]
     block_key: str
     version: int
+    version_text: str
     char_limit: int
     value_length: int
     fill_ratio: float
@@ -568,6 +575,7 @@ class WorkingMemorySetAnswer(TypedDict, total=False):
     ignored_args: list[str]
     block_key: str
     version: int
+    version_text: str
     char_limit: int
     value_length: int
     fill_ratio: float

@@ -8,6 +8,10 @@ in ``child_exit``, as prometheus_client's multiprocess mode asks.
 
 Logs: gunicorn's own lines take Loom's format (``LOOM_LOG_FORMAT``).
 
+Control socket: off. gunicorn's default is one path per machine user
+(``~/.gunicorn/gunicorn.ctl``), shared by every instance and outside the data folder, and
+stopping its server holds the master up to 4 s at shutdown; Loom does not use ``gunicornc``.
+
 Address: the rule of every Loom process (``app.settings.listen_host``): ``HOST`` when set,
 else loopback unless ``LOOM_AUTH=on``; the port is ``PORT``. A ``--bind`` on the command line
 wins over it (the tests' own gunicorn uses one).
@@ -29,6 +33,8 @@ from gunicorn.glogging import Logger as _GunicornLogger
 
 from app.logs import make_formatter as _make_formatter
 from app.settings import listen_host as _listen_host
+
+control_socket_disable = True
 
 bind = [f"{_listen_host()}:{_os.environ.get('PORT', '8000').strip() or '8000'}"]
 

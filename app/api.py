@@ -25,7 +25,7 @@ from marshmallow import Schema, ValidationError
 from werkzeug.exceptions import HTTPException
 from werkzeug.wsgi import get_content_length
 
-from app import logs, metrics
+from app import idempotency, logs, metrics
 from app.auth import Principal, resolve_identity
 from app.errors import (
     AuthInsufficient,
@@ -65,6 +65,14 @@ WRITE_ERROR_RESPONSES = {
 CAS_ERROR_RESPONSES = {
     "412": "The agent state's version moved (agent_state_conflict)",
 }
+
+
+IDEMPOTENCY_NOTE = (
+    f"\n\nSend an `{idempotency.HEADER}` header (1 to {idempotency.MAX_KEY_LENGTH} printable "
+    "ASCII characters) to make a retry safe: a repeat within a day answers the first answer "
+    "and applies nothing; the same key with another body is 422 `IDEMPOTENCY_KEY_REUSED`, "
+    "and a repeat while the first call runs is 409 `IDEMPOTENCY_IN_PROGRESS`."
+)
 
 
 def error_responses(op: Op) -> dict[str, str]:
@@ -169,9 +177,11 @@ def run_op(
     services: Services,
     client: str | Callable[[], str] = "",
     by_console: bool = False,
+    idempotency_key: str | None = None,
 ) -> dict[str, Any]:
     """Run one op for a principal: role, input schema, identity, handler, ``ignored_args``;
     with ``LOOM_VALIDATE_ANSWERS`` on, the answer is checked against the op's answer schema.
+    A write op with an ``idempotency_key`` runs once per key (``app.idempotency``).
 
     The HTTP views and the ``flask loom`` commands both come through here, so an op behaves
     the same whichever way it is called.
@@ -184,9 +194,18 @@ def run_op(
     args = load_args(op.args, body)
     identity = resolve_identity(op, principal, args)
     logs.bind(org=identity.org, namespace=identity.namespace)
-    result = op.handler(Call(op, args, identity, principal, services, client, by_console))
-    known = _known_fields(op.args)
-    result["ignored_args"] = [name for name in body if name not in known]
+    call = Call(op, args, identity, principal, services, client, by_console)
+
+    def answer() -> dict[str, Any]:
+        result = op.handler(call)
+        known = _known_fields(op.args)
+        result["ignored_args"] = [name for name in body if name not in known]
+        return result
+
+    if idempotency_key is not None and op.kind != "read":
+        result = idempotency.run_once(call, idempotency_key, body, answer)
+    else:
+        result = answer()
     if services.settings.validate_answers:
         contract.check_answer(op.name, result)
     return result
@@ -222,7 +241,8 @@ def make_view(op: Op, services: Services) -> Callable[..., Any]:
             body = {**body, **path_args}
         if is_get and request.args:
             body = {**request.args.to_dict(), **body}
-        return run_op(op, body, principal, services, lambda: _client_name(headers))
+        return run_op(op, body, principal, services, lambda: _client_name(headers),
+                      idempotency_key=headers.get(idempotency.HEADER))
 
     view.__name__ = op.name.replace(".", "_")
     view.__doc__ = op.summary
@@ -247,6 +267,7 @@ def operation_doc(op: Op, api: Api, auth_on: bool) -> dict[str, Any]:
             f"Role `{op.role}` · {op.kind}"
             + ("" if not op.mcp else f" · MCP `{op.mcp_name}`")
             + ("" if op.listed or not op.mcp else " · not listed under the MCP all toolset")
+            + ("" if op.kind == "read" else IDEMPOTENCY_NOTE)
         ),
         "operationId": op.name,
         "responses": responses,

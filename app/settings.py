@@ -140,6 +140,10 @@ class Setting:
 _SECONDS = _int_range(1, 7 * 24 * 3600)
 
 
+def _optional_port(value: str) -> int | None:
+    return _int_range(1, 65535)(value) if value.strip() else None
+
+
 def _web_workers(value: str) -> int:
     if not value.strip():
         return max(2, os.cpu_count() or 1)
@@ -151,6 +155,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("LOOM_QUEUE_URL", "", _redis_url,
             "Redis for RQ jobs; defaults to REDIS_URL (RQ does not run on Redis Cluster). "
             "Required with LOOM_REDIS_CLUSTER=on."),
+    Setting("LOOM_LOCAL_REDIS_PORT", "", _optional_port,
+            "Port of the embedded server the run command starts (never one it did not start). "
+            "Empty: a free port, kept in LOOM_DATA_DIR/redis/port for the next run."),
     Setting("LOOM_REDIS_CLUSTER", "off", _choice("off", "on"),
             "on: REDIS_URL names a node of a Redis Cluster and the data plane uses redis-py's "
             "cluster client."),
@@ -290,6 +297,7 @@ class Settings:
     # --- generated from SETTINGS: python -m app.readme ---
     redis_url: str = ''
     queue_url: str = ''
+    local_redis_port: int | None = None
     redis_cluster: str = 'off'
     redis_socket_timeout_seconds: float = 2.0
     redis_connect_timeout_seconds: float = 2.0

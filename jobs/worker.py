@@ -58,6 +58,22 @@ class LoomWorker(Worker):
             super().teardown()
         except UNAVAILABLE_ERRORS as error:
             log.warning("could not record the worker's death: %s", error)
+        finally:
+            # RQ unsubscribes only after the death is recorded, and its unsubscribe speaks to
+            # Redis first: with Redis away neither runs, and the pub/sub thread would go on
+            # reconnecting, one more thread and connection per outage, beside the next worker.
+            self.release_pubsub()
+
+    def release_pubsub(self) -> None:
+        """Stop this worker's pub/sub thread and drop its connection, without asking Redis."""
+        thread, pubsub = self.pubsub_thread, self.pubsub
+        self.pubsub_thread = self.pubsub = None
+        if thread is not None:
+            thread.stop()
+        if pubsub is not None:
+            pubsub.close()  # disconnects the socket, so a thread blocked reading it wakes up
+        if thread is not None:
+            thread.join(timeout=5)
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         # Bound before the fork: the work horse inherits the context, and the worker's own

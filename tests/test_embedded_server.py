@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from app.local import RedisServerProcess, ServerStartError, embedded_server_binary
+from app.local import RedisServerProcess, ServerStartError, embedded_server_binary, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,9 +58,20 @@ def test_a_failed_start_says_what_the_server_printed(tmp_path):
 def test_the_run_command_stops_with_the_servers_message_when_it_cannot_start(tmp_path):
     with _taken_port() as holder:
         port = holder.getsockname()[1]
-        env = {**os.environ, "LOOM_DATA_DIR": str(tmp_path), "LOOM_LOCAL_REDIS_PORT": str(port)}
+        env = {**os.environ, "LOOM_DATA_DIR": str(tmp_path), "LOOM_LOCAL_REDIS_PORT": str(port),
+               "PORT": str(free_port()), "MCP_PORT": str(free_port())}
         env.pop("REDIS_URL", None)
         run = subprocess.run([sys.executable, "-m", "app.local"], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=30)
-    assert run.returncode == 1
-    assert "in use" in run.stderr and "Traceback" not in run.stderr
+    # Refused before the server is started: the port is another program's.
+    assert run.returncode == 2
+    assert f"LOOM_LOCAL_REDIS_PORT={port}" in run.stderr and "in use" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_a_server_already_on_the_port_is_never_taken_for_the_one_started(tmp_path):
+    with RedisServerProcess(tmp_path / "first", appendonly=False) as first:
+        second = RedisServerProcess(tmp_path / "second", port=first.port, appendonly=False)
+        with pytest.raises(ServerStartError):
+            second.start(timeout=10)  # the first one answers PING; it is not this process
+        assert second.process is None

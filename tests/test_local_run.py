@@ -13,6 +13,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -124,3 +125,143 @@ def test_a_fresh_machine_runs_the_readme_command_and_keeps_its_data(tmp_path):
     assert {path.parts[0] for path in _files_under(workdir)} == {"var"}
     assert _files_under(tmpdir) == set()
     assert _files_under(ROOT) - clone_before == set()
+
+
+# --- several runs, signals, settings ------------------------------------------------------------
+
+
+def _run_env(tmp_path: Path, name: str, **settings: str) -> tuple[dict[str, str], Path]:
+    """A run of its own: its data folder, HOME and TMPDIR (checked empty afterwards), ports."""
+    base = tmp_path / name
+    for folder in ("data", "home", "tmp"):
+        (base / folder).mkdir(parents=True)
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("LOOM_", "REDIS_", "HOST", "XDG_", "WEB_CONCURRENCY"))}
+    env.update(PATH=os.path.dirname(sys.executable), HOME=str(base / "home"),
+               TMPDIR=str(base / "tmp"), LOOM_DATA_DIR=str(base / "data"),
+               PORT=str(free_port()), MCP_PORT=str(free_port()), **settings)
+    return env, base
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process under ``pid``, from the kernel's process table."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _wait_serving(env: dict[str, str], process: subprocess.Popen[bytes]) -> None:
+    """Until the API answers and the MCP server listens (every child started)."""
+    _wait(f"http://127.0.0.1:{env['PORT']}", process)
+    deadline = time.monotonic() + 60
+    while not listening_addresses(int(env["MCP_PORT"])):
+        assert process.poll() is None, "the run stopped"
+        assert time.monotonic() < deadline, "the MCP server did not start"
+        time.sleep(0.3)
+
+
+def _terminate(process: subprocess.Popen[bytes]) -> set[int]:
+    """SIGTERM to the run command alone; the processes it had started, all of them gone."""
+    children = _descendants(process.pid)
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=40)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise
+    deadline = time.monotonic() + 10
+    while any(_running(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return {pid for pid in children if _running(pid)}
+
+
+@pytest.mark.slow
+def test_two_runs_at_once_each_serve_their_own_data_and_stop_on_sigterm(tmp_path):
+    # WEB_CONCURRENCY is a documented setting: the MCP process must not take it as its own.
+    first_env, first = _run_env(tmp_path, "first", WEB_CONCURRENCY="2")
+    second_env, second = _run_env(tmp_path, "second")
+    runs = [_start(tmp_path, first_env), _start(tmp_path, second_env)]
+    try:
+        for env, process in zip((first_env, second_env), runs, strict=True):
+            _wait_serving(env, process)
+        block = {"namespace": "support", "agent": "triage-bot", "run_id": "r", "block_key": "b"}
+        first_url = f"http://127.0.0.1:{first_env['PORT']}"
+        second_url = f"http://127.0.0.1:{second_env['PORT']}"
+        written = requests.post(first_url + "/v1/working_memory.set",
+                                json={**block, "content": "first's"}, timeout=5)
+        assert written.status_code == 200
+        assert requests.post(second_url + "/v1/working_memory.get", json=block,
+                             timeout=5).json()["found"] is False
+        ports = {int((run / "data" / "redis" / "port").read_text()) for run in (first, second)}
+        assert len(ports) == 2  # each its own embedded server, on a port kept in its folder
+
+        # Naming the first run's server is refused, before anything starts.
+        taken = subprocess.run(
+            [sys.executable, "-m", "app.local"], cwd=tmp_path, capture_output=True, timeout=60,
+            env={**_run_env(tmp_path, "third")[0],
+                 "LOOM_LOCAL_REDIS_PORT": (first / "data" / "redis" / "port").read_text().strip()})
+        assert taken.returncode == 2
+        [line] = taken.stderr.decode().splitlines()
+        assert "LOOM_LOCAL_REDIS_PORT" in line and "in use" in line
+        assert not (tmp_path / "third" / "data" / "redis").exists()
+        # So is a second run on a data folder in use.
+        again = subprocess.run(
+            [sys.executable, "-m", "app.local"], cwd=tmp_path, capture_output=True, timeout=60,
+            env={**first_env, "PORT": str(free_port()), "MCP_PORT": str(free_port())})
+        assert again.returncode == 2
+        assert "another run is using the data folder" in again.stderr.decode()
+        assert all(process.poll() is None for process in runs)
+    finally:
+        left = [_terminate(process) for process in runs]
+    assert left == [set(), set()]
+    for run in (first, second):
+        # Nothing outside the data folder: no ~/.gunicorn/gunicorn.ctl, no temporary files.
+        assert _files_under(run / "home") == set()
+        assert _files_under(run / "tmp") == set()
+
+
+@pytest.mark.parametrize(("setting", "value"), [
+    ("WEB_CONCURRENCY", "lots"), ("LOOM_AUTH", "maybe"), ("LOOM_LOCAL_REDIS_PORT", "70000"),
+    ("LOOM_RATE_LIMIT", "fast"),
+])
+def test_a_bad_setting_is_one_line_naming_it_before_anything_starts(tmp_path, setting, value):
+    env, base = _run_env(tmp_path, "bad", **{setting: value})
+    ran = subprocess.run([sys.executable, "-m", "app.local"], cwd=tmp_path, env=env,
+                         capture_output=True, timeout=60)
+    assert ran.returncode == 2
+    [line] = ran.stderr.decode().splitlines()
+    assert line.startswith(f"loom: {setting}=")
+    assert not (base / "data" / "redis").exists()
+
+
+def test_a_port_in_use_is_one_line_naming_it(tmp_path):
+    env, base = _run_env(tmp_path, "busy")
+    with socket.create_server(("127.0.0.1", int(env["PORT"]))):
+        ran = subprocess.run([sys.executable, "-m", "app.local"], cwd=tmp_path, env=env,
+                             capture_output=True, timeout=60)
+    assert ran.returncode == 2
+    [line] = ran.stderr.decode().splitlines()
+    assert line.startswith(f"loom: PORT={env['PORT']}: the port is in use")
+    assert not (base / "data" / "redis").exists()

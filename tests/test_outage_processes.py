@@ -111,3 +111,78 @@ def test_worker_and_scheduler_ride_out_redis_down_at_start_and_a_restart(tmp_pat
                     process.wait()
                     pytest.fail(f"{process.args} did not stop on SIGTERM")
             redis_server.stop()
+
+
+def _worker_threads(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/task"))
+
+
+def _other_clients(connection) -> int:
+    """Connections to Redis other than this test's own: the worker's, pub/sub included."""
+    own = connection.client_id()
+    return sum(1 for client in connection.client_list() if int(client["id"]) != own)
+
+
+def _run_job(queue, seconds: float, timeout: float = 60.0):
+    """Enqueue ``time.sleep(seconds)``; the job once it has started."""
+    job = queue.enqueue("time.sleep", seconds)
+    deadline = time.monotonic() + timeout
+    while job.get_status(refresh=True) not in ("started", "finished"):
+        assert time.monotonic() < deadline, "the worker took no job"
+        time.sleep(0.1)
+    return job
+
+
+def _idle_counts(worker, queue, connection) -> tuple[int, int]:
+    """Threads and connections of a worker that just finished a job and sits idle: counted
+    after the 2 s in which a leftover pub/sub thread would have reconnected."""
+    job = _run_job(queue, 0.1)
+    deadline = time.monotonic() + 60
+    while job.get_status(refresh=True) != "finished":
+        assert worker.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    time.sleep(5)
+    return _worker_threads(worker.pid), _other_clients(connection)
+
+
+def test_outages_during_jobs_leave_the_workers_threads_and_connections_flat(tmp_path):
+    import redis as redis_py
+    from rq import Queue
+
+    redis_server = OwnedRedis(tmp_path / "redis").start()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "REDIS_URL": redis_server.url,
+           "LOOM_SECRET_KEY": TEST_SECRET, "LOOM_DATA_DIR": str(tmp_path / "data")}
+    env.pop("LOOM_QUEUE_URL", None)
+    log = tmp_path / "worker.log"
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "jobs.worker", "--queues", "loom-maintenance"], cwd=ROOT, env=env,
+        stdout=log.open("wb"), stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+    connection = redis_py.Redis.from_url(redis_server.url)
+    try:
+        queue = Queue("loom-maintenance", connection=connection)
+        counts = [_idle_counts(worker, queue, connection)]
+        for _ in range(3):
+            _run_job(queue, 3)  # a job is running when Redis goes away
+            redis_server.kill()
+            time.sleep(3)  # the worker's heartbeat and teardown meet a dead Redis
+            redis_server.start()
+            connection.connection_pool.disconnect()
+            counts.append(_idle_counts(worker, queue, connection))
+            assert worker.poll() is None, log.read_text()
+        # The data plane's connection opened at start is not needed again (the queue and the
+        # data share this Redis), so the first count may hold one connection more; after
+        # that, each outage must leave the same threads and connections as the one before.
+        threads, clients = counts[0]
+        assert all(after[0] == threads and after[1] <= clients for after in counts[1:]), counts
+        assert counts[1:] == [counts[1]] * 3, counts
+        assert "could not record the worker's death" in log.read_text()  # teardown failed
+
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+        connection.close()
+        redis_server.stop()

@@ -11,8 +11,8 @@ from app.clock import FrozenClock
 from tests.auth_support import auth_app, bearer, mint
 
 NS = {"namespace": "support", "agent": "triage-bot"}
-WRITE_FIELDS = {"version", "memory_id", "content_sha256", "namespace", "label", "char_limit",
-                "value_length", "ignored_args"}
+WRITE_FIELDS = {"version", "version_text", "memory_id", "content_sha256", "namespace", "label",
+                "char_limit", "value_length", "ignored_args"}
 
 
 def call(client, op, headers=None, **body):
@@ -47,6 +47,7 @@ def test_set_answers_every_field(client):
     expected_sha = hashlib.sha256(canonical("Terse. Cite ticket ids.").encode()).hexdigest()
     assert out["content_sha256"] == expected_sha
     assert out["memory_id"].startswith("mem_") and out["version"] > 10**18
+    assert out["version_text"] == str(out["version"])  # above 2^53: exact only as text
     assert section(client, "persona") == "Terse. Cite ticket ids."
 
 

@@ -1,8 +1,10 @@
-"""Retries, both forms, against real sockets: a gunicorn that rate-limits, and a proxy that
-resets connections or answers 503 (``tests.support.faulty_proxy``).
+"""Retries, both forms, against real sockets: a server that rate-limits on an injected clock,
+and a proxy that resets or closes connections or answers 503 (``tests.support.faulty_proxy``).
 
 Reads and idempotent ops are sent again after a reset, a 503 or a 429 (waiting Retry-After);
-a ``write`` op is never sent twice once it may have reached the server.
+a write carries one Idempotency-Key for all its tries, so it is sent again too and applied
+once. The rate-limited server runs on a ``FrozenClock`` that the retry policy moves on by each
+wait it chooses, so the rate windows never depend on how fast a loaded machine runs.
 """
 
 from __future__ import annotations
@@ -15,13 +17,22 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from werkzeug.serving import make_server
 
+from app.clock import FrozenClock
 from app.local import free_port
 from loom import Agent, AsyncAgent, Retry, errors
 from loom.errors import LoomConnectionError, RateLimited, ServerError
-from loom.retry import retriable
-from tests.conftest import TEST_SECRET
-from tests.support.faulty_proxy import RESET_AFTER, RESET_BEFORE, UNAVAILABLE, FaultyProxy
+from loom.retry import KEYED, retriable
+from tests.conftest import TEST_SECRET, make_app
+from tests.support.faulty_proxy import (
+    CLOSE_AFTER,
+    CLOSE_BEFORE,
+    RESET_AFTER,
+    RESET_BEFORE,
+    UNAVAILABLE,
+    FaultyProxy,
+)
 from tests.support.live_server import LiveServer
 
 WHO = {"org": "default", "namespace": "support", "agent": "triage-bot"}
@@ -72,6 +83,14 @@ def test_what_is_safe_to_send_again():
         assert not retriable(kind, broken)
     assert retriable("write", refused)
     assert not any(retriable("write", error) for error in (reset, limited, unavailable, broken))
+    # A write sent with an Idempotency-Key is applied once however often it is sent.
+    running = errors.IdempotencyInProgress("running", status=409, code="IDEMPOTENCY_IN_PROGRESS")
+    unknown = errors.IdempotencyOutcomeUnknown(
+        "unknown", status=409, code="IDEMPOTENCY_OUTCOME_UNKNOWN")
+    assert all(retriable(KEYED, error) for error in (reset, refused, limited, unavailable,
+                                                      running))
+    assert not any(retriable(KEYED, error) for error in (broken, unknown))
+    assert not retriable("write", running)
 
 
 def test_the_policy_is_bounded_and_honours_retry_after():
@@ -100,14 +119,48 @@ def api(redis_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iter
         yield server
 
 
-@pytest.fixture(scope="module")
-def limited_api(redis_server_url: str,
-                tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    env = {"REDIS_URL": redis_server_url, "LOOM_SECRET_KEY": TEST_SECRET,
-           "LOOM_DATA_DIR": str(tmp_path_factory.mktemp("limited")),
-           "LOOM_RATE_LIMIT": "2/second"}
-    with LiveServer(env, workers=1) as server:
-        yield server
+class LimitedServer:
+    """The app with a 2-requests-a-second budget on a ``FrozenClock``, on a real socket."""
+
+    def __init__(self, redis_url: str, data_dir: Any) -> None:
+        self.clock = FrozenClock()
+        self.app = make_app(redis_url, data_dir, rate_limit=(2, 1), clock=self.clock)
+        self.server = make_server("127.0.0.1", 0, self.app, threaded=True)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def block(self, block_key: str) -> str:
+        self.clock.advance(1)  # a fresh window, so the read itself is within the budget
+        answer = self.app.test_client().post("/v1/working_memory.get", json={
+            **WHO, "block_key": block_key, "run_id": "r"}).get_json()
+        return str(answer.get("content", ""))
+
+
+@pytest.fixture
+def limited_api(redis_url: str, tmp_path: Any) -> Iterator[LimitedServer]:
+    limited = LimitedServer(redis_url, tmp_path)
+    limited.thread.start()
+    try:
+        yield limited
+    finally:
+        limited.server.shutdown()
+        limited.thread.join(timeout=5)
+
+
+class ClockedRetry(RecordedRetry):
+    """Instead of sleeping, moves the server's clock on by each wait it chose."""
+
+    def __init__(self, clock: FrozenClock, **options: Any) -> None:
+        super().__init__(**options)
+        object.__setattr__(self, "clock", clock)
+
+    def wait_before_retry(self, kind: str, error: errors.LoomError, attempt: int,
+                          elapsed: float) -> float | None:
+        wait = super().wait_before_retry(kind, error, attempt, elapsed)
+        if wait is None:
+            return None
+        self.clock.advance(wait)  # type: ignore[attr-defined]
+        return 0.0
 
 
 @pytest.fixture
@@ -151,20 +204,33 @@ def test_an_idempotent_write_is_sent_again_after_a_reset(form: str, proxy: Fault
 
 @pytest.mark.slow
 @pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("fault", [RESET_AFTER, RESET_BEFORE, UNAVAILABLE])
-def test_a_write_that_may_have_reached_loom_is_never_sent_twice(
+@pytest.mark.parametrize("fault", [RESET_AFTER, RESET_BEFORE, CLOSE_AFTER, CLOSE_BEFORE,
+                                   UNAVAILABLE])
+def test_a_write_is_sent_again_with_its_key_and_applied_once(
     form: str, fault: str, proxy: FaultyProxy, api: LiveServer,
 ):
+    """Reached Loom or not, answered or not: the append's second try carries the first try's
+    key, so Loom applies it exactly once (a lost answer is answered again, not re-applied)."""
     act("sync", lambda bot: bot.working_memory.set("a", block_key="state", run_id="r"),
         base_url=api.url)
     proxy.faults.append(fault)
-    expected = ServerError if fault == UNAVAILABLE else LoomConnectionError
-    with pytest.raises(expected):
-        act(form, lambda bot: bot.working_memory.append("b", block_key="state", run_id="r"),
-            base_url=proxy.url, retry=Retry(attempts=5, backoff=0.05))
-    assert proxy.seen["/v1/working_memory.append"] == 1
-    # Reached (RESET_AFTER): applied once. Not reached: not applied. Never twice.
-    assert block(api) == ("a\nb" if fault == RESET_AFTER else "a")
+    answer = act(form, lambda bot: bot.working_memory.append("b", block_key="state", run_id="r"),
+                 base_url=proxy.url, retry=Retry(attempts=5, backoff=0.05))
+    assert answer["block_key"] == "state"
+    assert proxy.seen["/v1/working_memory.append"] == 2
+    first, second = proxy.idempotency_keys
+    assert first is not None and first == second
+    assert block(api) == "a\nb"
+    act(form, lambda bot: bot.working_memory.append("c", block_key="state", run_id="r"),
+        base_url=proxy.url)
+    assert proxy.idempotency_keys[2] not in (None, first)  # a new call, a new key
+    assert block(api) == "a\nb\nc"
+
+
+@pytest.mark.slow
+def test_a_read_carries_no_key(proxy: FaultyProxy):
+    act("sync", lambda bot: bot.working_memory.get("state", run_id="r"), base_url=proxy.url)
+    assert proxy.idempotency_keys == [None]
 
 
 @pytest.mark.slow
@@ -198,9 +264,8 @@ def test_a_write_whose_connection_never_opened_is_sent_again(form: str, api: Liv
 
 @pytest.mark.slow
 @pytest.mark.parametrize("form", FORMS)
-def test_a_rate_limited_read_waits_as_retry_after_asks(form: str, limited_api: LiveServer,
-                                                       redis_url: str):
-    policy = RecordedRetry(attempts=3, backoff=0.05)
+def test_a_rate_limited_read_waits_as_retry_after_asks(form: str, limited_api: LimitedServer):
+    policy = ClockedRetry(limited_api.clock, attempts=3, backoff=0.05)
 
     def reads(bot: Any) -> Any:
         if isinstance(bot, AsyncAgent):
@@ -211,32 +276,36 @@ def test_a_rate_limited_read_waits_as_retry_after_asks(form: str, limited_api: L
 
     answers = act(form, reads, base_url=limited_api.url, retry=policy)
     assert [answer["found"] for answer in answers] == [False] * 5
-    limited = [wait for _, code, wait in policy.waits if code == "RATE_LIMITED"]
-    assert limited and all(wait is not None and wait >= 1 for wait in limited)
+    # Two a second: the third and the fifth read each wait out the rest of their window.
+    assert policy.waits == [("read", "RATE_LIMITED", 1.0)] * 2  # type: ignore[attr-defined]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("form", FORMS)
-def test_retries_switched_off_and_writes_under_a_rate_limit_raise(
-    form: str, limited_api: LiveServer, redis_url: str,
+def test_retries_switched_off_raise_and_keyed_writes_wait_out_a_rate_limit(
+    form: str, limited_api: LimitedServer,
 ):
-    def burst(op: str) -> Callable[[Any], Any]:
+    def burst(op: str, text: str) -> Callable[[Any], Any]:
         def run(bot: Any) -> Any:
             method = getattr(bot.working_memory, op)
             if isinstance(bot, AsyncAgent):
                 async def many() -> None:
                     for _ in range(4):
-                        await method("x", block_key="b", run_id="r")
+                        await method(text, block_key="b", run_id="r")
                 return many()
             for _ in range(4):
-                method("x", block_key="b", run_id="r")
+                method(text, block_key="b", run_id="r")
             return None
         return run
 
-    time.sleep(1)  # a fresh rate window
     with pytest.raises(RateLimited) as off:
-        act(form, burst("set"), base_url=limited_api.url, retry=False)
-    assert off.value.retry_after is not None and off.value.retry_after >= 1
-    time.sleep(1)
-    with pytest.raises(RateLimited):  # append is a write: never sent again
-        act(form, burst("append"), base_url=limited_api.url, retry=Retry(attempts=5))
+        act(form, burst("set", "x"), base_url=limited_api.url, retry=False)
+    assert off.value.retry_after == 1
+    assert limited_api.block("b") == "x"  # two sets went through, the third was refused
+    limited_api.clock.advance(1)
+    policy = ClockedRetry(limited_api.clock, attempts=5)
+    act(form, burst("append", "y"), base_url=limited_api.url, retry=policy)
+    # Each append is sent again after its 429 with the same key: all four land, each once.
+    assert limited_api.block("b") == "x\ny\ny\ny\ny"
+    assert {kind for kind, _, _ in policy.waits} == {KEYED}  # type: ignore[attr-defined]
+    assert [code for _, code, _ in policy.waits] == ["RATE_LIMITED"]  # type: ignore[attr-defined]

@@ -40,6 +40,7 @@ def test_get_found_and_missing(client):
     assert out["char_limit"] == 10
     assert out["fill_ratio"] == 0.5
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", out["updated_at"])
+    assert out["version_text"] == str(out["version"])  # exact above 2^53, where JSON is not
     status, out = call(client, "get", block_key="nothing")
     assert status == 200
     assert out == {
@@ -48,6 +49,7 @@ def test_get_found_and_missing(client):
         "content": "",
         "char_limit": 4096,
         "version": 0,
+        "version_text": "0",
         "updated_at": None,
         "fill_ratio": 0.0,
         "ignored_args": [],

@@ -126,6 +126,8 @@ class ProfileActivityArgs(IdentityArgs):
 
 class ProfileWrite(Answer):
     version = fields.Integer()
+    version_text = fields.String(metadata={"description": "version as decimal text: exact "
+                                 "where a JSON number above 2^53 is not"})
     memory_id = fields.String()
     content_sha256 = fields.String()
     namespace = fields.String()
@@ -156,6 +158,7 @@ def _answer(call: Call, written: Written) -> dict[str, Any]:
     row = written.row
     return {
         "version": row.version,
+        "version_text": str(row.version),
         "memory_id": row.memory_id,
         "content_sha256": row.content_sha256,
         "namespace": call.identity.namespace,

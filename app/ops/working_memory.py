@@ -113,6 +113,8 @@ class WorkingMemoryScopes(Answer):
 class WorkingMemoryWrite(Answer):
     block_key = fields.String()
     version = fields.Integer()
+    version_text = fields.String(metadata={"description": "version as decimal text: exact "
+                                 "where a JSON number above 2^53 is not"})
     char_limit = fields.Integer()
     value_length = fields.Integer()
     fill_ratio = fields.Float()
@@ -123,6 +125,8 @@ class WorkingMemoryBlock(Schema):
     content = fields.String()
     char_limit = fields.Integer()
     version = fields.Integer()
+    version_text = fields.String(metadata={"description": "version as decimal text: exact "
+                                 "where a JSON number above 2^53 is not"})
     updated_at = fields.String(allow_none=True)
     fill_ratio = fields.Float()
 
@@ -199,6 +203,7 @@ def working_memory_get(call: Call) -> dict[str, Any]:
             "content": "",
             "char_limit": DEFAULT_CHAR_LIMIT,
             "version": 0,
+            "version_text": "0",
             "updated_at": None,
             "fill_ratio": 0.0,
         }

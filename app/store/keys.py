@@ -87,6 +87,15 @@ def rate_window(caller: str, window: int) -> str:
     return f"{PREFIX}:rate:{{{escape(caller)}}}:{window}"
 
 
+def idempotency(org: str, namespace: str, user_id: str, caller: str, op: str, key: str) -> str:
+    """One write's Idempotency-Key record: its reservation, then its first answer, for a day.
+
+    Under the identity's user tag, so it lives in the slot of the data the write touches and
+    an erasure's sweep takes it with the rest of the user."""
+    return (f"{PREFIX}:idem:{user_tag(org, namespace, user_id)}:"
+            f"{escape(caller)}:{escape(op)}:{escape(key)}")
+
+
 # --- worker lease, cost ledger, org switches ---------------------------------------------------
 
 

@@ -45,6 +45,7 @@ class Block:
             "content": self.content,
             "char_limit": self.char_limit,
             "version": self.version,
+            "version_text": str(self.version),
             "updated_at": iso_from_ns(self.version),
             "fill_ratio": self.fill_ratio,
         }
@@ -73,6 +74,7 @@ class BlockWrite:
         return {
             "block_key": self.block_key,
             "version": self.version,
+            "version_text": str(self.version),
             "char_limit": self.char_limit,
             "value_length": self.value_length,
             "fill_ratio": fill_ratio(self.value_length, self.char_limit),

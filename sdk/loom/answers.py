@@ -354,6 +354,7 @@ class ProfileActivityEntry(TypedDict, total=False):
 class ProfileAppendAnswer(TypedDict, total=False):
     ignored_args: list[str]
     version: int
+    version_text: str
     memory_id: str
     content_sha256: str
     namespace: str
@@ -373,6 +374,7 @@ class ProfileRenderAnswer(TypedDict, total=False):
 class ProfileReplaceAnswer(TypedDict, total=False):
     ignored_args: list[str]
     version: int
+    version_text: str
     memory_id: str
     content_sha256: str
     namespace: str
@@ -384,6 +386,7 @@ class ProfileReplaceAnswer(TypedDict, total=False):
 class ProfileSetAnswer(TypedDict, total=False):
     ignored_args: list[str]
     version: int
+    version_text: str
     memory_id: str
     content_sha256: str
     namespace: str
@@ -540,6 +543,7 @@ class WorkingMemoryAppendAnswer(TypedDict, total=False):
     ignored_args: list[str]
     block_key: str
     version: int
+    version_text: str
     char_limit: int
     value_length: int
     fill_ratio: float
@@ -556,6 +560,7 @@ class WorkingMemoryGetAnswer(TypedDict, total=False):
     content: str
     char_limit: int
     version: int
+    version_text: str
     updated_at: str | None
     fill_ratio: float
     ignored_args: list[str]
@@ -575,6 +580,7 @@ class WorkingMemoryBlock(TypedDict, total=False):
     content: str
     char_limit: int
     version: int
+    version_text: str
     updated_at: str | None
     fill_ratio: float
 
@@ -583,6 +589,7 @@ class WorkingMemoryReplaceAnswer(TypedDict, total=False):
     ignored_args: list[str]
     block_key: str
     version: int
+    version_text: str
     char_limit: int
     value_length: int
     fill_ratio: float
@@ -604,6 +611,7 @@ class WorkingMemorySetAnswer(TypedDict, total=False):
     ignored_args: list[str]
     block_key: str
     version: int
+    version_text: str
     char_limit: int
     value_length: int
     fill_ratio: float

@@ -36,13 +36,16 @@ Hierarchy::
         │   ├── MemoryTypeMismatch           MEMORY_TYPE_MISMATCH
         │   ├── WriteContended               WRITE_CONFLICT (retry later)
         │   ├── UserBeingErased              USER_BEING_ERASED
-        │   └── ErasureRunning               ERASURE_RUNNING (retry later)
+        │   ├── ErasureRunning               ERASURE_RUNNING (retry later)
+        │   ├── IdempotencyInProgress        IDEMPOTENCY_IN_PROGRESS (retried)
+        │   └── IdempotencyOutcomeUnknown    IDEMPOTENCY_OUTCOME_UNKNOWN
         ├── PreconditionFailed          412
         │   └── AgentStateConflict           agent_state_conflict
         ├── PayloadTooLarge             413  BODY_TOO_LARGE
         ├── Unprocessable               422
         │   ├── ValidationError              VALIDATION_ERROR (.fields)
         │   ├── IdentityIncomplete           IDENTITY_INCOMPLETE
+        │   ├── IdempotencyKeyReused         IDEMPOTENCY_KEY_REUSED
         │   ├── SchemaInvalid                SCHEMA_INVALID
         │   ├── SubstringNotFound            SUBSTRING_NOT_FOUND
         │   └── LimitExceeded                (.value_length, .char_limit)
@@ -230,6 +233,19 @@ class ErasureRunning(Conflict):
     default_code = "ERASURE_RUNNING"
 
 
+class IdempotencyInProgress(Conflict):
+    """The first call with this write's Idempotency-Key is still running; ask again shortly."""
+
+    default_code = "IDEMPOTENCY_IN_PROGRESS"
+
+
+class IdempotencyOutcomeUnknown(Conflict):
+    """The first call with this Idempotency-Key ended without an answer (Loom's store went
+    away mid-write): it may have been applied. Read the state before writing again."""
+
+    default_code = "IDEMPOTENCY_OUTCOME_UNKNOWN"
+
+
 class PreconditionFailed(LoomAPIError):
     default_code = "PRECONDITION_FAILED"
 
@@ -258,6 +274,12 @@ class ValidationError(Unprocessable):
 
 class IdentityIncomplete(Unprocessable):
     default_code = "IDENTITY_INCOMPLETE"
+
+
+class IdempotencyKeyReused(Unprocessable):
+    """The Idempotency-Key was first sent with another body."""
+
+    default_code = "IDEMPOTENCY_KEY_REUSED"
 
 
 class SchemaInvalid(Unprocessable):
@@ -333,7 +355,8 @@ BY_CODE: dict[str, type[LoomAPIError]] = {
         UserBeingErased, AgentStateConflict, PayloadTooLarge,
         ValidationError, IdentityIncomplete, SchemaInvalid, SubstringNotFound,
         WorkingMemoryLimitExceeded, CharLimitExceeded, RateLimited, ServerError,
-        StoreUnavailable,
+        StoreUnavailable, IdempotencyInProgress, IdempotencyOutcomeUnknown,
+        IdempotencyKeyReused,
     )
 }
 BY_CODE["MALFORMED_JSON"] = BadRequest

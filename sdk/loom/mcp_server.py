@@ -463,7 +463,10 @@ def main(argv: list[str] | None = None) -> int:
 
     host = args.host or listen_host(os.environ)
     uvicorn.run(
-        http_app(loom, host=host, path=args.path), host=host, port=args.port, log_level="warning"
+        http_app(loom, host=host, path=args.path), host=host, port=args.port, log_level="warning",
+        # One process, always: uvicorn would otherwise take WEB_CONCURRENCY (the web
+        # process's setting) as its worker count, and refuses workers for an app object.
+        workers=1,
     )
     return 0
 

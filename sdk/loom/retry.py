@@ -3,12 +3,14 @@
 An op's kind (from the registry, through the manifest) says what is safe:
 
 - ``read`` and ``idempotent`` ops are sent again after a connection error (refused, reset,
-  timeout), a 503 or a 429, waiting ``Retry-After`` when the answer carries it, else an
-  exponential backoff with jitter;
-- a ``write`` (``working_memory.append``, ``profile.append``, ...) is sent again only when its
-  request never left this machine (the connection could not be opened). Once it may have
-  reached the server (a reset after sending, a timeout waiting for the answer, any answer) it
-  is never sent twice: the caller gets the error and decides.
+  timeout, a kept-alive connection the server closed), a 503 or a 429, waiting
+  ``Retry-After`` when the answer carries it, else an exponential backoff with jitter;
+- a ``write`` (``working_memory.append``, ``profile.append``, ...) is sent with an
+  ``Idempotency-Key`` header, one key per call kept across its tries: Loom answers a repeat
+  with the first answer and applies nothing, so a keyed write is retried as an idempotent op
+  is, and also after ``409 IDEMPOTENCY_IN_PROGRESS`` (the first try is still running). An
+  unkeyed write (kind ``write``, as a caller of ``retriable`` may still ask about) is sent
+  again only when its request never left this machine.
 
 Attempts and the total time are bounded; ``Retry(attempts=1)`` or ``retry=False`` on the
 ``Agent`` switches retries off. An op missing from the manifest is treated as a ``write``.
@@ -22,6 +24,9 @@ from dataclasses import dataclass
 from loom.errors import LoomError, LoomTransportError, RateLimited, ServerError
 
 SAFE_KINDS = frozenset({"read", "idempotent"})
+# A write sent with an Idempotency-Key: Loom applies it once however often it is sent.
+KEYED = "keyed"
+IN_PROGRESS = "IDEMPOTENCY_IN_PROGRESS"
 RETRIED_STATUSES = frozenset({429, 503})
 
 
@@ -70,7 +75,11 @@ NO_RETRY = Retry(attempts=1)
 
 
 def retriable(kind: str, error: LoomError) -> bool:
-    """Whether ``error`` leaves an op of ``kind`` safe to send again."""
+    """Whether ``error`` leaves an op of ``kind`` (``keyed`` for a write sent with an
+    Idempotency-Key) safe to send again."""
+    if kind == KEYED:
+        return isinstance(error, LoomTransportError) or error.code == IN_PROGRESS or (
+            isinstance(error, RateLimited | ServerError) and error.status in RETRIED_STATUSES)
     if isinstance(error, LoomTransportError):
         return kind in SAFE_KINDS or not error.may_have_reached_server
     if isinstance(error, RateLimited | ServerError) and error.status in RETRIED_STATUSES:

@@ -5,8 +5,9 @@ headers of a call (``Request``), reading an answer into a dict or a ``LoomError`
 (``read_answer``), the retry decision (``loom.retry``), and driving a program
 (``loom.calls``). Each owns its HTTP client (a ``requests.Session`` or an
 ``httpx.AsyncClient``), gives every call a timeout, wraps every failure in a ``LoomError``
-and records whether a failed request may have reached the server, which is what decides
-whether a ``write`` may be sent again.
+and records whether a failed request may have reached the server. Every call that writes
+carries one ``Idempotency-Key`` for all its tries, so the server applies it once however often
+it is sent: that is what lets a write be retried after a reset or a 503.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import re
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -35,10 +37,11 @@ from loom.errors import (
     LoomTransportError,
     error_from_answer,
 )
-from loom.retry import NO_RETRY, Retry
+from loom.retry import KEYED, NO_RETRY, Retry
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 DEFAULT_TIMEOUT = 10.0
+IDEMPOTENCY_HEADER = "Idempotency-Key"
 CLIENT_NAME = f"loom-python/{__version__}"
 # Flask's <converter:name> and OpenAPI's {name} path parameters.
 PATH_PARAMETER = re.compile(r"<(?:[a-z_]+:)?(?P<angle>\w+)>|\{(?P<brace>\w+)\}")
@@ -50,6 +53,16 @@ def default_base_url() -> str:
 
 def default_api_key() -> str | None:
     return os.environ.get("LOOM_API_KEY") or None
+
+
+def idempotency_key(call: Call[Any]) -> str | None:
+    """A fresh key for a call that writes, kept by all its tries; a read needs none."""
+    return None if call.kind == "read" else uuid.uuid4().hex
+
+
+def retry_kind(call: Call[Any], key: str | None) -> str:
+    """What the retry policy treats the call as: a keyed write is safe to send again."""
+    return KEYED if key is not None else call.kind
 
 
 def retry_policy(retry: Retry | bool | None) -> Retry:
@@ -100,17 +113,22 @@ class Settings:
             headers["Authorization"] = f"Bearer {self.api_key}"
         return headers
 
-    def request(self, call: Call[Any], authorization: str | None = None) -> Request:
+    def request(self, call: Call[Any], authorization: str | None = None,
+                key: str | None = None) -> Request:
         """``call.path`` when the op declares one (``{name}`` parts are filled from the body
-        and leave it), else ``/v1/<op>``. A GET sends the body as the query."""
+        and leave it), else ``/v1/<op>``. A GET sends the body as the query; a write carries
+        its ``Idempotency-Key``."""
         payload = dict(call.body)
+        headers = self.headers(authorization)
+        if key is not None:
+            headers[IDEMPOTENCY_HEADER] = key
         url = self.base_url + (_fill_path(call.path, payload) if call.path else f"/v1/{call.op}")
         method = call.http_method.upper()
         return Request(
             method=method, url=url,
             json=None if method == "GET" else payload,
             params=payload if method == "GET" else None,
-            headers=self.headers(authorization),
+            headers=headers,
         )
 
     def timeout_of(self, call: Call[Any]) -> float:
@@ -175,19 +193,21 @@ class Transport(Settings):
     def send(self, call: Call[Any], *, authorization: str | None = None) -> dict[str, Any]:
         """One op call with its retries (``loom.retry``)."""
         started, attempt = time.monotonic(), 1
+        key = idempotency_key(call)
         while True:
             try:
-                return self._send_once(call, authorization)
+                return self._send_once(call, authorization, key)
             except LoomError as error:
                 wait = self.retry.wait_before_retry(
-                    call.kind, error, attempt, time.monotonic() - started)
+                    retry_kind(call, key), error, attempt, time.monotonic() - started)
                 if wait is None:
                     raise
             time.sleep(wait)
             attempt += 1
 
-    def _send_once(self, call: Call[Any], authorization: str | None) -> dict[str, Any]:
-        request = self.request(call, authorization)
+    def _send_once(self, call: Call[Any], authorization: str | None,
+                   key: str | None = None) -> dict[str, Any]:
+        request = self.request(call, authorization, key)
         op = call.op
         try:
             response = self.session.request(
@@ -241,19 +261,21 @@ class AsyncTransport(Settings):
     ) -> dict[str, Any]:
         """One op call with its retries (``loom.retry``)."""
         started, attempt = time.monotonic(), 1
+        key = idempotency_key(call)
         while True:
             try:
-                return await self._send_once(call, authorization)
+                return await self._send_once(call, authorization, key)
             except LoomError as error:
                 wait = self.retry.wait_before_retry(
-                    call.kind, error, attempt, time.monotonic() - started)
+                    retry_kind(call, key), error, attempt, time.monotonic() - started)
                 if wait is None:
                     raise
             await asyncio.sleep(wait)
             attempt += 1
 
-    async def _send_once(self, call: Call[Any], authorization: str | None) -> dict[str, Any]:
-        request = self.request(call, authorization)
+    async def _send_once(self, call: Call[Any], authorization: str | None,
+                         key: str | None = None) -> dict[str, Any]:
+        request = self.request(call, authorization, key)
         op = call.op
         try:
             response = await self.client.request(

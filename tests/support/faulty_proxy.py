@@ -8,10 +8,14 @@ the next fault from ``faults`` (``PASS`` when empty, or ``default`` when set) an
 - ``RESET_BEFORE``: reads the request and resets the connection (RST) without forwarding it;
 - ``RESET_AFTER``: forwards the request, reads the server's whole answer, then resets the
   client's connection instead of relaying it: the request *did* reach the server;
+- ``CLOSE_BEFORE`` / ``CLOSE_AFTER``: as the resets, but the connection ends with a plain
+  close (FIN) and no answer, which is what a client meets when it reuses a kept-alive
+  connection just as the server closes it;
 - ``UNAVAILABLE``: answers 503 with ``Retry-After: 0`` itself, as a proxy in front of a
   restarting server does.
 
-``seen`` counts requests per path, so a test can tell how often a call was sent.
+``seen`` counts requests per path, so a test can tell how often a call was sent, and
+``idempotency_keys`` lists each request's ``Idempotency-Key`` header (None without one).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import threading
 from collections import Counter, deque
 
 PASS, RESET_BEFORE, RESET_AFTER, UNAVAILABLE = "pass", "reset_before", "reset_after", "503"
+CLOSE_BEFORE, CLOSE_AFTER = "close_before", "close_after"
 _UNAVAILABLE_BODY = b'{"error": {"code": "SERVICE_UNAVAILABLE", "message": "restarting"}}'
 UNAVAILABLE_ANSWER = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
@@ -51,6 +56,15 @@ def _read_request(conn: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + body
 
 
+def _header(request: bytes, name: bytes) -> str | None:
+    head = request.partition(b"\r\n\r\n")[0]
+    for line in head.split(b"\r\n")[1:]:
+        field, _, value = line.partition(b":")
+        if field.strip().lower() == name:
+            return value.strip().decode("latin-1")
+    return None
+
+
 def _closing(request: bytes) -> bytes:
     """The request with ``Connection: close``, so the upstream closes after its answer."""
     head, _, body = request.partition(b"\r\n\r\n")
@@ -71,6 +85,7 @@ class FaultyProxy:
         self.faults: deque[str] = deque()
         self.default = PASS
         self.seen: Counter[str] = Counter()
+        self.idempotency_keys: list[str | None] = []
         self._listener = socket.create_server(("127.0.0.1", port))
         self.port = self._listener.getsockname()[1]
         self._stopping = False
@@ -106,10 +121,13 @@ class FaultyProxy:
                 return
             path = request.split(b" ", 2)[1].decode().split("?", 1)[0]
             self.seen[path] += 1
+            self.idempotency_keys.append(_header(request, b"idempotency-key"))
             fault = self.faults.popleft() if self.faults else self.default
             if fault == RESET_BEFORE:
                 _reset(conn)
                 return
+            if fault == CLOSE_BEFORE:
+                return  # the with block closes it: a FIN, no answer
             if fault == UNAVAILABLE:
                 conn.sendall(UNAVAILABLE_ANSWER)
                 return
@@ -120,5 +138,7 @@ class FaultyProxy:
                     answer += chunk
             if fault == RESET_AFTER:
                 _reset(conn)
+                return
+            if fault == CLOSE_AFTER:
                 return
             conn.sendall(answer)

@@ -56,6 +56,24 @@ export class HashMismatch extends Conflict {
   static readonly status = 409;
 }
 
+/** The first call with this key is still running: ask again after Retry-After. */
+export class IdempotencyInProgress extends Conflict {
+  static override readonly code: string = "IDEMPOTENCY_IN_PROGRESS";
+  static readonly status = 409;
+}
+
+/** The key was first sent with another body: a key names one request, never two. */
+export class IdempotencyKeyReused extends Unprocessable {
+  static override readonly code: string = "IDEMPOTENCY_KEY_REUSED";
+  static readonly status = 422;
+}
+
+/** The first call with this key stopped without an answer (the store went away, or its */
+export class IdempotencyOutcomeUnknown extends Conflict {
+  static override readonly code: string = "IDEMPOTENCY_OUTCOME_UNKNOWN";
+  static readonly status = 409;
+}
+
 export class IdentityIncomplete extends Unprocessable {
   static override readonly code: string = "IDENTITY_INCOMPLETE";
   static readonly status = 422;
@@ -174,6 +192,9 @@ export const BY_CODE: Readonly<Record<string, ErrorClass>> = {
   "ERASURE_RUNNING": ErasureRunning,
   "FEATURE_DISABLED": FeatureDisabled,
   "HASH_MISMATCH": HashMismatch,
+  "IDEMPOTENCY_IN_PROGRESS": IdempotencyInProgress,
+  "IDEMPOTENCY_KEY_REUSED": IdempotencyKeyReused,
+  "IDEMPOTENCY_OUTCOME_UNKNOWN": IdempotencyOutcomeUnknown,
   "IDENTITY_INCOMPLETE": IdentityIncomplete,
   "MALFORMED_JSON": MalformedJson,
   "MEMORY_LOCKED": MemoryLocked,
@@ -210,6 +231,9 @@ export const ERROR_STATUS: Readonly<Record<string, number>> = {
   "ERASURE_RUNNING": 409,
   "FEATURE_DISABLED": 403,
   "HASH_MISMATCH": 409,
+  "IDEMPOTENCY_IN_PROGRESS": 409,
+  "IDEMPOTENCY_KEY_REUSED": 422,
+  "IDEMPOTENCY_OUTCOME_UNKNOWN": 409,
   "IDENTITY_INCOMPLETE": 422,
   "MALFORMED_JSON": 400,
   "MEMORY_LOCKED": 409,

@@ -1362,6 +1362,8 @@ export interface ProfileAppendAnswer {
   /** Input fields the op did not use. */
   ignored_args?: Array<string>;
   version?: bigint;
+  /** version as decimal text: exact where a JSON number above 2^53 is not */
+  version_text?: string;
   memory_id?: string;
   content_sha256?: string;
   namespace?: string;
@@ -1383,6 +1385,8 @@ export interface ProfileReplaceAnswer {
   /** Input fields the op did not use. */
   ignored_args?: Array<string>;
   version?: bigint;
+  /** version as decimal text: exact where a JSON number above 2^53 is not */
+  version_text?: string;
   memory_id?: string;
   content_sha256?: string;
   namespace?: string;
@@ -1395,6 +1399,8 @@ export interface ProfileSetAnswer {
   /** Input fields the op did not use. */
   ignored_args?: Array<string>;
   version?: bigint;
+  /** version as decimal text: exact where a JSON number above 2^53 is not */
+  version_text?: string;
   memory_id?: string;
   content_sha256?: string;
   namespace?: string;
@@ -1579,6 +1585,8 @@ export interface WorkingMemoryAppendAnswer {
   ignored_args?: Array<string>;
   block_key?: string;
   version?: bigint;
+  /** version as decimal text: exact where a JSON number above 2^53 is not */
+  version_text?: string;
   char_limit?: number;
   value_length?: number;
   fill_ratio?: number;
@@ -1596,6 +1604,8 @@ export interface WorkingMemoryGetAnswer {
   content?: string;
   char_limit?: number;
   version?: bigint;
+  /** version as decimal text: exact where a JSON number above 2^53 is not */
+  version_text?: string;
   updated_at?: string | null;
   fill_ratio?: number;
   /** Input fields the op did not use. */
@@ -1617,6 +1627,8 @@ export interface WorkingMemoryBlock {
   content?: string;
   char_limit?: number;
   version?: bigint;
+  /** version as decimal text: exact where a JSON number above 2^53 is not */
+  version_text?: string;
   updated_at?: string | null;
   fill_ratio?: number;
 }
@@ -1626,6 +1638,8 @@ export interface WorkingMemoryReplaceAnswer {
   ignored_args?: Array<string>;
   block_key?: string;
   version?: bigint;
+  /** version as decimal text: exact where a JSON number above 2^53 is not */
+  version_text?: string;
   char_limit?: number;
   value_length?: number;
   fill_ratio?: number;
@@ -1649,6 +1663,8 @@ export interface WorkingMemorySetAnswer {
   ignored_args?: Array<string>;
   block_key?: string;
   version?: bigint;
+  /** version as decimal text: exact where a JSON number above 2^53 is not */
+  version_text?: string;
   char_limit?: number;
   value_length?: number;
   fill_ratio?: number;

@@ -24,7 +24,12 @@ from flask_smorest import Api
 from marshmallow import fields
 
 from app.registry import Op, OpRegistry
-from app.schemas.common import CONTROL_FREE_PATTERN, no_control_characters
+from app.schemas.common import (
+    CONTROL_FREE_PATTERN,
+    IdentityArgs,
+    no_control_characters,
+    null_means_absent,
+)
 
 
 def field_properties(self: Any, field: fields.Field, **kwargs: Any) -> dict[str, Any]:
@@ -44,10 +49,38 @@ class LoomMarshmallowPlugin(MarshmallowPlugin):
         converted = super().schema_helper(name, _, schema=schema, **kwargs)
         if schema is None:
             return converted
-        rules = getattr(type(resolve_schema_instance(schema)), "OPENAPI_RULES", None)
+        schema_class = type(resolve_schema_instance(schema))
+        rules = getattr(schema_class, "OPENAPI_RULES", None)
         if converted is not None and rules:
             converted.update(copy.deepcopy(rules))  # refine_document edits each its own
+        if converted is not None and issubclass(schema_class, IdentityArgs):  # op inputs
+            version = self.openapi_version
+            state_null_as_absent(converted, null_means_absent(schema_class),
+                                 json_schema_nulls=version is not None
+                                 and (version.major, version.minor) >= (3, 1))
         return converted
+
+
+def state_null_as_absent(component: dict[str, Any], keys: frozenset[str], *,
+                         json_schema_nulls: bool = False) -> dict[str, Any]:
+    """Let each property in ``keys`` be null too: the API reads that null as the property left
+    out (``app.schemas.common.null_means_absent``). OpenAPI 3.0 says it with ``nullable``,
+    3.1 (JSON Schema) with a ``"null"`` type; an enum lists null as well."""
+    for key in keys:
+        prop = component.get("properties", {}).get(key)
+        if prop is None:
+            continue
+        if "$ref" in prop or "allOf" in prop or "type" not in prop:
+            continue  # nested schemas and any-value fields: top-level plain fields only
+        if json_schema_nulls:
+            kinds = prop["type"] if isinstance(prop["type"], list) else [prop["type"]]
+            if "null" not in kinds:
+                prop["type"] = [*kinds, "null"]
+        else:
+            prop["nullable"] = True
+        if "enum" in prop and None not in prop["enum"]:
+            prop["enum"] = [*prop["enum"], None]
+    return component
 
 
 def identity_required(op: Op) -> tuple[str, ...]:

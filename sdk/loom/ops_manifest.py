@@ -356,6 +356,7 @@ OPS: dict[str, dict[str, Any]] = {
         'fields': {
             'org': {'required': False, 'default': None},
             'namespace': {'required': False, 'default': None},
+            'timeline_buckets': {'required': False, 'default': 0},
         },
         'input_schema': {
             'type': 'object',
@@ -376,6 +377,16 @@ OPS: dict[str, dict[str, Any]] = {
                         'The namespace the op reads or writes. Required (422 '
                         "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
                         'and always with auth off.'
+                    ),
+                },
+                'timeline_buckets': {
+                    'type': ['integer', 'null'],
+                    'default': 0,
+                    'minimum': 0,
+                    'maximum': 240,
+                    'description': (
+                        "Also answer the window's calls and tokens over time, cut into this "
+                        'many equal buckets; 0 (default): no timeline.'
                     ),
                 },
             },

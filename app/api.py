@@ -40,7 +40,7 @@ from app.errors import (
 )
 from app.registry import Call, Op, OpRegistry
 from app.schemas import contract, openapi
-from app.schemas.common import ErrorAnswer
+from app.schemas.common import ErrorAnswer, without_absent_nulls
 from app.schemas.fastload import compile_loader
 from app.services import Services
 from app.store.connection import UNAVAILABLE_ERRORS, store_unavailable
@@ -160,7 +160,7 @@ def read_json_body(environ: dict[str, Any], max_bytes: int) -> dict[str, Any]:
 
 def load_args(schema_class: type[Schema], body: dict[str, Any]) -> dict[str, Any]:
     try:
-        return _loader(schema_class)(body)
+        return _loader(schema_class)(without_absent_nulls(schema_class, body))
     except ValidationError as exc:
         messages = exc.messages if isinstance(exc.messages, dict) else {"_body": exc.messages}
         raise ValidationFailed(messages) from None

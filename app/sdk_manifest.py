@@ -61,11 +61,13 @@ def _field_entry(field: Any) -> dict[str, Any]:
 
 def _input_schema(converter: Any, components: Any, schema_class: Any) -> dict[str, Any]:
     """The op's input as one self-contained JSON Schema (nested schemas under ``$defs``)."""
-    schema = _plain(converter.schema2jsonschema(schema_class))
+    # Registered as a component, so the plugin adds what apispec cannot see (its rules).
+    reference = _plain(converter.resolve_nested_schema(schema_class))
+    known = components.to_dict().get("schemas", {})
+    schema = dict(_plain(known[reference["$ref"].rsplit("/", 1)[1]]))
     # The API serves unknown fields and names them in ignored_args; the schema says the same.
     schema.pop("additionalProperties", None)
     defs: dict[str, Any] = {}
-    known = components.to_dict().get("schemas", {})
 
     def inline(node: Any) -> Any:
         if isinstance(node, dict):
@@ -97,11 +99,12 @@ def _answer_schema(converter: Any, components: Any, schema_class: Any) -> dict[s
 def build_manifest() -> dict[str, dict[str, Any]]:
     """Every op of ``app.registry`` as manifest data (imports the server's code)."""
     from apispec import APISpec
-    from apispec.ext.marshmallow import MarshmallowPlugin
 
     from app.ops import load_ops
+    from app.schemas.openapi import LoomMarshmallowPlugin, identity_required
 
-    plugin = MarshmallowPlugin()
+    # The document's plugin: rules over several fields and null-as-absent, as served.
+    plugin = LoomMarshmallowPlugin()
     # OpenAPI 3.1 schemas are JSON Schema: nullable fields come out as ["string", "null"].
     spec = APISpec("loom-manifest", "1", "3.1.0", plugins=[plugin])
     converter = plugin.converter
@@ -122,6 +125,8 @@ def build_manifest() -> dict[str, dict[str, Any]]:
                 for name, field in args.load_fields.items()
             },
             "input_schema": _input_schema(converter, spec.components, declared.args),
+            # What a call must name when neither a token nor the MCP server's defaults fill it.
+            "identity_required": list(identity_required(declared)),
             "answer_schema": _answer_schema(converter, spec.components, declared.answer),
         }
     return ops

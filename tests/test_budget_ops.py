@@ -30,6 +30,37 @@ def test_set_then_get_answers_caps_spent_and_remaining(client):
     assert (org["spent_calls"], org["spent_tokens"]) == (1, 250)
 
 
+def test_get_answers_the_windows_calls_over_time_per_namespace(app_factory, clock):
+    client = app_factory(clock=clock).test_client()
+    budgets = client.application.extensions["loom"].store(BudgetStore)
+    window = budgets.window_seconds
+    clock.advance(0.1 * window)
+    for namespace, tokens in (("support", 100), ("support", 50)):
+        budgets.settle(budgets.reserve("default", namespace, tokens), tokens)
+    clock.advance(0.5 * window)
+    for namespace, tokens in (("support", 30), ("sales", 999)):
+        budgets.settle(budgets.reserve("default", namespace, tokens), tokens)
+    clock.advance(0.2 * window)
+    # The window is now [-0.2, 0.8) of a window after the start, in quarters: the first two
+    # calls fall in the second quarter, the third in the last; sales is another namespace.
+    got = client.post("/v1/budget.get", json={"namespace": "support",
+                                              "timeline_buckets": 4}).get_json()
+    assert [(b["calls"], b["tokens"]) for b in got["timeline"]] == [
+        (0, 0), (2, 150), (0, 0), (1, 30)]
+    calls = [b["calls"] for b in got["timeline"]]
+    assert sum(calls) == got["spent_calls"] == 3
+    assert sum(b["tokens"] for b in got["timeline"]) == got["spent_tokens"] == 180
+    assert got["timeline"][0]["start"] < got["timeline"][-1]["start"]
+    org = client.post("/v1/budget.get", json={"namespace": "*", "timeline_buckets": 4}).get_json()
+    assert sum(b["tokens"] for b in org["timeline"]) == 180 + 999
+    plain = client.post("/v1/budget.get", json={"namespace": "support"}).get_json()
+    assert "timeline" not in plain
+    refused = client.post("/v1/budget.get", json={"namespace": "support",
+                                                  "timeline_buckets": 10_000})
+    assert refused.status_code == 422
+    assert "timeline_buckets" in refused.get_json()["error"]["fields"]
+
+
 def test_a_budget_never_set_is_no_cap(client):
     got = client.post("/v1/budget.get", json={"namespace": "fresh"}).get_json()
     assert (got["calls"], got["tokens"], got["set_by"], got["set_at"]) == (None, None, None, None)

@@ -132,6 +132,10 @@ def test_a_writer_edits_the_persona_and_profile_render_serves_it(client, writer)
     assert saved.status_code == 302
     rendered = api(client, "profile.render", namespace=NS, agent="other-bot")["rendered"]
     assert rendered == '<profile label="persona">Terse. Cite ticket ids.</profile>'
+    # The page the save leads back to confirms it; the same page opened plainly does not.
+    back = text(console.get(saved.headers["Location"]))
+    assert 'id="saved">Saved section <code>persona</code>.' in back
+    assert 'id="saved"' not in text(console.get(f"/console/ns/{NS}"))
 
 
 def test_an_edit_from_a_stale_page_is_refused_and_shows_the_current_text(client, writer):
@@ -273,12 +277,31 @@ def test_the_structured_profile_shows_status_and_why(client, writer):
     console.sign_in(writer)
     page = text(console.get(f"/console/ns/{NS}/user?user_id={USER}"))
     assert 'id="structured-status">pending<' in page
-    assert "Not built yet" in page
+    # This install has no model: the worker will not build it, whatever its turn.
+    assert "Not built: no model is configured (LOOM_LLM_BASE_URL and LOOM_LLM_MODEL)" in page
+    assert "has not reached this user" not in page
     # A row a caller writes to the profile key reads as no profile, and the page says why.
     api(client, "memory.set", namespace=NS, agent="-", user_id=USER, key="structured_profile",
         value={"timezone": "Europe/Berlin"}, memory_type="profile")
     page = text(console.get(f"/console/ns/{NS}/user?user_id={USER}"))
     assert "written by a caller" in page
+
+
+def test_a_pending_profile_waits_on_the_worker_or_on_the_orgs_switch(app_factory):
+    client = auth_app(app_factory, llm_base_url="http://127.0.0.1:9/v1",
+                      llm_model="scripted").test_client()
+    api(client, "profile_schema.set", namespace=NS,
+        json_schema={"type": "object", "properties": {
+            "tz": {"type": "string", "description": "IANA time zone"}}})
+    api(client, "memory.set", namespace=NS, agent=AGENT, user_id=USER, key="tz",
+        value="Lives in Berlin", memory_type="semantic")
+    console = Console(client)
+    console.sign_in(ADMIN_TOKEN)
+    page = text(console.get(f"/console/ns/{NS}/user?user_id={USER}"))
+    assert "Not built yet: the worker has not reached this user" in page
+    api(client, "org.set_model_calls", enabled=False)
+    page = text(console.get(f"/console/ns/{NS}/user?user_id={USER}"))
+    assert "Not built: model calls are switched off for the org" in page
 
 
 def test_the_schema_editor_shows_a_validation_error_beside_the_field(client):
@@ -466,3 +489,50 @@ def test_a_section_over_its_cap_is_refused_with_the_seed_error_and_kept_in_the_b
     assert 'id="save-error">Not saved:' in body and ">far too long for ten</textarea>" in body
     assert api(client, "memory.get", namespace=NS, agent=AGENT, key="short")["memory"][
         "value"] == "ok"
+
+
+def test_schema_types_read_in_words_with_an_arrays_item_type():
+    from app.console.display import schema_type
+
+    assert schema_type({"type": "array", "items": {"type": "string"}}) == "array of string"
+    assert schema_type({"type": "array", "items": {"type": "array", "items": {
+        "enum": ["a", "b"]}}}) == "array of array of one of: a, b"
+    assert schema_type({"type": ["string", "null"]}) == "string or null"
+    assert schema_type({"type": "array"}) == "array of any value"
+    assert schema_type({"anyOf": [{"type": "integer"}, {"type": "null"}]}) == "integer or null"
+
+
+def test_the_namespace_page_shows_the_item_type_and_the_budget_chart(app_factory, clock):
+    from app.store.budget import BudgetStore
+
+    client = auth_app(app_factory, clock=clock).test_client()
+    api(client, "profile_schema.set", namespace=NS, json_schema={
+        "type": "object", "properties": {"languages": {
+            "type": "array", "items": {"type": "string"}, "description": "Spoken languages"}}})
+    api(client, "budget.set", namespace=NS, calls=10, tokens=1000)
+    budgets = client.application.extensions["loom"].store(BudgetStore)
+    for tokens in (100, 200, 300):
+        budgets.settle(budgets.reserve("default", NS, tokens), tokens)
+        clock.advance(60)
+    console = Console(client)
+    console.sign_in(ADMIN_TOKEN)
+    page = text(console.get(f"/console/ns/{NS}"))
+    assert "<td>array of string</td>" in page
+    calls = page.split('id="chart-calls"', 1)[1].split("</figure>", 1)[0]
+    assert "3 spent of a cap of 10" in calls
+    assert calls.count('<rect class="slice"') == 24
+    # The cap line of 10 calls sits at the plot's top; the total of 3 at 3/10 of its height.
+    assert 'class="cap" x1="0" y1="8.0"' in calls
+    assert calls.split('class="running" points="', 1)[1].split('"', 1)[0].endswith(",100.4")
+    tokens = page.split('id="chart-tokens"', 1)[1].split("</figure>", 1)[0]
+    assert "600 spent of a cap of 1000" in tokens
+
+
+def test_a_block_shows_how_full_it_is(client, writer):
+    api(client, "working_memory.set", namespace=NS, agent=AGENT, user_id=USER,
+        block_key="state", content="x" * 30, char_limit=40)
+    console = Console(client)
+    console.sign_in(writer)
+    page = text(console.get(f"/console/ns/{NS}/user?user_id={USER}&agent={AGENT}"))
+    meter = page.split('<meter class="fill" id="fill-state"', 1)[1].split("</meter>", 1)[0]
+    assert 'max="40" value="30"' in meter and ">75.0%" in meter

@@ -158,9 +158,46 @@ def test_a_writer_edits_the_persona_and_profile_render_serves_it(page, server, t
     shoot(page, tmp_path, "section")
     page.get_by_label("Text").fill("Terse. Cite ticket ids.")
     page.get_by_role("button", name="Save section").click()
-    page.wait_for_url(f"{server.url}/console/ns/{NS}")
+    page.wait_for_url(f"{server.url}/console/ns/{NS}?saved=persona")
+    assert page.get_by_role("status").inner_text() == "Saved section persona."
+    shoot(page, tmp_path, "namespace-saved")
     rendered = call(server, "profile.render", namespace=NS, agent="any-client")["rendered"]
     assert rendered == '<profile label="persona">Terse. Cite ticket ids.</profile>'
+
+
+def edit_links_inside_their_boxes(page: Any) -> None:
+    """Each section's Edit link lies inside its table cell and inside the page, so a tap
+    reaches it without scrolling a box sideways."""
+    for link in page.locator("#sections table a").all():
+        box = link.bounding_box()
+        cell = link.locator("xpath=ancestor::td[1]").bounding_box()
+        assert box is not None and cell is not None
+        assert cell["x"] - 0.5 <= box["x"] and box["x"] + box["width"] <= cell["x"] + cell[
+            "width"] + 0.5, (box, cell)
+        assert box["x"] + box["width"] <= page.viewport_size["width"], box
+
+
+def test_the_namespace_page_at_both_widths(page, server, tmp_path):
+    call(server, "profile.set", namespace=NS, agent=AGENT, label="escalation",
+         value="Escalate refunds over 200 EUR to a human, always, with the ticket id.")
+    call(server, "profile_schema.set", namespace=NS, json_schema={
+        "type": "object", "properties": {"languages": {
+            "type": "array", "items": {"type": "string"}, "description": "Spoken languages"}}})
+    call(server, "budget.set", namespace=NS, calls=40, tokens=20000)
+    sign_in(page, server, ADMIN)
+    page.goto(f"{server.url}/console/ns/{NS}")
+    row = page.locator("#schema tbody tr", has_text="languages")
+    assert row.locator("td").first.inner_text() == "array of string"
+    chart = page.locator("#chart-calls")
+    assert "of a cap of 40" in chart.locator("figcaption").inner_text()
+    assert chart.locator("rect.slice").count() == 24
+    assert chart.locator("line.cap").count() == 1
+    for viewport in (DESKTOP, PHONE):
+        page.set_viewport_size(viewport)
+        edit_links_inside_their_boxes(page)
+        svg = chart.locator("svg").bounding_box()
+        assert svg is not None and svg["x"] + svg["width"] <= viewport["width"]
+    shoot(page, tmp_path, "namespace-budget")
 
 
 def test_an_edit_from_a_stale_page_shows_the_conflict_and_the_current_text(
@@ -226,6 +263,15 @@ def test_the_user_page_shows_agent_state_metadata_not_content_and_reads_stay_pri
     page.locator("#scope-agent").fill(AGENT)
     page.get_by_role("button", name="Show blocks").click()
     assert "cursor: ticket 4812" in page.locator("#blocks").inner_text()
+    meter = page.locator("#fill-state")
+    assert meter.get_attribute("value") == str(len("cursor: ticket 4812"))
+    assert meter.get_attribute("max") == "4096"
+    for viewport in (DESKTOP, PHONE):
+        page.set_viewport_size(viewport)
+        box = meter.bounding_box()
+        assert box is not None and box["width"] > 100 and box["height"] > 5
+        assert box["x"] + box["width"] <= viewport["width"]
+    page.set_viewport_size(DESKTOP)
     shoot(page, tmp_path, "user")
     # Two console page loads read the profile; none of them is in profile.activity.
     activity = call(server, "profile.activity", namespace=NS, agent=AGENT, user_id=user_id)

@@ -8,6 +8,7 @@ test API runs with auth off and would not show which token arrived.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -169,15 +170,99 @@ def test_tools_carry_the_registry_input_schema_in_one_type_per_field():
     tools = LoomMCP(toolsets=["full"]).tools
     described = tools["loom_working_memory_append"].describe()
     registry = OPS["working_memory.append"]["input_schema"]
-    assert described.input_schema == portable_schema(registry)
+    assert described.input_schema == portable_schema(
+        {**registry, "required": ["addition", "namespace", "agent"]})
     assert set(described.input_schema["properties"]) == set(registry["properties"])
-    assert described.input_schema["required"] == ["addition"]
+    # No default fills namespace or agent here, so the tool requires them ...
+    assert described.input_schema["required"] == ["addition", "namespace", "agent"]
+    # ... and where the server fills them (LOOM_MCP_NAMESPACE, LOOM_MCP_AGENT) it does not.
+    filled = LoomMCP(toolsets=["full"], identity={"namespace": "n", "agent": "a"}).tools
+    assert filled["loom_working_memory_append"].describe().input_schema["required"] == [
+        "addition"]
     # Optional is absent, not null: one type, no null default; constraints kept.
     assert registry["properties"]["org"]["type"] == ["string", "null"]
     assert described.input_schema["properties"]["org"] == {
         "type": "string", "minLength": 1, "maxLength": 256, "description": "The tenant."}
     assert described.annotations.read_only_hint is False
     assert tools["loom_working_memory_get"].describe().annotations.read_only_hint is True
+
+
+@pytest.mark.slow
+def test_every_tool_converts_under_a_strict_mode_converter():
+    """openai-agents lists the tools of ``loom-mcp stdio`` and turns each into a strict
+    function tool (every object closed, every property declared, no anyOf at the root); a
+    tool it cannot convert it serves non-strict, which a strict-only model endpoint refuses."""
+    from agents.mcp import MCPServerStdio, MCPUtil
+
+    async def go() -> list[Any]:
+        env = {"PYTHONPATH": PYTHONPATH, "LOOM_API_URL": f"http://127.0.0.1:{free_port()}",
+               "LOOM_MCP_TOOLSETS": "full", "PATH": os.environ.get("PATH", "")}
+        params = {"command": sys.executable, "args": ["-m", "loom.mcp_server", "stdio"],
+                  "env": env, "cwd": str(ROOT)}
+        async with MCPServerStdio(params=params) as server:  # type: ignore[arg-type]
+            listed = await server.list_tools()
+            return [MCPUtil.to_function_tool(tool, server, True) for tool in listed]
+
+    function_tools = asyncio.run(go())
+    assert len(function_tools) == len([e for e in OPS.values() if e.get("mcp", True)])
+    assert [tool.name for tool in function_tools if not tool.strict_json_schema] == []
+    memory_set = next(tool for tool in function_tools if tool.name == "loom_memory_set")
+    assert memory_set.params_json_schema["additionalProperties"] is False
+
+
+def test_tool_schemas_state_one_of_groups_and_open_objects_as_json_text():
+    import jsonschema
+
+    tools = LoomMCP(toolsets=["full"], identity={"namespace": "n", "agent": "a"}).tools
+    pin = tools["loom_memory_pin"]
+    for schema in (pin.describe().input_schema, pin.call_schema()):
+        valid = jsonschema.Draft202012Validator(schema).is_valid
+        assert valid({"key": "k"}) and valid({"memory_id": "m-1"})
+        assert not valid({}) and not valid({"key": "k", "memory_id": "m-1"})
+    # A call may send null for what it leaves out (the listing, one type per field, does not
+    # offer it).
+    assert jsonschema.Draft202012Validator(pin.call_schema()).is_valid(
+        {"key": "k", "memory_id": None, "session_id": None})
+    memory_set = tools["loom_memory_set"]
+    listed = memory_set.describe().input_schema
+    assert {"type": "object"} not in listed["properties"]["value"]["anyOf"]
+    for schema in (listed, memory_set.call_schema()):
+        valid = jsonschema.Draft202012Validator(schema).is_valid
+        assert valid({"key": "k", "value": "text"})
+        assert valid({"key": "k", "value_json": '{"plan": "pro"}'})
+        assert not valid({"key": "k"})
+        assert not valid({"key": "k", "value": 1, "value_json": "1"})
+    assert valid({"key": "k", "value": {"plan": "pro"}})  # a client that sends objects may
+    schema_set = tools["loom_profile_schema_set"].describe().input_schema
+    assert "json_schema" not in schema_set["properties"]
+    assert "json_schema_json" in schema_set["required"]
+
+
+@pytest.mark.slow
+def test_json_text_arguments_and_nulls_reach_the_api_decoded(recording_api):
+    """Over stdio, as a strict-mode client calls: every argument sent, null for the ones it
+    leaves out, an object as JSON text."""
+    api_url, seen = recording_api
+
+    async def go() -> None:
+        params = stdio_params(api_url, LOOM_MCP_TOOLSETS="full", LOOM_MCP_NAMESPACE="support",
+                              LOOM_MCP_AGENT="desk")
+        async with Client(params) as client:
+            result = await client.call_tool("loom_memory_set", {
+                "key": "plan", "value_json": '{"tier": "pro"}', "value": None,
+                "namespace": None, "tags": None})
+            assert payload(result) == {"recorded": True}
+            bad = await client.call_tool("loom_memory_set",
+                                         {"key": "plan", "value_json": "{not json"})
+            assert bad.is_error and payload(bad)["error"]["code"] == "VALIDATION_ERROR"
+            assert "value_json" in payload(bad)["error"]["message"]
+            both = await client.call_tool("loom_memory_set",
+                                          {"key": "plan", "value": 1, "value_json": "1"})
+            assert both.is_error
+
+    run(go)
+    assert [call["body"] for call in seen] == [
+        {"namespace": "support", "agent": "desk", "key": "plan", "value": {"tier": "pro"}}]
 
 
 def test_an_unreachable_api_is_an_error_result_not_a_crash():

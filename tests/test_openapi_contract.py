@@ -160,3 +160,27 @@ def test_booleans_must_be_json_booleans(client):
     assert answer.status_code == 422
     assert client.post("/v1/memory.list", json={"namespace": "n", "agent": "a",
                                                 "include_deleted": True}).status_code == 200
+
+
+def test_null_for_an_optional_argument_means_left_out(document, client):
+    who = {"namespace": "n", "agent": "a"}
+    written = client.post("/v1/working_memory.set", json={
+        **who, "block_key": "plan", "content": "x", "session_id": None, "char_limit": None,
+        "user_id": None, "run_id": None})
+    assert written.status_code == 200, written.get_json()
+    assert written.get_json()["char_limit"] == 4096  # the default, as if left out
+    assert written.get_json()["ignored_args"] == []
+    block = client.post("/v1/working_memory.get", json={**who, "block_key": "plan"}).get_json()
+    assert block["found"] is True
+    tags = client.post("/v1/memory.set", json={**who, "key": "k", "value": 1, "tags": None})
+    assert tags.status_code == 200, tags.get_json()
+    # A required field stays required, null or not; and the document says which take null.
+    refused = client.post("/v1/memory.set", json={**who, "key": None, "value": 1})
+    assert refused.status_code == 422 and "key" in refused.get_json()["error"]["fields"]
+    wm_set = _args_schema(document, "/v1/working_memory.set")
+    assert wm_set["properties"]["session_id"]["nullable"] is True
+    assert "nullable" not in wm_set["properties"]["namespace"]
+    erase = _args_schema(document, "/v1/user.erase")
+    assert "nullable" not in erase["properties"]["user_id"]  # required with auth off
+    mode = _args_schema(document, "/v1/agent-state")["properties"]["mode"]
+    assert mode["nullable"] is True and None in mode["enum"]

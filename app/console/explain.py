@@ -21,9 +21,15 @@ def structured_reason(
     row: dict[str, Any] | None,
     schema: dict[str, Any],
     facts: list[dict[str, Any]],
+    model_off: str = "",
 ) -> str:
-    """One sentence on why ``answer['status']`` is what it is."""
+    """One sentence on why ``answer['status']`` is what it is. ``model_off`` says why the
+    worker makes no model call (none configured, or the org switched calls off), when so: a
+    profile it has not built then waits on that, not on the worker's turn."""
     status = answer.get("status")
+    if status in ("pending", "stale") and model_off and (row is None or row.get("deleted")
+                                                         or status == "stale"):
+        return f"Not built: {model_off}, so the worker makes no model call."
     if status == "no_schema":
         if schema.get("json_schema") is None:
             return "The namespace has no structured-profile schema: set one on its page."

@@ -37,6 +37,7 @@ from app.console.blueprint import (
     resolve_reference,
     run,
 )
+from app.console.display import CHART_BUCKETS, budget_chart
 from app.console.explain import structured_reason
 from app.errors import (
     AuthInvalid,
@@ -328,8 +329,14 @@ def namespace(principal: Principal, namespace: str) -> Any:
 def _namespace_page(principal: Principal, namespace: str, status: int = 200,
                     **overrides: Any) -> Response:
     usage, usage_error = _try("usage.get", {"namespace": namespace}, principal)
+    budget, budget_error = _try(
+        "budget.get", {"namespace": namespace, "timeline_buckets": CHART_BUCKETS}, principal)
     context: dict[str, Any] = {
         "namespace": namespace,
+        "budget": budget,
+        "budget_error": budget_error,
+        "budget_chart": budget_chart(budget),
+        "saved": request.args.get("saved", ""),
         "sections": _section_rows(principal, namespace, "-"),
         "usage": usage,
         "usage_error": usage_error,
@@ -358,7 +365,7 @@ def section_create(principal: Principal, namespace: str) -> Any:
                        "open it to edit it.")
         else:
             run("profile.set", {**where, "label": label, "value": value}, principal)
-            return redirect(_back(namespace, user_id))
+            return redirect(_back(namespace, user_id, saved=label))
     except LoomError as error:
         message = describe(error)
     if user_id != "-":
@@ -367,10 +374,13 @@ def section_create(principal: Principal, namespace: str) -> Any:
                            new_section_error=message)
 
 
-def _back(namespace: str, user_id: str) -> str:
+def _back(namespace: str, user_id: str, saved: str = "") -> str:
+    """The page a section belongs to; ``saved`` names the section just saved, which that page
+    confirms."""
+    extra: dict[str, Any] = {"saved": saved} if saved else {}
     if user_id == "-":
-        return url_for("console.namespace", namespace=namespace)
-    return url_for("console.user", namespace=namespace, user_id=user_id)
+        return url_for("console.namespace", namespace=namespace, **extra)
+    return url_for("console.user", namespace=namespace, user_id=user_id, **extra)
 
 
 def _where(namespace: str, values: Any) -> dict[str, Any]:
@@ -423,7 +433,7 @@ def section_save(principal: Principal, namespace: str) -> Any:
         if char_limit.isdigit():
             body["char_limit"] = int(char_limit)
         run("profile.set", body, principal)
-        return redirect(_back(namespace, where["user_id"]))
+        return redirect(_back(namespace, where["user_id"], saved=label))
     except HashMismatch:
         current = run("memory.get", {**where, "key": label, "memory_type": "profile"},
                       principal)
@@ -525,7 +535,8 @@ def user(principal: Principal, namespace: str) -> Any:
                 facts, _cut = _list_rows(principal, {**who, "include_deleted": True})
             except LoomError:
                 facts = []
-        why = structured_reason(structured, structured_row, schema, facts)
+        why = structured_reason(structured, structured_row, schema, facts,
+                                model_off=_model_off(principal, namespace))
     activity, activity_error = _try("profile.activity", {**who, "lookback_days": 30}, principal)
     states, states_error = _try("agent_state.of_profile",
                                 {"namespace": namespace, "profile_id": user_id}, principal)
@@ -556,7 +567,20 @@ def user(principal: Principal, namespace: str) -> Any:
         scope=scope, blocks=blocks, blocks_error=blocks_error, known_agents=known_agents,
         scopes=listed_scopes.get("scopes", []), scopes_error=scopes_error,
         new_section={"agent": principal.agent or "", "label": "", "value": ""},
+        saved=request.args.get("saved", ""),
     )
+
+
+def _model_off(principal: Principal, namespace: str) -> str:
+    """Why the worker makes no model call, in words, or "" when it may make them: the worker
+    reads the same settings as this process, and the org's switch is in usage.get."""
+    settings = _services().settings
+    if not settings.llm_base_url.strip() or not settings.llm_model.strip():
+        return "no model is configured (LOOM_LLM_BASE_URL and LOOM_LLM_MODEL)"
+    usage, _error = _try("usage.get", {"namespace": namespace}, principal)
+    if usage and not usage.get("model_calls_enabled", True):
+        return "model calls are switched off for the org"
+    return ""
 
 
 # --- erasure ------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from marshmallow import fields, validate
+from marshmallow import Schema, fields, validate
 
 from app.clock import iso_from_ns
 from app.registry import Call, op
@@ -21,6 +21,8 @@ from app.store.namespace_config import AuditLog
 
 # Large enough for any real budget, small enough to stay exact in JavaScript and in Lua.
 MAX_CAP = 2**53 - 1
+
+MAX_TIMELINE_BUCKETS = 240
 
 _DOC_NAMESPACE = ('The namespace whose budget this is, or "*" for the org\'s budget, which caps '
                   "all its namespaces together and needs a token reaching the whole org.")
@@ -39,9 +41,23 @@ def _cap_field(what: str) -> StrictInt:
     )
 
 
+class BudgetGetArgs(BudgetArgs):
+    timeline_buckets = StrictInt(
+        load_default=0, validate=validate.Range(min=0, max=MAX_TIMELINE_BUCKETS),
+        metadata={"description": "Also answer the window's calls and tokens over time, cut "
+                                 "into this many equal buckets; 0 (default): no timeline."},
+    )
+
+
 class BudgetSetArgs(BudgetArgs):
     calls = _cap_field("model calls")
     tokens = _cap_field("tokens (prompt + completion)")
+
+
+class BudgetBucket(Schema):
+    start = fields.String(metadata={"description": "When the bucket starts."})
+    calls = fields.Integer(metadata={"description": "Model calls made in the bucket."})
+    tokens = fields.Integer(metadata={"description": "Their tokens (estimates while in flight)."})
 
 
 class BudgetAnswer(Answer):
@@ -60,6 +76,8 @@ class BudgetAnswer(Answer):
     remaining_tokens = fields.Integer(allow_none=True)
     set_by = fields.String(allow_none=True)
     set_at = fields.String(allow_none=True)
+    timeline = fields.List(fields.Nested(BudgetBucket), metadata={"description": (
+        "With timeline_buckets: the window's calls and tokens, oldest bucket first.")})
 
 
 def _answer(call: Call, window: Window) -> dict[str, Any]:
@@ -96,9 +114,17 @@ def budget_set(call: Call) -> dict[str, Any]:
 
 
 @op("budget.get", role="admin", kind="read", listed=False, mcp=False,
-    args=BudgetArgs, answer=BudgetAnswer, needs_agent=False,
+    args=BudgetGetArgs, answer=BudgetAnswer, needs_agent=False,
     example={"namespace": "support"})
 def budget_get(call: Call) -> dict[str, Any]:
     """A namespace's (or the org's) model-call budget: caps, spent in the window, remaining."""
     ident = call.identity
-    return _answer(call, call.services.store(BudgetStore).get(ident.org, ident.namespace))
+    store = call.services.store(BudgetStore)
+    answer = _answer(call, store.get(ident.org, ident.namespace))
+    buckets = call.args["timeline_buckets"]
+    if buckets:
+        answer["timeline"] = [
+            {"start": iso_from_ns(bucket.start_ms * 1_000_000), "calls": bucket.calls,
+             "tokens": bucket.tokens}
+            for bucket in store.timeline(ident.org, ident.namespace, buckets)]
+    return answer

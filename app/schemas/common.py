@@ -9,6 +9,7 @@ the field.
 from __future__ import annotations
 
 import re
+from functools import cache
 from typing import Any
 
 from marshmallow import EXCLUDE, INCLUDE, Schema, ValidationError, fields, validate
@@ -101,6 +102,31 @@ class IdentityArgs(Schema):
     run_id = IdentityText(
         load_default="-", metadata={"description": "The agent run (task scope); '-' for none."}
     )
+
+
+@cache
+def null_means_absent(schema_class: type[Schema]) -> frozenset[str]:
+    """The input keys of ``schema_class`` for which a JSON null reads as the key left out.
+
+    A strict-mode tool client sends every argument, null for the ones it leaves out. An
+    optional field that refuses null (it has a default of its own: ``session_id`` is '-',
+    ``tags`` is []) takes that null as absent. A field that accepts null keeps it, since there
+    null is a value (agent state's ``if_version`` and ``subject``); a required field keeps it
+    too, and its 422 names it.
+    """
+    return frozenset(
+        field.data_key or name
+        for name, field in schema_class().load_fields.items()
+        if not field.required and not field.allow_none
+    )
+
+
+def without_absent_nulls(schema_class: type[Schema], body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` without the nulls that mean "left out" (``null_means_absent``)."""
+    if None not in body.values():
+        return body  # the common case costs one scan
+    absent = null_means_absent(schema_class)
+    return {key: value for key, value in body.items() if value is not None or key not in absent}
 
 
 class Answer(Schema):

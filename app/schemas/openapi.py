@@ -31,7 +31,12 @@ from flask_smorest import Api
 from marshmallow import Schema, fields
 
 from app.registry import Op
-from app.schemas.common import CONTROL_FREE_PATTERN, no_control_characters
+from app.schemas.common import (
+    CONTROL_FREE_PATTERN,
+    IdentityArgs,
+    no_control_characters,
+    null_means_absent,
+)
 
 
 def field_properties(self: Any, field: fields.Field, **kwargs: Any) -> dict[str, Any]:
@@ -39,6 +44,28 @@ def field_properties(self: Any, field: fields.Field, **kwargs: Any) -> dict[str,
     if no_control_characters in field.validators and "pattern" not in field.metadata:
         return {"pattern": CONTROL_FREE_PATTERN}
     return {}
+
+
+def state_null_as_absent(component: dict[str, Any], keys: frozenset[str], *,
+                         json_schema_nulls: bool = False) -> dict[str, Any]:
+    """Let each property in ``keys`` be null too: the API reads that null as the property left
+    out (``app.schemas.common.null_means_absent``). OpenAPI 3.0 says it with ``nullable``,
+    3.1 (JSON Schema) with a ``"null"`` type; an enum lists null as well."""
+    for key in keys:
+        prop = component.get("properties", {}).get(key)
+        if prop is None:
+            continue
+        if "$ref" in prop or "allOf" in prop or "type" not in prop:
+            continue  # nested schemas and any-value fields: top-level plain fields only
+        if json_schema_nulls:
+            kinds = prop["type"] if isinstance(prop["type"], list) else [prop["type"]]
+            if "null" not in kinds:
+                prop["type"] = [*kinds, "null"]
+        else:
+            prop["nullable"] = True
+        if "enum" in prop and None not in prop["enum"]:
+            prop["enum"] = [*prop["enum"], None]
+    return component
 
 
 def identity_required(op: Op) -> tuple[str, ...]:
@@ -129,9 +156,10 @@ class LoomMarshmallowPlugin(MarshmallowPlugin):
     """apispec's plugin, adding each schema's ``OPENAPI_RULES`` (rules over several fields)
     and, for an op's input schema, its ``InputRules``."""
 
-    def __init__(self, inputs: dict[type[Schema], InputRules], **kwargs: Any) -> None:
+    def __init__(self, inputs: dict[type[Schema], InputRules] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.inputs = inputs
+        self.inputs = inputs or {}
 
     # MarshmallowPlugin's own signature, which apispec's BasePlugin does not declare.
     def schema_helper(  # type: ignore[override]
@@ -144,8 +172,13 @@ class LoomMarshmallowPlugin(MarshmallowPlugin):
         rules = getattr(schema_class, "OPENAPI_RULES", None)
         if rules:
             converted.update(copy.deepcopy(rules))  # _apply_input_rules edits its own copy
+        if issubclass(schema_class, IdentityArgs):  # an op's input: null reads as left out
+            version = self.openapi_version
+            state_null_as_absent(converted, null_means_absent(schema_class),
+                                 json_schema_nulls=version is not None
+                                 and (version.major, version.minor) >= (3, 1))
         inputs = self.inputs.get(schema_class)
-        if inputs is not None:
+        if inputs is not None:  # after: an identity no token fills is required, never null
             _apply_input_rules(converted, inputs)
         return converted
 

@@ -74,6 +74,16 @@ class Reservation:
     first_deferral: bool = False  # the namespace's first refusal in the window
 
 
+@dataclass(frozen=True)
+class Bucket:
+    """One slice of the rolling window: when it starts (ms since the epoch), the calls made in
+    it and their tokens (reported, or the estimate while in flight)."""
+
+    start_ms: int
+    calls: int
+    tokens: int
+
+
 def _cap(raw: Any) -> int | None:
     return None if raw in (None, "", False) else int(raw)
 
@@ -87,6 +97,7 @@ class BudgetStore:
         self._settle = script(self.redis, "budget_settle")
         self._read = script(self.redis, "budget_read")
         self._set = script(self.redis, "budget_set")
+        self._timeline = script(self.redis, "budget_timeline")
 
     @staticmethod
     def _limits_key(org: str, namespace: str) -> str:
@@ -120,6 +131,18 @@ class BudgetStore:
         )
         limits = Limits(_cap(calls), _cap(tokens), set_by or "", _cap(set_at))
         return Window(limits, int(spent_calls), int(spent_tokens))
+
+    def timeline(self, org: str, namespace: str, buckets: int) -> list[Bucket]:
+        """The window's calls and tokens in ``buckets`` equal slices, oldest first, for one
+        namespace (``namespace "*"``: the whole org)."""
+        now_ms, window_ms = self._times()
+        sums = self._timeline(
+            keys=[keys.budget_window(org), keys.budget_reservations(org)],
+            args=[now_ms, window_ms, "" if namespace == ORG else namespace, buckets],
+        )
+        start, width = now_ms - window_ms, window_ms / buckets
+        return [Bucket(start + int(index * width), int(sums[2 * index]), int(sums[2 * index + 1]))
+                for index in range(buckets)]
 
     # --- reservations --------------------------------------------------------------------------
 

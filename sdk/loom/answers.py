@@ -66,6 +66,13 @@ class BudgetGetAnswer(TypedDict, total=False):
     remaining_tokens: int | None
     set_by: str | None
     set_at: str | None
+    timeline: list[BudgetBucket]
+
+
+class BudgetBucket(TypedDict, total=False):
+    start: str
+    calls: int
+    tokens: int
 
 
 class BudgetSetAnswer(TypedDict, total=False):
@@ -80,6 +87,7 @@ class BudgetSetAnswer(TypedDict, total=False):
     remaining_tokens: int | None
     set_by: str | None
     set_at: str | None
+    timeline: list[BudgetBucket]
 
 
 class ContextPackAnswer(TypedDict, total=False):

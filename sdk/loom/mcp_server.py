@@ -35,6 +35,7 @@ page that rebinds a name to this machine cannot call the tools.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import sys
@@ -88,10 +89,16 @@ def tool_name(op: str) -> str:
 class LoomTool:
     op: str
     entry: Mapping[str, Any]
+    # Identity fields this server fills when a call leaves them out (LOOM_MCP_NAMESPACE, ...).
+    filled: frozenset[str] = frozenset()
 
     @property
     def name(self) -> str:
         return tool_name(self.op)
+
+    def call_schema(self) -> dict[str, Any]:
+        """What a call's arguments must be (checked before the call is sent)."""
+        return call_schema(self.entry, self.filled)
 
     def describe(self) -> types.Tool:
         kind = self.entry["kind"]
@@ -101,7 +108,7 @@ class LoomTool:
             description=(
                 f"{self.entry['summary']} (Loom op {self.op}; role {self.entry['role']}, {kind})"
             ),
-            input_schema=portable_schema(self.entry["input_schema"]),
+            input_schema=portable_schema(self.call_schema()),
             annotations=types.ToolAnnotations(
                 read_only_hint=kind == "read",
                 idempotent_hint=kind in ("read", "idempotent"),
@@ -122,6 +129,90 @@ ANNOTATIONS = frozenset({"title", "description", "default", "examples", "depreca
                          "readOnly", "writeOnly", "$comment"})
 
 
+# A property that may be any JSON object (a JSON Schema document, a row's value) also has a
+# companion ``<name>_json`` taking it as JSON text: a strict-mode client (every object closed
+# and fully declared) cannot send an open object, but it can send a string.
+JSON_TEXT_SUFFIX = "_json"
+
+
+def call_schema(entry: Mapping[str, Any], filled: Iterable[str] = ()) -> dict[str, Any]:
+    """The op's input schema as this server takes a call: the identity the op needs is
+    required unless the server fills it, and an open-object property may come as JSON text."""
+    schema = copy.deepcopy(dict(entry["input_schema"]))
+    properties: dict[str, Any] = schema.setdefault("properties", {})
+    required: list[str] = list(schema.get("required", []))
+    for name in entry.get("identity_required", ()):
+        if name in filled or name not in properties or name in required:
+            continue
+        required.append(name)
+        properties[name] = _without_null(properties[name])  # null would be "left out"
+    rules: list[dict[str, Any]] = []
+    for name in [name for name, sub in properties.items() if _may_be_open_object(sub)]:
+        properties[name + JSON_TEXT_SUFFIX] = {
+            "type": "string", "minLength": 1,
+            "description": f"{name} as JSON text, for a client that cannot send an object; "
+                           f"give {name} or this, not both.",
+        }
+        both = [_given(name), _given(name + JSON_TEXT_SUFFIX)]
+        rules.append({"not": {"allOf": both}})
+        if name in required:
+            required.remove(name)
+            rules.append({"anyOf": both})
+    if required:
+        schema["required"] = required
+    if rules:
+        schema["allOf"] = [*schema.get("allOf", []), *rules]
+    return schema
+
+
+def _given(name: str) -> dict[str, Any]:
+    """The property is there and not null (a null is one left out)."""
+    return {"required": [name], "properties": {name: {"not": {"type": "null"}}}}
+
+
+def _without_null(prop: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(prop)
+    kinds = out.get("type")
+    if isinstance(kinds, list):
+        kinds = [kind for kind in kinds if kind != "null"]
+        out["type"] = kinds[0] if len(kinds) == 1 else kinds
+    if isinstance(out.get("enum"), list):
+        out["enum"] = [item for item in out["enum"] if item is not None]
+    if out.get("default", 0) is None:
+        del out["default"]
+    return out
+
+
+def _may_be_open_object(prop: Mapping[str, Any]) -> bool:
+    """Whether ``prop`` admits a JSON object with properties it does not declare."""
+    if "$ref" in prop:
+        return False  # a nested schema of the registry declares its properties
+    if set(prop) <= ANNOTATIONS:
+        return True  # any JSON value
+    kinds = prop.get("type")
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    return "object" in kinds and (
+        not prop.get("properties") or prop.get("additionalProperties", True) is not False)
+
+
+def decode_json_text(
+    arguments: Mapping[str, Any], properties: Iterable[str]
+) -> dict[str, Any]:
+    """``arguments`` with each ``<name>_json`` given decoded into ``<name>`` (ValueError when
+    it is not JSON); a null argument is one left out."""
+    decoded = {key: value for key, value in arguments.items() if value is not None}
+    for name in properties:
+        text = decoded.pop(name + JSON_TEXT_SUFFIX, None)
+        if text is not None:
+            if name in decoded:
+                raise ValueError(f"give {name} or {name}{JSON_TEXT_SUFFIX}, not both")
+            try:
+                decoded[name] = json.loads(text)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{name}{JSON_TEXT_SUFFIX} is not JSON text: {exc}") from None
+    return decoded
+
+
 def portable_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
     """A tool input schema that clients with a single-``type`` dialect accept as it is.
 
@@ -133,8 +224,92 @@ def portable_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
     registry's schema, so a client that sends ``null`` for a field it leaves out is not
     refused.
     """
-    portable: dict[str, Any] = _portable(dict(schema), top=True)
+    listed = copy.deepcopy(dict(schema))
+    properties: dict[str, Any] = listed.get("properties", {})
+    for name in [name for name in properties if name + JSON_TEXT_SUFFIX in properties]:
+        kept = _closed_branches(properties[name])
+        if kept is None:
+            del properties[name]  # an object only: it comes as JSON text
+        else:
+            properties[name] = kept
+    rules = list(listed.pop("allOf", []))
+    for keyword in ("oneOf", "anyOf"):
+        if keyword in listed:
+            rules.append({keyword: listed.pop(keyword)})
+    rules = [_as_conditional(rule) for rule in
+             (_listed_rule(rule, properties, listed) for rule in rules) if rule]
+    portable: dict[str, Any] = _portable(listed, top=True)
+    # Rules over several fields stay exact, as if/then/else and not, which a strict-mode
+    # converter (every property required, no anyOf at the root) leaves as they are.
+    if len(rules) == 1:
+        portable.update(rules[0])
+    elif rules:
+        portable["allOf"] = rules
     return portable
+
+
+def _closed_branches(prop: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``prop`` without its open-object branch; None when an object is all it may be."""
+    described = {key: value for key, value in prop.items() if key in ANNOTATIONS}
+    if set(prop) <= ANNOTATIONS:
+        branches = [{"type": kind} for kind in ("string", "number", "boolean", "array")]
+        return {**described, "anyOf": branches}
+    kinds = prop.get("type")
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    others = [kind for kind in kinds if kind not in ("object", "null")]
+    if not others:
+        return None
+    return {**described, "type": others[0] if len(others) == 1 else others}
+
+
+def _as_conditional(rule: Mapping[str, Any]) -> dict[str, Any]:
+    """A oneOf or anyOf of branches as nested if/then/else: the same instances pass."""
+    if "oneOf" in rule:
+        first, *rest = rule["oneOf"]
+        if not rest:
+            return dict(first)
+        return {"if": first, "then": {"not": {"anyOf": rest}},
+                "else": _as_conditional({"oneOf": rest})}
+    if "anyOf" in rule:
+        first, *rest = rule["anyOf"]
+        if not rest:
+            return dict(first)
+        return {"if": first, "else": _as_conditional({"anyOf": rest})}
+    return dict(rule)
+
+
+def _listed_rule(rule: dict[str, Any], properties: Mapping[str, Any],
+                 listed: dict[str, Any]) -> dict[str, Any]:
+    """A rule naming a property the listing dropped (an object only, which comes as JSON
+    text): "not both" goes, "one of the two" becomes the JSON text required."""
+    text = json.dumps(rule)
+    dropped = [
+        name[: -len(JSON_TEXT_SUFFIX)] for name in properties
+        if name.endswith(JSON_TEXT_SUFFIX) and name[: -len(JSON_TEXT_SUFFIX)] not in properties]
+    for name in dropped:
+        if f'"{name}"' not in text:
+            continue
+        if "not" in rule:
+            return {}
+        listed.setdefault("required", []).append(name + JSON_TEXT_SUFFIX)
+        return {}
+    return _without_not_null(rule)
+
+
+def _without_not_null(node: Any) -> Any:
+    """A rule as the listing says it: the listing offers no null, so "given and not null"
+    is "given"."""
+    if isinstance(node, list):
+        return [_without_not_null(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _without_not_null(value) for key, value in node.items()}
+    if isinstance(out.get("properties"), dict):
+        out["properties"] = {key: value for key, value in out["properties"].items()
+                             if value != {"not": {"type": "null"}}}
+        if not out["properties"]:
+            del out["properties"]
+    return out
 
 
 def _portable(node: Any, *, top: bool = False) -> Any:
@@ -163,6 +338,7 @@ def _portable(node: Any, *, top: bool = False) -> Any:
         else:
             out[key] = _portable(value)
     return out
+
 
 
 def with_exact_integers(value: Any) -> Any:
@@ -203,9 +379,12 @@ def parse_toolsets(text: str | None) -> tuple[str, ...]:
 
 
 def select_tools(
-    toolsets: Iterable[str], ops: Mapping[str, Mapping[str, Any]] = OPS
+    toolsets: Iterable[str], ops: Mapping[str, Mapping[str, Any]] = OPS,
+    filled: Iterable[str] = (),
 ) -> dict[str, LoomTool]:
-    """The tools the toolsets choose, by tool name; an unknown toolset is a ValueError."""
+    """The tools the toolsets choose, by tool name; an unknown toolset is a ValueError.
+    ``filled`` names the identity fields the server fills when a call leaves them out."""
+    filled = frozenset(filled)
     planes = {name.split(".", 1)[0] for name in ops}
     chosen: dict[str, LoomTool] = {}
     for toolset in toolsets:
@@ -220,7 +399,7 @@ def select_tools(
                 or (toolset == "all" and entry.get("listed", True))
                 or op.split(".", 1)[0] == toolset
             ):
-                chosen[tool_name(op)] = LoomTool(op, entry)
+                chosen[tool_name(op)] = LoomTool(op, entry, filled)
     return dict(sorted(chosen.items()))
 
 
@@ -250,8 +429,8 @@ class LoomMCP:
         timeout: float = DEFAULT_TIMEOUT,
         ops: Mapping[str, Mapping[str, Any]] = OPS,
     ) -> None:
-        self.tools = select_tools(toolsets, ops)
         self.identity = {k: v for k, v in (identity or {}).items() if v}
+        self.tools = select_tools(toolsets, ops, filled=self.identity)
         self._api_url, self._api_key, self._timeout = api_url, api_key, timeout
         # requests.Session is not made for sharing across threads: one per worker thread.
         self._local = threading.local()
@@ -287,8 +466,17 @@ class LoomMCP:
                            "tools": sorted(self.tools)}},
                 is_error=True,
             )
-        body = {**self.identity, **(arguments or {})}
         entry = found.entry
+        try:
+            # A null argument is one left out (strict-mode clients send every argument), so
+            # it never hides this server's identity defaults.
+            given = decode_json_text(arguments or {}, found.call_schema()["properties"])
+        except ValueError as exc:
+            return _text_result(
+                {"error": {"code": "VALIDATION_ERROR", "message": str(exc), "status": 422}},
+                is_error=True,
+            )
+        body = {**self.identity, **given}
         call: Call[Any] = Call(
             found.op, body, kind=entry.get("kind", "write"),
             http_method=entry.get("http_method", "POST"), path=entry.get("path"),
@@ -314,7 +502,7 @@ class LoomMCP:
 
     def input_schema(self, name: str) -> Mapping[str, Any] | None:
         found = self.tools.get(name)
-        return found.entry["input_schema"] if found is not None else None
+        return found.call_schema() if found is not None else None
 
     def server(self) -> Server[Any]:
         return Server(

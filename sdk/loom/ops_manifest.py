@@ -65,6 +65,7 @@ OPS: dict[str, dict[str, Any]] = {
             },
             'required': ['scope'],
         },
+        'identity_required': ['namespace'],
     },
     'agent_state.of_profile': {
         'role': 'viewer',
@@ -110,6 +111,7 @@ OPS: dict[str, dict[str, Any]] = {
             },
             'required': ['profile_id'],
         },
+        'identity_required': ['namespace'],
     },
     'agent_state.put': {
         'role': 'writer',
@@ -183,9 +185,9 @@ OPS: dict[str, dict[str, Any]] = {
                     'additionalProperties': {},
                 },
                 'mode': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': 'merge_by_key',
-                    'enum': ['merge_by_key', 'cas'],
+                    'enum': ['merge_by_key', 'cas', None],
                     'description': (
                         'merge_by_key (default): named fields replaced whole; cas: body is the '
                         'whole new state.'
@@ -218,6 +220,7 @@ OPS: dict[str, dict[str, Any]] = {
             },
             'required': ['body', 'scope'],
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'agent_state.read': {
         'role': 'writer',
@@ -292,6 +295,7 @@ OPS: dict[str, dict[str, Any]] = {
             },
             'required': ['scope'],
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'audit.list': {
         'role': 'admin',
@@ -328,7 +332,7 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'limit': {
-                    'type': 'integer',
+                    'type': ['integer', 'null'],
                     'default': 50,
                     'minimum': 1,
                     'maximum': 200,
@@ -336,6 +340,7 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
         },
+        'identity_required': ['namespace'],
     },
     'budget.get': {
         'role': 'admin',
@@ -351,6 +356,7 @@ OPS: dict[str, dict[str, Any]] = {
         'fields': {
             'org': {'required': False, 'default': None},
             'namespace': {'required': False, 'default': None},
+            'timeline_buckets': {'required': False, 'default': 0},
         },
         'input_schema': {
             'type': 'object',
@@ -373,8 +379,19 @@ OPS: dict[str, dict[str, Any]] = {
                         'and always with auth off.'
                     ),
                 },
+                'timeline_buckets': {
+                    'type': ['integer', 'null'],
+                    'default': 0,
+                    'minimum': 0,
+                    'maximum': 240,
+                    'description': (
+                        "Also answer the window's calls and tokens over time, cut into this "
+                        'many equal buckets; 0 (default): no timeline.'
+                    ),
+                },
             },
         },
+        'identity_required': ['namespace'],
     },
     'budget.set': {
         'role': 'admin',
@@ -436,6 +453,7 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
         },
+        'identity_required': ['namespace'],
     },
     'context.pack': {
         'role': 'viewer',
@@ -496,27 +514,31 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The agent run (task scope); '-' for none.",
                 },
-                'format': {'type': 'string', 'default': 'xml', 'enum': ['xml', 'markdown']},
+                'format': {
+                    'type': ['string', 'null'],
+                    'default': 'xml',
+                    'enum': ['xml', 'markdown', None],
+                },
                 'labels': {
                     'type': ['array', 'null'],
                     'default': None,
@@ -525,9 +547,9 @@ OPS: dict[str, dict[str, Any]] = {
                     'items': {'type': 'string', 'minLength': 1, 'maxLength': 512},
                 },
                 'scope': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': 'namespace',
-                    'enum': ['namespace', 'this_agent'],
+                    'enum': ['namespace', 'this_agent', None],
                     'description': "namespace: every agent's sections; this_agent: the caller's.",
                 },
                 'read_scope': {
@@ -540,7 +562,7 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'query': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '',
                     'maxLength': 4096,
                     'description': (
@@ -559,7 +581,7 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'working_memory_chars': {
-                    'type': 'integer',
+                    'type': ['integer', 'null'],
                     'default': 16384,
                     'minimum': 0,
                     'maximum': 262144,
@@ -569,7 +591,7 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'profile_chars': {
-                    'type': 'integer',
+                    'type': ['integer', 'null'],
                     'default': 16384,
                     'minimum': 0,
                     'maximum': 262144,
@@ -579,7 +601,7 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'memory_chars': {
-                    'type': 'integer',
+                    'type': ['integer', 'null'],
                     'default': 8192,
                     'minimum': 0,
                     'maximum': 262144,
@@ -590,6 +612,7 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'erasure.status': {
         'role': 'admin',
@@ -630,7 +653,7 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -644,6 +667,7 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
         },
+        'identity_required': ['namespace'],
     },
     'features.get': {
         'role': 'admin',
@@ -680,6 +704,7 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
         },
+        'identity_required': ['namespace'],
     },
     'features.set': {
         'role': 'admin',
@@ -726,6 +751,7 @@ OPS: dict[str, dict[str, Any]] = {
             },
             'required': ['features'],
         },
+        'identity_required': ['namespace'],
     },
     'memory.delete': {
         'role': 'writer',
@@ -779,21 +805,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -820,7 +846,7 @@ OPS: dict[str, dict[str, Any]] = {
                     'description': 'Only a row of this type (profile for a section).',
                 },
                 'source_trace': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '',
                     'maxLength': 4096,
                     'description': (
@@ -829,7 +855,18 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
             },
+            'oneOf': [
+                {
+                    'required': ['key'],
+                    'properties': {'key': {'type': 'string'}, 'memory_id': {'enum': [None]}},
+                },
+                {
+                    'required': ['memory_id'],
+                    'properties': {'memory_id': {'type': 'string'}, 'key': {'enum': [None]}},
+                },
+            ],
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'memory.delete_version': {
         'role': 'admin',
@@ -887,21 +924,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -935,7 +972,18 @@ OPS: dict[str, dict[str, Any]] = {
                     'description': 'The version as a decimal string (exact in JavaScript).',
                 },
             },
+            'oneOf': [
+                {
+                    'required': ['key'],
+                    'properties': {'key': {'type': 'string'}, 'memory_id': {'enum': [None]}},
+                },
+                {
+                    'required': ['memory_id'],
+                    'properties': {'memory_id': {'type': 'string'}, 'key': {'enum': [None]}},
+                },
+            ],
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'memory.get': {
         'role': 'viewer',
@@ -989,21 +1037,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -1039,7 +1087,18 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
             },
+            'oneOf': [
+                {
+                    'required': ['key'],
+                    'properties': {'key': {'type': 'string'}, 'memory_id': {'enum': [None]}},
+                },
+                {
+                    'required': ['memory_id'],
+                    'properties': {'memory_id': {'type': 'string'}, 'key': {'enum': [None]}},
+                },
+            ],
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'memory.history': {
         'role': 'viewer',
@@ -1095,21 +1154,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -1144,7 +1203,12 @@ OPS: dict[str, dict[str, Any]] = {
                         "token's ceiling."
                     ),
                 },
-                'limit': {'type': 'integer', 'default': 20, 'minimum': 1, 'maximum': 100},
+                'limit': {
+                    'type': ['integer', 'null'],
+                    'default': 20,
+                    'minimum': 1,
+                    'maximum': 100,
+                },
                 'cursor': {
                     'type': ['string', 'null'],
                     'default': None,
@@ -1152,7 +1216,18 @@ OPS: dict[str, dict[str, Any]] = {
                     'description': 'next_cursor of the previous page.',
                 },
             },
+            'oneOf': [
+                {
+                    'required': ['key'],
+                    'properties': {'key': {'type': 'string'}, 'memory_id': {'enum': [None]}},
+                },
+                {
+                    'required': ['memory_id'],
+                    'properties': {'memory_id': {'type': 'string'}, 'key': {'enum': [None]}},
+                },
+            ],
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'memory.list': {
         'role': 'viewer',
@@ -1212,21 +1287,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -1237,15 +1312,20 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'pattern': '^[a-z][a-z0-9_]{0,39}$',
                 },
-                'key_prefix': {'type': 'string', 'default': '', 'maxLength': 512},
+                'key_prefix': {'type': ['string', 'null'], 'default': '', 'maxLength': 512},
                 'scope': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': 'namespace',
-                    'enum': ['namespace', 'this_agent'],
+                    'enum': ['namespace', 'this_agent', None],
                     'description': "namespace: every agent's rows; this_agent: the caller's.",
                 },
-                'include_deleted': {'type': 'boolean', 'default': False},
-                'limit': {'type': 'integer', 'default': 20, 'minimum': 1, 'maximum': 100},
+                'include_deleted': {'type': ['boolean', 'null'], 'default': False},
+                'limit': {
+                    'type': ['integer', 'null'],
+                    'default': 20,
+                    'minimum': 1,
+                    'maximum': 100,
+                },
                 'cursor': {'type': ['string', 'null'], 'default': None, 'maxLength': 4096},
                 'read_scope': {
                     'type': ['string', 'null'],
@@ -1258,6 +1338,7 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'memory.lock': {
         'role': 'writer',
@@ -1313,21 +1394,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -1354,7 +1435,18 @@ OPS: dict[str, dict[str, Any]] = {
                     'description': 'Only a row of this type (profile for a section).',
                 },
             },
+            'oneOf': [
+                {
+                    'required': ['key'],
+                    'properties': {'key': {'type': 'string'}, 'memory_id': {'enum': [None]}},
+                },
+                {
+                    'required': ['memory_id'],
+                    'properties': {'memory_id': {'type': 'string'}, 'key': {'enum': [None]}},
+                },
+            ],
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'memory.pin': {
         'role': 'writer',
@@ -1407,21 +1499,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -1448,7 +1540,18 @@ OPS: dict[str, dict[str, Any]] = {
                     'description': 'Only a row of this type (profile for a section).',
                 },
             },
+            'oneOf': [
+                {
+                    'required': ['key'],
+                    'properties': {'key': {'type': 'string'}, 'memory_id': {'enum': [None]}},
+                },
+                {
+                    'required': ['memory_id'],
+                    'properties': {'memory_id': {'type': 'string'}, 'key': {'enum': [None]}},
+                },
+            ],
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'memory.redact': {
         'role': 'admin',
@@ -1501,21 +1604,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -1542,7 +1645,18 @@ OPS: dict[str, dict[str, Any]] = {
                     'description': 'Only a row of this type (profile for a section).',
                 },
             },
+            'oneOf': [
+                {
+                    'required': ['key'],
+                    'properties': {'key': {'type': 'string'}, 'memory_id': {'enum': [None]}},
+                },
+                {
+                    'required': ['memory_id'],
+                    'properties': {'memory_id': {'type': 'string'}, 'key': {'enum': [None]}},
+                },
+            ],
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'memory.search': {
         'role': 'viewer',
@@ -1598,21 +1712,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -1640,7 +1754,7 @@ OPS: dict[str, dict[str, Any]] = {
                     'description': 'Only facts of this type (profile rows stay out of search).',
                 },
                 'tags': {
-                    'type': 'array',
+                    'type': ['array', 'null'],
                     'maxItems': 16,
                     'description': 'Only facts holding every one of these tags.',
                     'items': {'type': 'string', 'minLength': 1, 'maxLength': 128},
@@ -1652,7 +1766,7 @@ OPS: dict[str, dict[str, Any]] = {
                     'description': 'Only facts true at this moment (valid_at <= it < valid_to).',
                 },
                 'limit': {
-                    'type': 'integer',
+                    'type': ['integer', 'null'],
                     'default': 10,
                     'minimum': 1,
                     'maximum': 100,
@@ -1661,6 +1775,7 @@ OPS: dict[str, dict[str, Any]] = {
             },
             'required': ['query'],
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'memory.set': {
         'role': 'writer',
@@ -1723,21 +1838,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -1753,22 +1868,27 @@ OPS: dict[str, dict[str, Any]] = {
                     'description': 'Any JSON value; its canonical JSON is what char_limit caps.',
                 },
                 'memory_type': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': 'semantic',
                     'pattern': '^[a-z][a-z0-9_]{0,39}$',
                     'description': 'semantic, preference, decision, episodic, profile, ...',
                 },
-                'confidence': {'type': 'number', 'default': 1.0, 'minimum': 0.0, 'maximum': 1.0},
+                'confidence': {
+                    'type': ['number', 'null'],
+                    'default': 1.0,
+                    'minimum': 0.0,
+                    'maximum': 1.0,
+                },
                 'tags': {
-                    'type': 'array',
+                    'type': ['array', 'null'],
                     'maxItems': 64,
                     'description': 'about:other, attribute:<name>, forget, or free tags.',
                     'items': {'type': 'string', 'minLength': 1, 'maxLength': 128},
                 },
                 'label': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': 'normal',
-                    'enum': ['normal', 'high'],
+                    'enum': ['normal', 'high', None],
                     'description': 'Sensitivity: high keeps the row out of every profile.',
                 },
                 'valid_at': {
@@ -1783,14 +1903,14 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'description': 'When the fact stops being true.',
                 },
-                'duplicate_of': {'type': 'string', 'default': '', 'maxLength': 64},
+                'duplicate_of': {'type': ['string', 'null'], 'default': '', 'maxLength': 64},
                 'provenance': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': 'stated',
-                    'enum': ['stated', 'derived'],
+                    'enum': ['stated', 'derived', None],
                 },
                 'source_trace': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '',
                     'maxLength': 4096,
                     'description': (
@@ -1809,7 +1929,7 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'if_match_sha256': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '',
                     'maxLength': 64,
                     'description': 'Write only over this content_sha256 (409 otherwise).',
@@ -1817,6 +1937,7 @@ OPS: dict[str, dict[str, Any]] = {
             },
             'required': ['key', 'value'],
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'memory.unlock': {
         'role': 'writer',
@@ -1869,21 +1990,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -1910,7 +2031,18 @@ OPS: dict[str, dict[str, Any]] = {
                     'description': 'Only a row of this type (profile for a section).',
                 },
             },
+            'oneOf': [
+                {
+                    'required': ['key'],
+                    'properties': {'key': {'type': 'string'}, 'memory_id': {'enum': [None]}},
+                },
+                {
+                    'required': ['memory_id'],
+                    'properties': {'memory_id': {'type': 'string'}, 'key': {'enum': [None]}},
+                },
+            ],
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'memory.unpin': {
         'role': 'writer',
@@ -1965,21 +2097,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -2006,7 +2138,18 @@ OPS: dict[str, dict[str, Any]] = {
                     'description': 'Only a row of this type (profile for a section).',
                 },
             },
+            'oneOf': [
+                {
+                    'required': ['key'],
+                    'properties': {'key': {'type': 'string'}, 'memory_id': {'enum': [None]}},
+                },
+                {
+                    'required': ['memory_id'],
+                    'properties': {'memory_id': {'type': 'string'}, 'key': {'enum': [None]}},
+                },
+            ],
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'object_types.get': {
         'role': 'admin',
@@ -2043,6 +2186,7 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
         },
+        'identity_required': ['namespace'],
     },
     'object_types.set': {
         'role': 'admin',
@@ -2085,6 +2229,7 @@ OPS: dict[str, dict[str, Any]] = {
             },
             'required': ['types'],
         },
+        'identity_required': ['namespace'],
     },
     'org.set_model_calls': {
         'role': 'admin',
@@ -2138,21 +2283,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -2165,6 +2310,7 @@ OPS: dict[str, dict[str, Any]] = {
             },
             'required': ['enabled'],
         },
+        'identity_required': [],
     },
     'profile.activity': {
         'role': 'viewer',
@@ -2218,34 +2364,35 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The agent run (task scope); '-' for none.",
                 },
                 'lookback_days': {
-                    'type': 'integer',
+                    'type': ['integer', 'null'],
                     'default': 7,
                     'minimum': 1,
                     'description': 'Days to look back; capped at 30 server-side.',
                 },
             },
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'profile.append': {
         'role': 'writer',
@@ -2301,21 +2448,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -2329,13 +2476,14 @@ OPS: dict[str, dict[str, Any]] = {
                 },
                 'addition': {'type': 'string', 'description': 'Text added at the end.'},
                 'separator': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '\n',
                     'description': 'Between the existing text and addition; unused when new.',
                 },
             },
             'required': ['addition', 'label'],
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'profile.render': {
         'role': 'viewer',
@@ -2389,27 +2537,31 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The agent run (task scope); '-' for none.",
                 },
-                'format': {'type': 'string', 'default': 'xml', 'enum': ['xml', 'markdown']},
+                'format': {
+                    'type': ['string', 'null'],
+                    'default': 'xml',
+                    'enum': ['xml', 'markdown', None],
+                },
                 'labels': {
                     'type': ['array', 'null'],
                     'default': None,
@@ -2418,9 +2570,9 @@ OPS: dict[str, dict[str, Any]] = {
                     'items': {'type': 'string', 'minLength': 1, 'maxLength': 512},
                 },
                 'scope': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': 'namespace',
-                    'enum': ['namespace', 'this_agent'],
+                    'enum': ['namespace', 'this_agent', None],
                     'description': "namespace: every agent's sections; this_agent: the caller's.",
                 },
                 'read_scope': {
@@ -2434,6 +2586,7 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'profile.replace': {
         'role': 'writer',
@@ -2486,21 +2639,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -2521,6 +2674,7 @@ OPS: dict[str, dict[str, Any]] = {
             },
             'required': ['label', 'new', 'old'],
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'profile.set': {
         'role': 'writer',
@@ -2575,21 +2729,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -2603,7 +2757,7 @@ OPS: dict[str, dict[str, Any]] = {
                 },
                 'value': {'type': 'string', 'description': "The section's whole text."},
                 'char_limit': {
-                    'type': 'integer',
+                    'type': ['integer', 'null'],
                     'default': 8192,
                     'minimum': 1,
                     'maximum': 65536,
@@ -2613,7 +2767,7 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'source_trace': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '',
                     'maxLength': 4096,
                     'description': (
@@ -2622,7 +2776,7 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'if_match_sha256': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '',
                     'maxLength': 64,
                     'description': "Write only if the section's content_sha256 equals this.",
@@ -2630,6 +2784,7 @@ OPS: dict[str, dict[str, Any]] = {
             },
             'required': ['label', 'value'],
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'profile.structured': {
         'role': 'viewer',
@@ -2680,21 +2835,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -2711,6 +2866,7 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
         },
+        'identity_required': ['namespace', 'agent', 'user_id'],
     },
     'profile_schema.clear': {
         'role': 'admin',
@@ -2760,21 +2916,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -2782,6 +2938,7 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
         },
+        'identity_required': ['namespace'],
     },
     'profile_schema.get': {
         'role': 'viewer',
@@ -2831,21 +2988,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -2853,6 +3010,7 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
         },
+        'identity_required': ['namespace'],
     },
     'profile_schema.set': {
         'role': 'admin',
@@ -2905,21 +3063,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -2933,6 +3091,7 @@ OPS: dict[str, dict[str, Any]] = {
             },
             'required': ['json_schema'],
         },
+        'identity_required': ['namespace'],
     },
     'structured.blacklist': {
         'role': 'admin',
@@ -2983,21 +3142,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -3013,6 +3172,7 @@ OPS: dict[str, dict[str, Any]] = {
             },
             'required': ['blacklisted'],
         },
+        'identity_required': ['namespace', 'user_id'],
     },
     'subject.export': {
         'role': 'viewer',
@@ -3053,14 +3213,14 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'handles': {
-                    'type': 'array',
+                    'type': ['array', 'null'],
                     'maxItems': 20,
                     'description': (
                         "The customer's other handles (email, international phone, customer "
@@ -3071,6 +3231,7 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
         },
+        'identity_required': ['namespace', 'user_id'],
     },
     'token.create': {
         'role': 'admin',
@@ -3122,21 +3283,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -3155,8 +3316,11 @@ OPS: dict[str, dict[str, Any]] = {
                     'maxLength': 256,
                     'description': 'Pin the token to one end user.',
                 },
-                'scopes': {'type': 'array', 'items': {'type': 'string', 'enum': ['agent_state']}},
-                'label': {'type': 'string', 'default': '', 'maxLength': 200},
+                'scopes': {
+                    'type': ['array', 'null'],
+                    'items': {'type': 'string', 'enum': ['agent_state']},
+                },
+                'label': {'type': ['string', 'null'], 'default': '', 'maxLength': 200},
                 'expires_at': {
                     'type': ['string', 'null'],
                     'format': 'date-time',
@@ -3166,6 +3330,7 @@ OPS: dict[str, dict[str, Any]] = {
             },
             'required': ['role'],
         },
+        'identity_required': [],
     },
     'token.list': {
         'role': 'admin',
@@ -3215,21 +3380,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -3237,6 +3402,7 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
         },
+        'identity_required': [],
     },
     'token.revoke': {
         'role': 'admin',
@@ -3287,21 +3453,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -3311,6 +3477,7 @@ OPS: dict[str, dict[str, Any]] = {
             },
             'required': ['token_id'],
         },
+        'identity_required': [],
     },
     'usage.get': {
         'role': 'admin',
@@ -3363,21 +3530,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -3385,6 +3552,7 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
         },
+        'identity_required': ['namespace'],
     },
     'user.erase': {
         'role': 'admin',
@@ -3425,14 +3593,14 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'handles': {
-                    'type': 'array',
+                    'type': ['array', 'null'],
                     'maxItems': 20,
                     'description': (
                         "The customer's other handles (email, international phone, customer "
@@ -3443,6 +3611,7 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
         },
+        'identity_required': ['namespace', 'user_id'],
     },
     'working_memory.append': {
         'role': 'writer',
@@ -3495,28 +3664,28 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The agent run (task scope); '-' for none.",
                 },
                 'block_key': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': 'scratchpad',
                     'minLength': 1,
                     'maxLength': 80,
@@ -3524,13 +3693,14 @@ OPS: dict[str, dict[str, Any]] = {
                 },
                 'addition': {'type': 'string', 'description': 'Text added at the end.'},
                 'separator': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '\n',
                     'description': 'Put between the existing text and addition.',
                 },
             },
             'required': ['addition'],
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'working_memory.delete': {
         'role': 'writer',
@@ -3581,28 +3751,28 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The agent run (task scope); '-' for none.",
                 },
                 'block_key': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': 'scratchpad',
                     'minLength': 1,
                     'maxLength': 80,
@@ -3610,6 +3780,7 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'working_memory.get': {
         'role': 'viewer',
@@ -3660,28 +3831,28 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The agent run (task scope); '-' for none.",
                 },
                 'block_key': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': 'scratchpad',
                     'minLength': 1,
                     'maxLength': 80,
@@ -3689,6 +3860,7 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'working_memory.render': {
         'role': 'viewer',
@@ -3741,21 +3913,21 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -3768,10 +3940,20 @@ OPS: dict[str, dict[str, Any]] = {
                     'description': 'Only these blocks (at most 20); empty = every live block.',
                     'items': {'type': 'string', 'minLength': 1, 'maxLength': 80},
                 },
-                'format': {'type': 'string', 'default': 'xml', 'enum': ['xml', 'markdown']},
-                'limit': {'type': 'integer', 'default': 20, 'minimum': 1, 'maximum': 100},
+                'format': {
+                    'type': ['string', 'null'],
+                    'default': 'xml',
+                    'enum': ['xml', 'markdown', None],
+                },
+                'limit': {
+                    'type': ['integer', 'null'],
+                    'default': 20,
+                    'minimum': 1,
+                    'maximum': 100,
+                },
             },
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'working_memory.replace': {
         'role': 'writer',
@@ -3824,28 +4006,28 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The agent run (task scope); '-' for none.",
                 },
                 'block_key': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': 'scratchpad',
                     'minLength': 1,
                     'maxLength': 80,
@@ -3857,13 +4039,14 @@ OPS: dict[str, dict[str, Any]] = {
                     'description': 'Text to find; every occurrence is replaced.',
                 },
                 'new': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '',
                     'description': 'Replacement text; empty deletes.',
                 },
             },
             'required': ['old'],
         },
+        'identity_required': ['namespace', 'agent'],
     },
     'working_memory.scopes': {
         'role': 'viewer',
@@ -3914,7 +4097,7 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
@@ -3922,6 +4105,7 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
         },
+        'identity_required': ['namespace'],
     },
     'working_memory.set': {
         'role': 'writer',
@@ -3974,40 +4158,40 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
                 'user_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The end user; '-' for none.",
                 },
                 'session_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The session or conversation; '-' for none.",
                 },
                 'run_id': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '-',
                     'minLength': 1,
                     'maxLength': 256,
                     'description': "The agent run (task scope); '-' for none.",
                 },
                 'block_key': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': 'scratchpad',
                     'minLength': 1,
                     'maxLength': 80,
                     'description': "The block to write, within the caller's scope.",
                 },
                 'content': {
-                    'type': 'string',
+                    'type': ['string', 'null'],
                     'default': '',
                     'description': "The block's whole new text.",
                 },
                 'char_limit': {
-                    'type': 'integer',
+                    'type': ['integer', 'null'],
                     'default': 4096,
                     'minimum': 1,
                     'maximum': 16384,
@@ -4018,5 +4202,6 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
         },
+        'identity_required': ['namespace', 'agent'],
     },
 }

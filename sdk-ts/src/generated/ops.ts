@@ -91,7 +91,7 @@ export interface AgentStatePutInput {
   /** {"kind": "conversation"|"task"|"object"|"subject", "id": "..."}: what the state belongs to. An object id is <type>:<id>; a subject id is one of the customer's handles. */
   scope: AgentStatePutInputScope;
   /** merge_by_key (default): named fields replaced whole; cas: body is the whole new state. */
-  mode?: "merge_by_key" | "cas";
+  mode?: "merge_by_key" | "cas" | null;
   /** Apply only at this version (0: the state must not exist). Required with cas. */
   if_version?: bigint | number | null;
   /** The fields to write; {"$delete": true} removes one (merge_by_key). */
@@ -127,7 +127,7 @@ export interface AuditListInput {
   /** The namespace the op reads or writes. Required (422 IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, and always with auth off. */
   namespace?: string | null;
   /** Newest entries to return (1 to 200). */
-  limit?: number;
+  limit?: number | null;
 }
 
 export interface BudgetGetInput {
@@ -135,6 +135,8 @@ export interface BudgetGetInput {
   org?: string | null;
   /** The namespace the op reads or writes. Required (422 IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, and always with auth off. */
   namespace?: string | null;
+  /** Also answer the window's calls and tokens over time, cut into this many equal buckets; 0 (default): no timeline. */
+  timeline_buckets?: number | null;
 }
 
 export interface BudgetSetInput {
@@ -156,28 +158,28 @@ export interface ContextPackInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
-  format?: "xml" | "markdown";
+  run_id?: string | null;
+  format?: "xml" | "markdown" | null;
   /** If set, render only these labels, in this order. */
   labels?: Array<string> | null;
   /** namespace: every agent's sections; this_agent: the caller's. */
-  scope?: "namespace" | "this_agent";
+  scope?: "namespace" | "this_agent" | null;
   /** How far the read reaches across users and session_ids; left out, the token's ceiling. */
   read_scope?: "namespace" | "own_user" | "own_session" | null;
   /** The question the pack is for: the facts memory.search finds for it follow the stable prefix (the memories section). */
-  query?: string;
+  query?: string | null;
   /** This project's note, e.g. session:projectA: the agent layer's other session:* blocks are left out. */
   session_block?: string | null;
   /** Character budget of the working-memory section (default 16384, 0 to 262144); blocks that do not fit are dropped whole. */
-  working_memory_chars?: number;
+  working_memory_chars?: number | null;
   /** Character budget of the profile section (default 16384, 0 to 262144); sections that do not fit are dropped whole. */
-  profile_chars?: number;
+  profile_chars?: number | null;
   /** Character budget of the query's memories section (default 8192, 0 to 262144); facts that do not fit are dropped whole. */
-  memory_chars?: number;
+  memory_chars?: number | null;
 }
 
 export interface ErasureStatusInput {
@@ -186,7 +188,7 @@ export interface ErasureStatusInput {
   /** The namespace the op reads or writes. Required (422 IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, and always with auth off. */
   namespace?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The receipt's id; or give user_id instead. */
   erasure_id?: string | null;
 }
@@ -215,11 +217,11 @@ export interface MemoryDeleteInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** The row's key. */
   key?: string | null;
   /** The row's id, from any identity that can see it. */
@@ -227,7 +229,7 @@ export interface MemoryDeleteInput {
   /** Only a row of this type (profile for a section). */
   memory_type?: string | null;
   /** Where the content came from; a trace starting memory.delete_version: is refused (that op's marker). */
-  source_trace?: string;
+  source_trace?: string | null;
 }
 
 export interface MemoryDeleteVersionInput {
@@ -238,11 +240,11 @@ export interface MemoryDeleteVersionInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** The row's key. */
   key?: string | null;
   /** The row's id, from any identity that can see it. */
@@ -262,11 +264,11 @@ export interface MemoryGetInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** The row's key. */
   key?: string | null;
   /** The row's id, from any identity that can see it. */
@@ -285,11 +287,11 @@ export interface MemoryHistoryInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** The row's key. */
   key?: string | null;
   /** The row's id, from any identity that can see it. */
@@ -298,7 +300,7 @@ export interface MemoryHistoryInput {
   memory_type?: string | null;
   /** How far the read reaches across users and session_ids; left out, the token's ceiling. */
   read_scope?: "namespace" | "own_user" | "own_session" | null;
-  limit?: number;
+  limit?: number | null;
   /** next_cursor of the previous page. */
   cursor?: string | null;
 }
@@ -311,17 +313,17 @@ export interface MemoryListInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   memory_type?: string | null;
-  key_prefix?: string;
+  key_prefix?: string | null;
   /** namespace: every agent's rows; this_agent: the caller's. */
-  scope?: "namespace" | "this_agent";
-  include_deleted?: boolean;
-  limit?: number;
+  scope?: "namespace" | "this_agent" | null;
+  include_deleted?: boolean | null;
+  limit?: number | null;
   cursor?: string | null;
   /** How far the read reaches across users and session_ids; left out, the token's ceiling. */
   read_scope?: "namespace" | "own_user" | "own_session" | null;
@@ -335,11 +337,11 @@ export interface MemoryLockInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** The row's key. */
   key?: string | null;
   /** The row's id, from any identity that can see it. */
@@ -356,11 +358,11 @@ export interface MemoryPinInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** The row's key. */
   key?: string | null;
   /** The row's id, from any identity that can see it. */
@@ -377,11 +379,11 @@ export interface MemoryRedactInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** The row's key. */
   key?: string | null;
   /** The row's id, from any identity that can see it. */
@@ -398,11 +400,11 @@ export interface MemorySearchInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** The question, in words. */
   query: string;
   /** How far the read reaches across users and session_ids; left out, the token's ceiling. */
@@ -410,11 +412,11 @@ export interface MemorySearchInput {
   /** Only facts of this type (profile rows stay out of search). */
   memory_type?: string | null;
   /** Only facts holding every one of these tags. */
-  tags?: Array<string>;
+  tags?: Array<string> | null;
   /** Only facts true at this moment (valid_at <= it < valid_to). */
   valid_at?: string | null;
   /** How many hits at most (default 10, at most 100). */
-  limit?: number;
+  limit?: number | null;
 }
 
 export interface MemorySetInput {
@@ -425,34 +427,34 @@ export interface MemorySetInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** The row's name in this identity. */
   key: string;
   /** Any JSON value; its canonical JSON is what char_limit caps. */
   value: unknown;
   /** semantic, preference, decision, episodic, profile, ... */
-  memory_type?: string;
-  confidence?: number;
+  memory_type?: string | null;
+  confidence?: number | null;
   /** about:other, attribute:<name>, forget, or free tags. */
-  tags?: Array<string>;
+  tags?: Array<string> | null;
   /** Sensitivity: high keeps the row out of every profile. */
-  label?: "normal" | "high";
+  label?: "normal" | "high" | null;
   /** When the fact became true; dates it for profile builds. */
   valid_at?: string | null;
   /** When the fact stops being true. */
   valid_to?: string | null;
-  duplicate_of?: string;
-  provenance?: "stated" | "derived";
+  duplicate_of?: string | null;
+  provenance?: "stated" | "derived" | null;
   /** Where the content came from; a trace starting memory.delete_version: is refused (that op's marker). */
-  source_trace?: string;
+  source_trace?: string | null;
   /** Size cap on the value's canonical JSON; left out, the row keeps its cap (8192 for a new profile row, none otherwise). */
   char_limit?: number | null;
   /** Write only over this content_sha256 (409 otherwise). */
-  if_match_sha256?: string;
+  if_match_sha256?: string | null;
 }
 
 export interface MemoryUnlockInput {
@@ -463,11 +465,11 @@ export interface MemoryUnlockInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** The row's key. */
   key?: string | null;
   /** The row's id, from any identity that can see it. */
@@ -484,11 +486,11 @@ export interface MemoryUnpinInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** The row's key. */
   key?: string | null;
   /** The row's id, from any identity that can see it. */
@@ -521,11 +523,11 @@ export interface OrgSetModelCallsInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** False stops every model call for the org. */
   enabled: boolean;
 }
@@ -538,13 +540,13 @@ export interface ProfileActivityInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** Days to look back; capped at 30 server-side. */
-  lookback_days?: number;
+  lookback_days?: number | null;
 }
 
 export interface ProfileAppendInput {
@@ -555,17 +557,17 @@ export interface ProfileAppendInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** The section to append to; a missing one is created. */
   label: string;
   /** Text added at the end. */
   addition: string;
   /** Between the existing text and addition; unused when new. */
-  separator?: string;
+  separator?: string | null;
 }
 
 export interface ProfileRenderInput {
@@ -576,16 +578,16 @@ export interface ProfileRenderInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
-  format?: "xml" | "markdown";
+  run_id?: string | null;
+  format?: "xml" | "markdown" | null;
   /** If set, render only these labels, in this order. */
   labels?: Array<string> | null;
   /** namespace: every agent's sections; this_agent: the caller's. */
-  scope?: "namespace" | "this_agent";
+  scope?: "namespace" | "this_agent" | null;
   /** How far the read reaches across users and session_ids; left out, the token's ceiling. */
   read_scope?: "namespace" | "own_user" | "own_session" | null;
 }
@@ -598,11 +600,11 @@ export interface ProfileReplaceInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** The section to edit; a missing one is a 404. */
   label: string;
   /** Text to find; every occurrence is replaced. */
@@ -619,21 +621,21 @@ export interface ProfileSetInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** The section's name (its memory key), e.g. persona. */
   label: string;
   /** The section's whole text. */
   value: string;
   /** The section's size cap on the JSON-encoded value (default 8192); a set without it gives the section the default cap. */
-  char_limit?: number;
+  char_limit?: number | null;
   /** Where the content came from; a trace starting memory.delete_version: is refused (that op's marker). */
-  source_trace?: string;
+  source_trace?: string | null;
   /** Write only if the section's content_sha256 equals this. */
-  if_match_sha256?: string;
+  if_match_sha256?: string | null;
 }
 
 export interface ProfileStructuredInput {
@@ -644,11 +646,11 @@ export interface ProfileStructuredInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** The token's read_scope is the ceiling; own_session is refused: a profile spans the user's sessions. */
   read_scope?: "namespace" | "own_user" | null;
 }
@@ -661,11 +663,11 @@ export interface ProfileSchemaClearInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
 }
 
 export interface ProfileSchemaGetInput {
@@ -676,11 +678,11 @@ export interface ProfileSchemaGetInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
 }
 
 export interface ProfileSchemaSetInput {
@@ -691,11 +693,11 @@ export interface ProfileSchemaSetInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** A JSON Schema object with 1 to 64 properties. */
   json_schema: Record<string, unknown>;
 }
@@ -708,11 +710,11 @@ export interface StructuredBlacklistInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** true: the worker builds no profile for the user (a build is refused as a locked profile row refuses it); false: lift it. */
   blacklisted: boolean;
 }
@@ -723,9 +725,9 @@ export interface SubjectExportInput {
   /** The namespace the op reads or writes. Required (422 IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, and always with auth off. */
   namespace?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The customer's other handles (email, international phone, customer id) whose agent states are theirs too; the user id is always one. Never stored. */
-  handles?: Array<string>;
+  handles?: Array<string> | null;
 }
 
 export interface TokenCreateInput {
@@ -736,17 +738,17 @@ export interface TokenCreateInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   role: "viewer" | "writer" | "admin";
   read_scope?: "namespace" | "own_user" | "own_session" | null;
   /** Pin the token to one end user. */
   read_user_id?: string | null;
-  scopes?: Array<"agent_state">;
-  label?: string;
+  scopes?: Array<"agent_state"> | null;
+  label?: string | null;
   /** When the token stops working (ISO 8601). */
   expires_at?: string | null;
 }
@@ -759,11 +761,11 @@ export interface TokenListInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
 }
 
 export interface TokenRevokeInput {
@@ -774,11 +776,11 @@ export interface TokenRevokeInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   token_id: string;
 }
 
@@ -790,11 +792,11 @@ export interface UsageGetInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
 }
 
 export interface UserEraseInput {
@@ -803,9 +805,9 @@ export interface UserEraseInput {
   /** The namespace the op reads or writes. Required (422 IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, and always with auth off. */
   namespace?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The customer's other handles (email, international phone, customer id) whose agent states are theirs too; the user id is always one. Never stored. */
-  handles?: Array<string>;
+  handles?: Array<string> | null;
 }
 
 export interface WorkingMemoryAppendInput {
@@ -816,17 +818,17 @@ export interface WorkingMemoryAppendInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** The block to append to; a missing block is created. */
-  block_key?: string;
+  block_key?: string | null;
   /** Text added at the end. */
   addition: string;
   /** Put between the existing text and addition. */
-  separator?: string;
+  separator?: string | null;
 }
 
 export interface WorkingMemoryDeleteInput {
@@ -837,13 +839,13 @@ export interface WorkingMemoryDeleteInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** The block to read or delete. */
-  block_key?: string;
+  block_key?: string | null;
 }
 
 export interface WorkingMemoryGetInput {
@@ -854,13 +856,13 @@ export interface WorkingMemoryGetInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** The block to read or delete. */
-  block_key?: string;
+  block_key?: string | null;
 }
 
 export interface WorkingMemoryRenderInput {
@@ -871,15 +873,15 @@ export interface WorkingMemoryRenderInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** Only these blocks (at most 20); empty = every live block. */
   block_keys?: Array<string> | null;
-  format?: "xml" | "markdown";
-  limit?: number;
+  format?: "xml" | "markdown" | null;
+  limit?: number | null;
 }
 
 export interface WorkingMemoryReplaceInput {
@@ -890,17 +892,17 @@ export interface WorkingMemoryReplaceInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** The block to edit; a missing block is a 404. */
-  block_key?: string;
+  block_key?: string | null;
   /** Text to find; every occurrence is replaced. */
   old: string;
   /** Replacement text; empty deletes. */
-  new?: string;
+  new?: string | null;
 }
 
 export interface WorkingMemoryScopesInput {
@@ -911,7 +913,7 @@ export interface WorkingMemoryScopesInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
 }
 
 export interface WorkingMemorySetInput {
@@ -922,17 +924,17 @@ export interface WorkingMemorySetInput {
   /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
   agent?: string | null;
   /** The end user; '-' for none. */
-  user_id?: string;
+  user_id?: string | null;
   /** The session or conversation; '-' for none. */
-  session_id?: string;
+  session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
-  run_id?: string;
+  run_id?: string | null;
   /** The block to write, within the caller's scope. */
-  block_key?: string;
+  block_key?: string | null;
   /** The block's whole new text. */
-  content?: string;
+  content?: string | null;
   /** The block's size cap in characters (default 4096, at most 16384); a set without it gives the block the default cap. */
-  char_limit?: number;
+  char_limit?: number | null;
 }
 
 export interface AgentStateEraseAnswer {
@@ -1002,6 +1004,17 @@ export interface BudgetGetAnswer {
   remaining_tokens?: number | null;
   set_by?: string | null;
   set_at?: string | null;
+  /** With timeline_buckets: the window's calls and tokens, oldest bucket first. */
+  timeline?: Array<BudgetBucket>;
+}
+
+export interface BudgetBucket {
+  /** When the bucket starts. */
+  start?: string;
+  /** Model calls made in the bucket. */
+  calls?: number;
+  /** Their tokens (estimates while in flight). */
+  tokens?: number;
 }
 
 export interface BudgetSetAnswer {
@@ -1023,6 +1036,8 @@ export interface BudgetSetAnswer {
   remaining_tokens?: number | null;
   set_by?: string | null;
   set_at?: string | null;
+  /** With timeline_buckets: the window's calls and tokens, oldest bucket first. */
+  timeline?: Array<BudgetBucket>;
 }
 
 export interface ContextPackAnswer {

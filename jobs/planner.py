@@ -128,7 +128,7 @@ def next_backoff(failures: int, settings: PlannerSettings = DEFAULT_SETTINGS) ->
         raise ValueError("failures must be at least 1")
     # Doubling past 2**62 cannot matter (any base of at least a nanosecond is past every cap by
     # then), and stopping there keeps a huge count from building a huge integer.
-    doubled = settings.backoff_base_seconds * 2 ** min(failures - 1, 62)
+    doubled = float(settings.backoff_base_seconds * 2 ** min(failures - 1, 62))
     return min(doubled, settings.backoff_cap_seconds)
 
 

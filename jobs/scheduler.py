@@ -13,11 +13,8 @@ scheduler puts back whichever half of a definition has gone missing.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import sys
-from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -29,10 +26,14 @@ from rq_scheduler.utils import to_unix
 from app.logs import configure_logging
 from app.settings import Settings, load_settings
 from app.store.connection import UNAVAILABLE_ERRORS
+from jobs import agent_state_sweep, consolidation, erasure
 from jobs.outage import ride_out
-from jobs.queues import queue_connection
+from jobs.periodic import JOB_ID_PREFIX, Periodic
+from jobs.queues import PASSES, queue_connection
+from jobs.structured_profile import PASS_FUNC
 
-JOB_ID_PREFIX = "loom-periodic-"
+__all__ = ["JOB_ID_PREFIX", "LoomScheduler", "Periodic", "periodic_jobs", "register"]
+
 # A finished periodic job keeps its hash: rq-scheduler drops a schedule whose hash expired.
 KEEP_RESULT = -1
 # How long the hash of a job no longer defined stays readable (its last result) once cancelled.
@@ -43,27 +44,8 @@ MAX_POLL_SECONDS = 5.0
 log = logging.getLogger("loom.jobs.scheduler")
 
 
-@dataclass(frozen=True)
-class Periodic:
-    func: str
-    queue: str
-    interval_seconds: int
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def job_id(self) -> str:
-        spec = json.dumps(
-            [self.func, self.queue, self.interval_seconds, self.kwargs], sort_keys=True
-        )
-        return JOB_ID_PREFIX + hashlib.sha256(spec.encode()).hexdigest()[:16]
-
-
 def periodic_jobs(settings: Settings) -> list[Periodic]:
     """Every periodic job Loom runs, from the settings."""
-    from jobs import agent_state_sweep, consolidation, erasure
-    from jobs.queues import PASSES
-    from jobs.structured_profile import PASS_FUNC
-
     definitions = [
         agent_state_sweep.periodic(settings),
         erasure.periodic(settings),  # enqueues again an erasure whose worker died
@@ -141,7 +123,8 @@ def _fetch(scheduler: Scheduler, job_id: str) -> Job | None:
         return None
 
 
-class LoomScheduler(Scheduler):
+# rq-scheduler ships no type information: its Scheduler is Any to mypy.
+class LoomScheduler(Scheduler):  # type: ignore[misc]
     """rq-scheduler whose bookkeeping on the way out survives Redis being away.
 
     ``run()`` ends in ``remove_lock`` and ``register_death``, and so does its SIGTERM handler;
@@ -162,7 +145,8 @@ class LoomScheduler(Scheduler):
     def enqueue_jobs(self) -> list[Any]:
         if self.definitions:
             register(self, self.definitions)
-        return super().enqueue_jobs()
+        enqueued: list[Any] = super().enqueue_jobs()
+        return enqueued
 
     def register_death(self) -> None:
         try:

@@ -14,7 +14,9 @@ scheduler puts back whichever half of a definition has gone missing.
 from __future__ import annotations
 
 import logging
+import math
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -38,9 +40,11 @@ __all__ = ["JOB_ID_PREFIX", "LoomScheduler", "Periodic", "periodic_jobs", "regis
 KEEP_RESULT = -1
 # How long the hash of a job no longer defined stays readable (its last result) once cancelled.
 CANCELLED_JOB_TTL_SECONDS = 3600
-# The scheduler polls at least this often, and twice per shortest interval below that, so a
-# 1 s interval runs a pass about every second instead of at each of a 5 s poll.
+# The scheduler polls at least this often, and four times per shortest interval below that,
+# so a 1 s interval runs a pass about every second instead of at each of a 5 s poll, and a
+# tick is late by at most a quarter of its interval.
 MAX_POLL_SECONDS = 5.0
+POLLS_PER_INTERVAL = 4
 log = logging.getLogger("loom.jobs.scheduler")
 
 
@@ -59,9 +63,11 @@ def periodic_jobs(settings: Settings) -> list[Periodic]:
 
 
 def poll_seconds(definitions: list[Periodic]) -> float:
-    """How often the scheduler looks for due jobs: half the shortest interval, at most 5 s."""
-    shortest = min((d.interval_seconds for d in definitions), default=2 * MAX_POLL_SECONDS)
-    return min(MAX_POLL_SECONDS, shortest / 2)
+    """How often the scheduler looks for due jobs: a quarter of the shortest interval, at most
+    5 s."""
+    shortest = min((d.interval_seconds for d in definitions),
+                   default=POLLS_PER_INTERVAL * MAX_POLL_SECONDS)
+    return min(MAX_POLL_SECONDS, shortest / POLLS_PER_INTERVAL)
 
 
 def _schedule(scheduler: Scheduler, definition: Periodic, when: datetime) -> None:
@@ -141,6 +147,23 @@ class LoomScheduler(Scheduler):  # type: ignore[misc]
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.definitions = list(definitions or [])
+
+    def enqueue_job(self, job: Job) -> None:
+        """Enqueue a due job; a periodic one comes round again one interval after the time it
+        was due, not after the poll that found it (rq-scheduler's own rule), so a job's ticks
+        do not drift later by up to a poll each time. Ticks missed (the scheduler was down)
+        are skipped, not run in a burst."""
+        due = self.connection.zscore(self.scheduled_jobs_key, job.id)
+        super().enqueue_job(job)
+        interval = job.meta.get("interval")
+        if due is None or not interval or job.meta.get("repeat") == 0:
+            return
+        now = time.time()
+        step = int(interval)
+        following = float(due) + step
+        if following <= now:
+            following += (math.floor((now - following) / step) + 1) * step
+        self.connection.zadd(self.scheduled_jobs_key, {job.id: following}, xx=True)
 
     def enqueue_jobs(self) -> list[Any]:
         if self.definitions:

@@ -67,6 +67,21 @@ PASS_FUNC = "jobs.structured_profile.run_pass"
 ABANDON_GRACE_SECONDS = 5
 # How long the build jobs' results stay for the closing job to read, past the pass's limit.
 RESULT_KEEP_SECONDS = 600
+# The scheduler's ticks come one interval apart, give or take its poll (at most a quarter of
+# the interval, ``jobs.scheduler.poll_seconds``). A pass that left users behind marks the next
+# one due this fraction of an interval after it started: the next tick always runs a pass,
+# one interval after this one started, while a duplicate enqueued meanwhile (a retry, a run by
+# hand) returns at once.
+NEXT_PASS_FRACTION = 0.5
+
+
+def next_pass_due(started: float, ended: float, delay: float, idle: bool) -> float:
+    """When the next pass may run: the idle interval after an idle pass ended; otherwise
+    early enough that the scheduler's next tick, one interval after this pass started, runs
+    it (seed 000: "runs again at the worker's interval")."""
+    if idle:
+        return ended + delay
+    return started + delay * NEXT_PASS_FRACTION
 
 
 # --- the pass's parts: its holder, its namespaces, its scans ----------------------------------
@@ -375,7 +390,9 @@ def end_pass(
     except LeaseLost:
         log.warning("structured_profile: the pass lost its lease as it closed")
         return {"skipped": "lease lost"}
-    leases.set_next_pass_due(lease, now + next_pass_in)
+    # A pass that fanned out handed users out, so it was not idle.
+    leases.set_next_pass_due(lease, next_pass_due(pass_ticket.started_at, now, next_pass_in,
+                                                  idle=False))
     reached = [r for _ns, _user, r in results if r.reached]
     record_pass(svc, LEASE, max(0.0, now - pass_ticket.started_at),
                 [r.metric_outcome for r in reached])
@@ -450,7 +467,8 @@ def run_pass(
             give_back(new_state, step.namespace, [step.user_id])
         new_state.generation = holder
         leases.save_state(lease, new_state.to_json())
-        leases.set_next_pass_due(lease, svc.clock.now() + delay)
+        leases.set_next_pass_due(lease, next_pass_due(started, svc.clock.now(), delay,
+                                                      planner.idle))
         record_pass(svc, LEASE, time.monotonic() - started_monotonic,
                     [result.metric_outcome for result in results])
         calls = sum(result.model_calls for result in results)

@@ -112,29 +112,15 @@ def build_user(
     settings = svc.settings
     identity = Identity(org, namespace, "-", user_id)
     memory = svc.store(MemoryStore)
-    structured = svc.store(StructuredStore)
     usage = svc.store(UsageStore)
-    now_ns = svc.clock.now_ns()
-
-    snapshot = structured.snapshot(identity)
-    if snapshot.digest.expiry_due(now_ns):
-        memory.expire_sources(org, namespace, user_id)
-        snapshot = structured.snapshot(identity)
-    schema = snapshot.schema
-    if schema is None or schema.doc is None:
-        return BuildResult(Outcome.FAILED, detail="no schema")
-    fingerprint = refusal_fingerprint(snapshot.digest.digest, snapshot.row_state(), schema.sha)
-    if snapshot.refuses_builds():  # locked, pinned, labelled high, or the user blacklisted
-        usage.add(org, namespace, refusals=1)
-        return BuildResult(Outcome.REFUSED, fingerprint, detail="profile row refuses builds")
-
-    build = _Build(svc, identity, schema.doc, schema.sha, snapshot, now_ns, fence, write_until)
-    entries = memory.source_entries(org, namespace, user_id)
+    read = _read_sources(svc, identity)
+    if isinstance(read, BuildResult):
+        return read
+    snapshot, schema_doc, schema_sha, entries, chosen, facts, read_at = read
+    fingerprint = refusal_fingerprint(snapshot.digest.digest, snapshot.row_state(), schema_sha)
+    build = _Build(svc, identity, schema_doc, schema_sha, snapshot, read_at, fence, write_until)
     if not entries:
         return _finish(build, None, [], short=False, model_calls=0)
-
-    chosen = _ordered_sources(entries, settings.structured_profile_memory_limit)
-    facts = _read_facts(memory, org, namespace, user_id, chosen, now_ns)
     short = len(facts) < len(chosen)
     if not facts:
         # Served none of the facts it counted: no model call (seed 000, Staleness).
@@ -151,12 +137,12 @@ def build_user(
         return BuildResult(Outcome.UNCHANGED, detail="model calls off for the org")
 
     overrides = parse_max_tokens_overrides(settings.llm_max_tokens_overrides)
-    max_tokens = max_tokens_for(schema.doc, base_max_tokens(PROFILE_KEY, overrides))
+    max_tokens = max_tokens_for(schema_doc, base_max_tokens(PROFILE_KEY, overrides))
     try:
         with provider:
             completion = complete_within_budget(
-                svc, org, namespace, provider, _prompt(schema.doc, facts),
-                max_tokens=max_tokens, json_schema=_answer_schema(schema.doc),
+                svc, org, namespace, provider, _prompt(schema_doc, facts),
+                max_tokens=max_tokens, json_schema=_answer_schema(schema_doc),
                 worker="structured_profile",
             )
     except OutOfBudget as out:
@@ -177,15 +163,62 @@ def build_user(
         usage.add(org, namespace, failures=1)
         return BuildResult(Outcome.FAILED, model_calls=1, detail="answer is not a JSON object")
 
-    profile = validate_answer(schema.doc, completion.data)
-    # A fact read before the call that is no longer current (deleted, erased, edited) makes
-    # the answer unsafe to keep: write nothing, the change stays listed for the next pass.
+    profile = validate_answer(schema_doc, completion.data)
+    # A fact read before the call that is no longer current (deleted, erased, edited, or
+    # past its valid_to) makes the answer unsafe to keep: write nothing, the change stays
+    # listed for the next pass (an expired fact is taken out of the digest by then).
     read_ids = [row.memory_id for row in facts]
     now_entries = memory.source_entries(org, namespace, user_id)
     if any(now_entries.get(mid) != entries.get(mid) for mid in read_ids):
         return BuildResult(Outcome.UNCHANGED, model_calls=1,
                            detail="a fact it read changed while the model ran")
+    answered_at = svc.clock.now_ns()
+    if any(row.expired(answered_at) for row in facts):
+        # Out of the digest now, and listed as a removal: the next pass rebuilds without it.
+        memory.expire_sources(org, namespace, user_id)
+        return BuildResult(Outcome.UNCHANGED, model_calls=1,
+                           detail="a fact it read passed its valid_to while the model ran")
     return _finish(build, profile, read_ids, short=short, model_calls=1)
+
+
+_SourcesRead = tuple[Snapshot, dict[str, Any], str, dict[str, str], list[tuple[str, str]],
+                     list[MemoryRow], int]
+
+
+def _read_sources(svc: Services, identity: Identity) -> BuildResult | _SourcesRead:
+    """The build's sources as of the moment it reads them: snapshot, schema, source entries,
+    the chosen entries and the facts served from them, and that moment (ns). A fact past its
+    valid_to at that moment is never among them: found among the rows read, it is taken out
+    of the digest and the sources are read again (seed 000: a fact that passes its valid_to
+    changes the digest). A refusal or a missing schema answers a BuildResult."""
+    org, namespace, user_id = identity.org, identity.namespace, identity.user_id
+    memory = svc.store(MemoryStore)
+    structured = svc.store(StructuredStore)
+    for _attempt in range(3):
+        now_ns = svc.clock.now_ns()
+        snapshot = structured.snapshot(identity)
+        if snapshot.digest.expiry_due(now_ns):
+            memory.expire_sources(org, namespace, user_id)
+            snapshot = structured.snapshot(identity)
+        schema = snapshot.schema
+        if schema is None or schema.doc is None:
+            return BuildResult(Outcome.FAILED, detail="no schema")
+        if snapshot.refuses_builds():  # locked, pinned, labelled high, or the user blacklisted
+            svc.store(UsageStore).add(org, namespace, refusals=1)
+            fingerprint = refusal_fingerprint(snapshot.digest.digest, snapshot.row_state(),
+                                              schema.sha)
+            return BuildResult(Outcome.REFUSED, fingerprint, detail="profile row refuses builds")
+        entries = memory.source_entries(org, namespace, user_id)
+        chosen = _ordered_sources(entries, svc.settings.structured_profile_memory_limit)
+        rows = memory.rows_by_id(org, namespace, user_id, [mid for mid, _ in chosen])
+        read_at = svc.clock.now_ns()
+        if any(row.memory_id in entries and row.expired(read_at) for row in rows):
+            # Expired between the digest's check and the read: out of the digest, read again.
+            memory.expire_sources(org, namespace, user_id)
+            continue
+        return (snapshot, schema.doc, schema.sha, entries, chosen,
+                _served_facts(rows, chosen, read_at), read_at)
+    return BuildResult.not_reached("its sources kept expiring as it read them")
 
 
 def _ordered_sources(entries: dict[str, str], limit: int) -> list[tuple[str, str]]:
@@ -229,22 +262,16 @@ def _answer_schema(schema_doc: dict[str, Any]) -> dict[str, Any]:
     return doc
 
 
-def _read_facts(
-    memory: MemoryStore,
-    org: str,
-    namespace: str,
-    user_id: str,
-    chosen: list[tuple[str, str]],
-    now_ns: int,
+def _served_facts(
+    rows: list[MemoryRow], chosen: list[tuple[str, str]], read_at: int
 ) -> list[MemoryRow]:
-    """The chosen sources as served now, in the chosen order; a fact whose row no longer
-    matches its counted entry is left out (the build is then short)."""
-    rows = {row.memory_id: row for row in memory.rows_by_id(
-        org, namespace, user_id, [mid for mid, _ in chosen])}
+    """The chosen sources as served at ``read_at``, in the chosen order; a fact whose row no
+    longer matches its counted entry is left out (the build is then short)."""
+    by_id = {row.memory_id: row for row in rows}
     facts = []
     for memory_id, entry in chosen:
-        row = rows.get(memory_id)
-        if row is None or not row.is_source(now_ns):
+        row = by_id.get(memory_id)
+        if row is None or not row.is_source(read_at):
             continue
         if entry.split(":", 1)[0] != row.content_sha256:
             continue

@@ -43,6 +43,9 @@ from jobs.provider import (
     provider_from_settings,
 )
 
+# The worker this module's costs are counted under in the ledger (usage.get by_worker).
+USAGE_WORKER = "structured_profile"
+
 log = logging.getLogger("loom.jobs.structured_profile")
 
 TRACE_PREFIX = "profile.fold:structured_profile:"
@@ -149,18 +152,19 @@ def build_user(
         # Not a failure: no backoff, the user stays listed for the first pass with room.
         return BuildResult(Outcome.DEFERRED, detail=f"out of the {out.scope} budget")
     except ModelCallFailed as error:
-        usage.add(org, namespace, model_calls=1, failures=1)
+        usage.add(org, namespace, worker=USAGE_WORKER, model_calls=1, failures=1)
         log.warning("structured_profile: build failed for a user of %s/%s: %s",
                     org, namespace, error)
         return BuildResult(Outcome.FAILED, model_calls=1, detail=str(error))
-    usage.add(org, namespace, model_calls=1, prompt_tokens=completion.prompt_tokens or 0,
+    usage.add(org, namespace, worker=USAGE_WORKER, model_calls=1,
+              prompt_tokens=completion.prompt_tokens or 0,
               completion_tokens=completion.completion_tokens or 0)
     if completion.cut_off:
-        usage.add(org, namespace, refusals=1)
+        usage.add(org, namespace, worker=USAGE_WORKER, refusals=1)
         return BuildResult(Outcome.CUT_OFF, fingerprint, model_calls=1,
                            detail="answer cut off at the output cap")
     if completion.data is None:
-        usage.add(org, namespace, failures=1)
+        usage.add(org, namespace, worker=USAGE_WORKER, failures=1)
         return BuildResult(Outcome.FAILED, model_calls=1, detail="answer is not a JSON object")
 
     profile = validate_answer(schema_doc, completion.data)
@@ -204,7 +208,7 @@ def _read_sources(svc: Services, identity: Identity) -> BuildResult | _SourcesRe
         if schema is None or schema.doc is None:
             return BuildResult(Outcome.FAILED, detail="no schema")
         if snapshot.refuses_builds():  # locked, pinned, labelled high, or the user blacklisted
-            svc.store(UsageStore).add(org, namespace, refusals=1)
+            svc.store(UsageStore).add(org, namespace, worker=USAGE_WORKER, refusals=1)
             fingerprint = refusal_fingerprint(snapshot.digest.digest, snapshot.row_state(),
                                               schema.sha)
             return BuildResult(Outcome.REFUSED, fingerprint, detail="profile row refuses builds")
@@ -308,7 +312,7 @@ def _finish(
             and record.schema_sha == build.schema_sha and record.digest == digest.digest
             and record.count == digest.count and record.short == short):
         memory.clear_changed(org, namespace, user_id, build.read_at)
-        svc.store(UsageStore).add(org, namespace, skipped_unchanged=1)
+        svc.store(UsageStore).add(org, namespace, worker=USAGE_WORKER, skipped_unchanged=1)
         return BuildResult(Outcome.UNCHANGED, model_calls=model_calls, detail="same profile")
     if build.write_until is not None and svc.clock.now() >= build.write_until:
         raise LimitReached("the pass's limit passed while the build ran")
@@ -346,5 +350,5 @@ def _finish(
         fence=build.fence,
     )
     memory.clear_changed(org, namespace, user_id, build.read_at)
-    svc.store(UsageStore).add(org, namespace, builds=1)
+    svc.store(UsageStore).add(org, namespace, worker=USAGE_WORKER, builds=1)
     return BuildResult(Outcome.BUILT, model_calls=model_calls, wrote=True, short=short)

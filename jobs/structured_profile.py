@@ -249,6 +249,12 @@ def _load_state(leases: LeaseStore, holder: str) -> PlannerState:
     return state_for_generation(stored, holder)
 
 
+def _unpark_everyone(svc: Services) -> None:
+    structured = svc.store(StructuredStore)
+    for org, namespace, _stored in svc.store(ProfileSchemaStore).all_schemas():
+        structured.unpark_all(org, namespace)
+
+
 def _scan_step(svc: Services, planner: PassPlanner, step: ScanStep, shas: dict[str, str]) -> None:
     try:
         users = _scan(svc, planner, step.namespace, step.limit, step.excluded,
@@ -437,6 +443,11 @@ def run_pass(
     handed_on = False
     try:
         state = _load_state(leases, holder)
+        if not state.user_waits and not state.scans:
+            # Started over (another process took the lease, or nothing was kept): the users
+            # parked on a wait kept by the last holder are listed again, so no wait outlives
+            # the process that kept it (seed 000).
+            _unpark_everyone(svc)
         due = leases.next_pass_due(LEASE)
         if not force and due is not None and started < due:
             return {"skipped": "idle until the next pass is due"}

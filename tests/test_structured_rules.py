@@ -128,3 +128,21 @@ def test_a_fact_passing_its_valid_to_while_the_model_runs_is_never_kept(world, m
     assert len(world.calls()) == 3 and "Lisbon" not in str(world.calls()[2].body)
     out = world.structured()
     assert out["status"] == "ready" and out["profile"]["timezone"] is None
+
+
+def test_waits_and_scan_lists_start_over_when_another_process_takes_the_lease(world, model):
+    """Seed 000: the waits and the scan lists are kept in the worker's process and start over
+    when another process takes the worker lease."""
+    from jobs.structured_profile import run_pass
+
+    world.fact("name", "Call me Sam")
+    model.script(status=500, body={"error": {"message": "down"}})
+    run_pass(world.services, holder="host:1", force=True)
+    assert len(world.calls()) == 1  # failed: waits the 300 s backoff in process 1
+    world.clock.advance(61)  # a new scan is due; the wait is not over
+    run_pass(world.services, holder="host:1", force=True)
+    assert len(world.calls()) == 1
+    model.script(answer(preferred_name="Sam"))
+    run_pass(world.services, holder="host:2", force=True)  # another process: no wait kept
+    assert len(world.calls()) == 2
+    assert world.structured()["status"] == "ready"

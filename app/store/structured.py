@@ -321,6 +321,15 @@ class StructuredStore:
             args=[now_ns],
         ))
 
+    def unpark_all(self, org: str, namespace: str) -> int:
+        """List every parked user again, whatever their wait: the waits started over (another
+        process took the worker lease)."""
+        return int(self._unpark(
+            keys=[keys.structured_parked(org, namespace),
+                  keys.profile_changed_users(org, namespace)],
+            args=["+inf"],
+        ))
+
     def unpark(self, org: str, namespace: str, user_id: str, now_ns: int) -> None:
         """List a parked user again at once (its profile row was unlocked, unpinned, ...)."""
         pipe = self.redis.pipeline(transaction=True)

@@ -591,7 +591,10 @@ def _fresh_scan(scan: ScanList, info: NamespaceInfo, now: float, max_age: float,
     ``max_age`` after the list was made, not up to an interval past it."""
     if scan.schema_sha != info.schema_sha:
         return False
-    if now - scan.created_at + interval > max_age:
+    # At most half the max age ahead: with an interval longer than that (passes enqueued by
+    # hand, tests), every list would be dropped at once and the users a pass gave back lost
+    # their place at the front.
+    if now - scan.created_at + min(interval, max_age / 2) > max_age:
         return False
     # A drained list that did not find everyone is rescanned; a drained complete one stays as
     # the mark that nobody else was behind when it was made.

@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from app.store.agent_state import AgentStateStore
 from jobs.context import services
+from jobs.periodic import Periodic
+from jobs.queues import MAINTENANCE
 
 if TYPE_CHECKING:
     from app.settings import Settings
-    from jobs.scheduler import Periodic
 
 log = logging.getLogger("loom.jobs.agent_state_sweep")
 
@@ -48,10 +49,6 @@ def sweep(org: str | None = None, namespace: str | None = None) -> dict[str, Any
 def periodic(settings: Settings) -> Periodic:
     """The schedule entry: every LOOM_AGENT_STATE_SWEEP_INTERVAL_SECONDS on the maintenance
     queue."""
-    # Imported here: jobs.scheduler imports this module to build its list.
-    from jobs.queues import MAINTENANCE
-    from jobs.scheduler import Periodic
-
     return Periodic(
         func=FUNC,
         queue=MAINTENANCE,

@@ -18,7 +18,7 @@ import redis
 
 from app.services import Services
 from app.store.budget import BudgetStore, Reservation
-from app.store.usage import UsageStore
+from app.store.usage import WORKERS, UsageStore
 from jobs.provider import Completion, ModelCallFailed, ModelProvider, estimate_call_tokens
 
 log = logging.getLogger("loom.jobs.budget")
@@ -71,7 +71,8 @@ def complete_within_budget(
     estimate = estimate_call_tokens(messages, max_tokens, json_schema)
     reservation = budgets.reserve(org, namespace, estimate)
     if not reservation.granted:
-        svc.store(UsageStore).add(org, namespace, deferred_for_budget=1)
+        svc.store(UsageStore).add(org, namespace, deferred_for_budget=1,
+                                  worker=worker if worker in WORKERS else None)
         if reservation.first_deferral:
             log.warning("%s: %s/%s is out of its %s budget; builds wait until the rolling "
                         "window of %d s has room (logged once per window)", worker, org,

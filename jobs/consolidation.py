@@ -27,7 +27,10 @@ stopped.
   that is no longer current once the model answered (edited, deleted, erased meanwhile) means
   nothing is written.
 * No model configured, or model calls switched off for the org: no call, the user stays
-  listed. A failed call stays listed and is tried at the next pass.
+  listed. A failed fold (a model error, an answer without its text) waits as a failed
+  structured build does: LOOM_STRUCTURED_PROFILE_BACKOFF_BASE_SECONDS, doubling up to
+  LOOM_STRUCTURED_PROFILE_BACKOFF_CAP_SECONDS; a refused one is tried again after
+  LOOM_STRUCTURED_PROFILE_REFUSAL_RETRY_SECONDS even when nothing changed.
 * The call draws on the namespace's and the org's model-call budgets (``jobs.budget``): one
   that would pass either is not made, the user keeps its place, and the pass skips the rest of
   that namespace (or, for the org's budget, of that org).
@@ -63,12 +66,16 @@ from app.store.metrics import record_pass
 from app.store.usage import UsageStore
 from jobs.budget import OutOfBudget, complete_within_budget
 from jobs.context import services
+from jobs.planner import PlannerSettings, next_backoff
 from jobs.provider import (
     ModelCallFailed,
     base_max_tokens,
     parse_max_tokens_overrides,
     provider_from_settings,
 )
+
+# The worker this module's costs are counted under in the ledger (usage.get by_worker).
+USAGE_WORKER = "profile_consolidation"
 
 log = logging.getLogger("loom.jobs.consolidation")
 
@@ -175,22 +182,30 @@ def fold_user(svc: Services, org: str, namespace: str, user_id: str) -> FoldResu
     record = folds.record(org, namespace, user_id)
     if record is not None and record.digest == digest:
         folds.clear_changed(org, namespace, user_id, read_at, sources.source_digest)
-        usage.add(org, namespace, skipped_unchanged=1)
+        usage.add(org, namespace, worker=USAGE_WORKER, skipped_unchanged=1)
         return FoldResult(Outcome.UNCHANGED, detail="facts unchanged since the last fold")
 
     location = section_location(org, namespace, user_id)
     section = memory.read(location)
     live = section is not None and section.live
     fingerprint = refusal_fingerprint(digest, section.version if section is not None else 0)
-    if record is not None and record.refused == fingerprint:
+    waits = PlannerSettings.from_settings(settings)
+    if record is not None and record.refused == fingerprint and (
+            read_at < record.refused_at + int(waits.refusal_retry_seconds * 1e9)):
+        # Tried again once the facts or the section move, or the refusal retry passed (a
+        # lock that lapses on its own), as a structured build is.
         folds.requeue(org, namespace, user_id, read_at)
         return FoldResult(Outcome.WAITING, detail="refused before; nothing changed since")
+    if record is not None and read_at < record.retry_at:
+        # A failed fold waits its backoff (doubling to the cap), whatever changed meanwhile.
+        folds.requeue(org, namespace, user_id, read_at)
+        return FoldResult(Outcome.WAITING, detail="failed before; waiting its backoff")
     refusal = _refusal(section)
     if refusal:
         # Checked before the call, so a section that refuses costs no model call.
         folds.record_refusal(org, namespace, user_id, fingerprint)
         folds.requeue(org, namespace, user_id, read_at)
-        usage.add(org, namespace, refusals=1)
+        usage.add(org, namespace, worker=USAGE_WORKER, refusals=1)
         return FoldResult(Outcome.REFUSED, detail=refusal)
 
     if not sources.facts:
@@ -227,21 +242,24 @@ def fold_user(svc: Services, org: str, namespace: str, user_id: str) -> FoldResu
         # pass leaves the rest of the namespace, or of the org, to a pass with room.
         return FoldResult(Outcome.DEFERRED, detail=out.scope)
     except ModelCallFailed as error:
-        usage.add(org, namespace, model_calls=1, failures=1)
+        usage.add(org, namespace, worker=USAGE_WORKER, model_calls=1, failures=1)
+        folds.record_failure(org, namespace, user_id, lambda n: next_backoff(n, waits))
         folds.requeue(org, namespace, user_id, read_at)
         log.warning("profile_consolidation: fold failed for a user of %s/%s: %s",
                     org, namespace, error)
         return FoldResult(Outcome.FAILED, 1, str(error))
-    usage.add(org, namespace, model_calls=1, prompt_tokens=completion.prompt_tokens or 0,
+    usage.add(org, namespace, worker=USAGE_WORKER, model_calls=1,
+              prompt_tokens=completion.prompt_tokens or 0,
               completion_tokens=completion.completion_tokens or 0)
     if completion.cut_off:
         folds.record_refusal(org, namespace, user_id, fingerprint)
         folds.requeue(org, namespace, user_id, read_at)
-        usage.add(org, namespace, refusals=1)
+        usage.add(org, namespace, worker=USAGE_WORKER, refusals=1)
         return FoldResult(Outcome.REFUSED, 1, "answer cut off at the output cap")
     text = (completion.data or {}).get("profile")
     if not isinstance(text, str):
-        usage.add(org, namespace, failures=1)
+        usage.add(org, namespace, worker=USAGE_WORKER, failures=1)
+        folds.record_failure(org, namespace, user_id, lambda n: next_backoff(n, waits))
         folds.requeue(org, namespace, user_id, read_at)
         return FoldResult(Outcome.FAILED, 1, 'the answer has no "profile" text')
 
@@ -269,7 +287,7 @@ def _write(
                           content_sha256=section.content_sha256, folded_at=read_at,
                           next_expiry=sources.next_expiry())
         folds.clear_changed(org, namespace, user_id, read_at, sources.source_digest)
-        usage.add(org, namespace, skipped_unchanged=1)
+        usage.add(org, namespace, worker=USAGE_WORKER, skipped_unchanged=1)
         return FoldResult(Outcome.UNCHANGED, model_calls, "same text")
     content = Content(memory_type="profile", value=text, provenance="derived",
                       source_trace=trace, actor=WORKER)
@@ -297,7 +315,7 @@ def _write(
         folds.record_refusal(org, namespace, user_id,
                              refusal_fingerprint(sources.digest, version))
         folds.requeue(org, namespace, user_id, read_at)
-        usage.add(org, namespace, refusals=1)
+        usage.add(org, namespace, worker=USAGE_WORKER, refusals=1)
         log.info("profile_consolidation: write refused for a user of %s/%s: %s",
                  org, namespace, error.code)
         return FoldResult(Outcome.REFUSED, model_calls, error.code)
@@ -305,7 +323,7 @@ def _write(
                       content_sha256=written.row.content_sha256, folded_at=read_at,
                       next_expiry=sources.next_expiry())
     folds.clear_changed(org, namespace, user_id, read_at, sources.source_digest)
-    usage.add(org, namespace, builds=1)
+    usage.add(org, namespace, worker=USAGE_WORKER, builds=1)
     return FoldResult(Outcome.FOLDED, model_calls)
 
 

@@ -15,16 +15,14 @@ are idempotent, so the new run starts over and its counts stay exact.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from app.errors import ErasureRunning
 from app.services import Services
 from app.settings import Settings
 from app.store.erasure import ErasureStore
 from jobs.context import services as job_services
-
-if TYPE_CHECKING:
-    from jobs.scheduler import Periodic
+from jobs.periodic import Periodic
+from jobs.queues import MAINTENANCE
 
 log = logging.getLogger("loom.jobs.erasure")
 
@@ -59,8 +57,4 @@ def resume_pass() -> int:
 
 
 def periodic(settings: Settings) -> Periodic:
-    # Imported here: jobs.scheduler imports this module to build its list.
-    from jobs.queues import MAINTENANCE
-    from jobs.scheduler import Periodic
-
     return Periodic(RESUME_FUNC, MAINTENANCE, settings.erasure_resume_interval_seconds)

@@ -128,7 +128,7 @@ def next_backoff(failures: int, settings: PlannerSettings = DEFAULT_SETTINGS) ->
         raise ValueError("failures must be at least 1")
     # Doubling past 2**62 cannot matter (any base of at least a nanosecond is past every cap by
     # then), and stopping there keeps a huge count from building a huge integer.
-    doubled = settings.backoff_base_seconds * 2 ** min(failures - 1, 62)
+    doubled = float(settings.backoff_base_seconds * 2 ** min(failures - 1, 62))
     return min(doubled, settings.backoff_cap_seconds)
 
 
@@ -584,10 +584,17 @@ def _prune(
             del state.user_waits[ns]
 
 
-def _fresh_scan(scan: ScanList, info: NamespaceInfo, now: float, max_age: float) -> bool:
+def _fresh_scan(scan: ScanList, info: NamespaceInfo, now: float, max_age: float,
+                interval: float) -> bool:
+    """Whether passes may go on taking from ``scan``. Not when it will be ``max_age`` old by
+    the next pass, one interval on: a change the list missed is then seen by a scan at most
+    ``max_age`` after the list was made, not up to an interval past it."""
     if scan.schema_sha != info.schema_sha:
         return False
-    if now - scan.created_at >= max_age:
+    # At most half the max age ahead: with an interval longer than that (passes enqueued by
+    # hand, tests), every list would be dropped at once and the users a pass gave back lost
+    # their place at the front.
+    if now - scan.created_at + min(interval, max_age / 2) > max_age:
         return False
     # A drained list that did not find everyone is rescanned; a drained complete one stays as
     # the mark that nobody else was behind when it was made.
@@ -648,7 +655,8 @@ class PassPlanner:
         self._order = rotation_order(eligible, self._state.cursor)
 
         for ns, scan in list(self._state.scans.items()):
-            if not _fresh_scan(scan, self._namespaces[ns], now, settings.scan_max_age_seconds):
+            if not _fresh_scan(scan, self._namespaces[ns], now, settings.scan_max_age_seconds,
+                               settings.interval_seconds):
                 del self._state.scans[ns]
 
         # Equal shares, rounded down so that every namespace's share fits in the budget; the
@@ -668,6 +676,7 @@ class PassPlanner:
         self._pending_scan: ScanStep | None = None
         self._second_round: deque[str] | None = None
         self._finished = False
+        self.idle = False  # set by finish: the pass reached everyone and found nobody behind
 
     # -- what the pass looks like -----------------------------------------------------------
 
@@ -889,7 +898,8 @@ class PassPlanner:
         behind = bool(self._taken_pairs) or any(
             state.scans[ns].users for ns in self._order if ns in state.scans
         )
-        if reached_all and not behind:
+        self.idle = reached_all and not behind
+        if self.idle:
             return state, self.settings.idle_interval_seconds
         return state, self.settings.interval_seconds
 

@@ -13,11 +13,10 @@ scheduler puts back whichever half of a definition has gone missing.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
+import math
 import sys
-from dataclasses import dataclass, field
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -29,41 +28,28 @@ from rq_scheduler.utils import to_unix
 from app.logs import configure_logging
 from app.settings import Settings, load_settings
 from app.store.connection import UNAVAILABLE_ERRORS
+from jobs import agent_state_sweep, consolidation, erasure
 from jobs.outage import ride_out
-from jobs.queues import queue_connection
+from jobs.periodic import JOB_ID_PREFIX, Periodic
+from jobs.queues import PASSES, queue_connection
+from jobs.structured_profile import PASS_FUNC
 
-JOB_ID_PREFIX = "loom-periodic-"
+__all__ = ["JOB_ID_PREFIX", "LoomScheduler", "Periodic", "periodic_jobs", "register"]
+
 # A finished periodic job keeps its hash: rq-scheduler drops a schedule whose hash expired.
 KEEP_RESULT = -1
 # How long the hash of a job no longer defined stays readable (its last result) once cancelled.
 CANCELLED_JOB_TTL_SECONDS = 3600
-# The scheduler polls at least this often, and twice per shortest interval below that, so a
-# 1 s interval runs a pass about every second instead of at each of a 5 s poll.
+# The scheduler polls at least this often, and four times per shortest interval below that,
+# so a 1 s interval runs a pass about every second instead of at each of a 5 s poll, and a
+# tick is late by at most a quarter of its interval.
 MAX_POLL_SECONDS = 5.0
+POLLS_PER_INTERVAL = 4
 log = logging.getLogger("loom.jobs.scheduler")
-
-
-@dataclass(frozen=True)
-class Periodic:
-    func: str
-    queue: str
-    interval_seconds: int
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def job_id(self) -> str:
-        spec = json.dumps(
-            [self.func, self.queue, self.interval_seconds, self.kwargs], sort_keys=True
-        )
-        return JOB_ID_PREFIX + hashlib.sha256(spec.encode()).hexdigest()[:16]
 
 
 def periodic_jobs(settings: Settings) -> list[Periodic]:
     """Every periodic job Loom runs, from the settings."""
-    from jobs import agent_state_sweep, consolidation, erasure
-    from jobs.queues import PASSES
-    from jobs.structured_profile import PASS_FUNC
-
     definitions = [
         agent_state_sweep.periodic(settings),
         erasure.periodic(settings),  # enqueues again an erasure whose worker died
@@ -77,9 +63,11 @@ def periodic_jobs(settings: Settings) -> list[Periodic]:
 
 
 def poll_seconds(definitions: list[Periodic]) -> float:
-    """How often the scheduler looks for due jobs: half the shortest interval, at most 5 s."""
-    shortest = min((d.interval_seconds for d in definitions), default=2 * MAX_POLL_SECONDS)
-    return min(MAX_POLL_SECONDS, shortest / 2)
+    """How often the scheduler looks for due jobs: a quarter of the shortest interval, at most
+    5 s."""
+    shortest = min((d.interval_seconds for d in definitions),
+                   default=POLLS_PER_INTERVAL * MAX_POLL_SECONDS)
+    return min(MAX_POLL_SECONDS, shortest / POLLS_PER_INTERVAL)
 
 
 def _schedule(scheduler: Scheduler, definition: Periodic, when: datetime) -> None:
@@ -141,7 +129,8 @@ def _fetch(scheduler: Scheduler, job_id: str) -> Job | None:
         return None
 
 
-class LoomScheduler(Scheduler):
+# rq-scheduler ships no type information: its Scheduler is Any to mypy.
+class LoomScheduler(Scheduler):  # type: ignore[misc]
     """rq-scheduler whose bookkeeping on the way out survives Redis being away.
 
     ``run()`` ends in ``remove_lock`` and ``register_death``, and so does its SIGTERM handler;
@@ -159,10 +148,28 @@ class LoomScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self.definitions = list(definitions or [])
 
+    def enqueue_job(self, job: Job) -> None:
+        """Enqueue a due job; a periodic one comes round again one interval after the time it
+        was due, not after the poll that found it (rq-scheduler's own rule), so a job's ticks
+        do not drift later by up to a poll each time. Ticks missed (the scheduler was down)
+        are skipped, not run in a burst."""
+        due = self.connection.zscore(self.scheduled_jobs_key, job.id)
+        super().enqueue_job(job)
+        interval = job.meta.get("interval")
+        if due is None or not interval or job.meta.get("repeat") == 0:
+            return
+        now = time.time()
+        step = int(interval)
+        following = float(due) + step
+        if following <= now:
+            following += (math.floor((now - following) / step) + 1) * step
+        self.connection.zadd(self.scheduled_jobs_key, {job.id: following}, xx=True)
+
     def enqueue_jobs(self) -> list[Any]:
         if self.definitions:
             register(self, self.definitions)
-        return super().enqueue_jobs()
+        enqueued: list[Any] = super().enqueue_jobs()
+        return enqueued
 
     def register_death(self) -> None:
         try:

@@ -13,51 +13,33 @@ queue, and a closing ``end_pass`` job that RQ enqueues once they have all ended.
 on another, so N workers on the builds queue make N builds at once. Called directly, a pass
 builds in its own process, one user at a time.
 
-``build_user`` is one build, every rule of seed 000 "Structured profiles": sources under the
-fold's filter, most confident and newest first, at most the memory limit; a refusal (row
-locked, pinned or ``high``) or an answer cut off at the output cap is reported, not retried;
-no facts gives the all-null profile without a model call; the answer is held to the schema;
-and nothing is written when a fact the build read is no longer current once the model answered
-(erased or deleted meanwhile).
+One build (``build_user``, every rule of seed 000 for one user) lives in
+``jobs.structured_build``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import socket
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from rq import Queue, get_current_job
 from rq.job import Dependency, Job
 from rq.results import Result
 
-from app.errors import LoomError
-from app.profile_schema import max_tokens_for, null_profile, validate_answer
 from app.services import Services
-from app.store.identity import Identity
-from app.store.lease import STRUCTURED_PROFILE_LEASE, Fence, LeaseLost, LeaseStore
-from app.store.memory import Content, MemoryRow, MemoryStore
+from app.store.lease import STRUCTURED_PROFILE_LEASE, LeaseLost, LeaseStore
+from app.store.memory import MemoryStore
 from app.store.metrics import record_pass
 from app.store.profile_schema import (
     ProfileSchemaStore,
-    StoredSchema,
     namespace_member,
     split_namespace_member,
 )
-from app.store.structured import (
-    PROFILE_KEY,
-    WORKER,
-    BuildRecord,
-    StructuredStore,
-    profile_location,
-)
-from app.store.usage import UsageStore
-from jobs.budget import OutOfBudget, complete_within_budget
+from app.store.structured import StructuredStore
 from jobs.context import services
 from jobs.pass_lease import LeaseKeeper, LimitReached, PassTicket, lease_ttl
 from jobs.planner import (
@@ -74,303 +56,32 @@ from jobs.planner import (
     refusal_fingerprint,
     state_for_generation,
 )
-from jobs.provider import (
-    ModelCallFailed,
-    base_max_tokens,
-    parse_max_tokens_overrides,
-    provider_from_settings,
-)
 from jobs.queues import BUILDS, PASSES
+from jobs.structured_build import BuildResult, build_user
 
 log = logging.getLogger("loom.jobs.structured_profile")
 
 LEASE = STRUCTURED_PROFILE_LEASE
-TRACE_PREFIX = "profile.fold:structured_profile:"
 PASS_FUNC = "jobs.structured_profile.run_pass"
 # A fanned-out build still running this long after the pass's limit is stopped by RQ.
 ABANDON_GRACE_SECONDS = 5
 # How long the build jobs' results stay for the closing job to read, past the pass's limit.
 RESULT_KEEP_SECONDS = 600
+# The scheduler's ticks come one interval apart, give or take its poll (at most a quarter of
+# the interval, ``jobs.scheduler.poll_seconds``). A pass that left users behind marks the next
+# one due this fraction of an interval after it started: the next tick always runs a pass,
+# one interval after this one started, while a duplicate enqueued meanwhile (a retry, a run by
+# hand) returns at once.
+NEXT_PASS_FRACTION = 0.5
 
 
-@dataclass(frozen=True)
-class BuildResult:
-    outcome: Outcome
-    fingerprint: str = ""
-    model_calls: int = 0
-    wrote: bool = False
-    detail: str = ""
-    short: bool = False  # written from fewer facts than it counted
-    # False for a user the pass handed out but never built: taken too late (the pass's second
-    # half), abandoned at its limit, or fenced off. It is neither a success nor a failure: it
-    # stays listed for the next pass, with no backoff.
-    reached: bool = True
-
-    @property
-    def metric_outcome(self) -> str:
-        """The outcome as /metrics counts it: a short build apart from a whole one."""
-        return "short" if self.outcome == Outcome.BUILT and self.short else str(self.outcome)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"outcome": str(self.outcome), "fingerprint": self.fingerprint,
-                "model_calls": self.model_calls, "wrote": self.wrote, "detail": self.detail,
-                "short": self.short, "reached": self.reached}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> BuildResult:
-        return cls(Outcome(data["outcome"]), data.get("fingerprint", ""),
-                   int(data.get("model_calls", 0)), bool(data.get("wrote")),
-                   data.get("detail", ""), bool(data.get("short")),
-                   bool(data.get("reached", True)))
-
-    @classmethod
-    def not_reached(cls, detail: str, model_calls: int = 0) -> BuildResult:
-        return cls(Outcome.UNCHANGED, model_calls=model_calls, detail=detail, reached=False)
-
-
-# --- one build ---------------------------------------------------------------------------------
-
-
-def _ordered_sources(entries: dict[str, str], limit: int) -> list[tuple[str, str]]:
-    """Most confident first, then most recently dated (valid_at, else last change)."""
-
-    def order(item: tuple[str, str]) -> tuple[float, int, str]:
-        _sha, confidence, date_ns = item[1].split(":")
-        return (-float(confidence), -int(date_ns), item[0])
-
-    return sorted(entries.items(), key=order)[:limit]
-
-
-def _prompt(schema: StoredSchema, facts: list[MemoryRow]) -> list[dict[str, str]]:
-    lines = [
-        json.dumps(
-            {"id": row.memory_id, "type": row.memory_type, "confidence": row.confidence,
-             "fact": row.value},
-            ensure_ascii=False,
-        )
-        for row in facts
-    ]
-    return [
-        {
-            "role": "system",
-            "content": (
-                "Fill in a user's profile from the facts known about them. Answer with one JSON "
-                "object holding exactly the schema's properties. Use null for any property the "
-                "facts do not settle. Facts come most confident and most recent first; when two "
-                "disagree, prefer the earlier one in the list.\n\nSchema:\n"
-                + json.dumps(schema.doc, ensure_ascii=False, sort_keys=True)
-            ),
-        },
-        {"role": "user", "content": "Facts, one JSON object per line:\n" + "\n".join(lines)},
-    ]
-
-
-def build_user(
-    svc: Services, org: str, namespace: str, user_id: str, fence: Fence | None = None,
-    write_until: float | None = None,
-) -> BuildResult:
-    """One build. With a ``fence`` (a pass's claim on the user), the profile row is written
-    only while the fence holds the pass's token: LeaseLost, and nothing written, otherwise.
-    Past ``write_until`` (the pass's limit, on the services' clock) it writes nothing either:
-    LimitReached."""
-    settings = svc.settings
-    identity = Identity(org, namespace, "-", user_id)
-    memory = svc.store(MemoryStore)
-    structured = svc.store(StructuredStore)
-    usage = svc.store(UsageStore)
-    now_ns = svc.clock.now_ns()
-
-    snapshot = structured.snapshot(identity)
-    if snapshot.digest.expiry_due(now_ns):
-        memory.expire_sources(org, namespace, user_id)
-        snapshot = structured.snapshot(identity)
-    schema = snapshot.schema
-    if schema is None or schema.doc is None:
-        return BuildResult(Outcome.FAILED, detail="no schema")
-    fingerprint = refusal_fingerprint(snapshot.digest.digest, snapshot.row_state(), schema.sha)
-    if snapshot.refuses_builds():  # locked, pinned, labelled high, or the user blacklisted
-        usage.add(org, namespace, refusals=1)
-        return BuildResult(Outcome.REFUSED, fingerprint, detail="profile row refuses builds")
-
-    read_at = now_ns
-    digest = snapshot.digest
-    entries = memory.source_entries(org, namespace, user_id)
-    served = snapshot.served_row(now_ns)
-    if not entries:
-        return _write_all_null(svc, identity, schema, snapshot, served, digest, read_at, [],
-                               fence=fence, write_until=write_until)
-
-    chosen = _ordered_sources(entries, settings.structured_profile_memory_limit)
-    facts = _read_facts(structured, org, namespace, user_id, chosen, now_ns)
-    short = len(facts) < len(chosen)
-    if not facts:
-        # Served none of the facts it counted: no model call (seed 000, Staleness).
-        return _write_all_null(svc, identity, schema, snapshot, served, digest, read_at,
-                               [], short=True, fence=fence, write_until=write_until)
-
-    provider = provider_from_settings(settings.llm_base_url, settings.llm_api_key,
-                                      settings.llm_model, settings.llm_timeout_seconds)
-    if provider is None:
-        log.warning("structured_profile: no model configured (LOOM_LLM_BASE_URL, "
-                    "LOOM_LLM_MODEL); %s/%s stays as it is", org, namespace)
-        return BuildResult(Outcome.UNCHANGED, detail="model calls off: no model configured")
-    if not usage.model_calls_enabled(org):
-        log.info("structured_profile: model calls are switched off for org %s", org)
-        return BuildResult(Outcome.UNCHANGED, detail="model calls off for the org")
-
-    overrides = parse_max_tokens_overrides(settings.llm_max_tokens_overrides)
-    max_tokens = max_tokens_for(schema.doc, base_max_tokens(PROFILE_KEY, overrides))
-    try:
-        with provider:
-            completion = complete_within_budget(
-                svc, org, namespace, provider, _prompt(schema, facts), max_tokens=max_tokens,
-                json_schema=_answer_schema(schema), worker="structured_profile",
-            )
-    except OutOfBudget as out:
-        # Not a failure: no backoff, the user stays listed for the first pass with room.
-        return BuildResult(Outcome.DEFERRED, detail=f"out of the {out.scope} budget")
-    except ModelCallFailed as error:
-        usage.add(org, namespace, model_calls=1, failures=1)
-        log.warning("structured_profile: build failed for a user of %s/%s: %s",
-                    org, namespace, error)
-        return BuildResult(Outcome.FAILED, model_calls=1, detail=str(error))
-    usage.add(org, namespace, model_calls=1, prompt_tokens=completion.prompt_tokens or 0,
-              completion_tokens=completion.completion_tokens or 0)
-    if completion.cut_off:
-        usage.add(org, namespace, refusals=1)
-        return BuildResult(Outcome.CUT_OFF, fingerprint, model_calls=1,
-                           detail="answer cut off at the output cap")
-    if completion.data is None:
-        usage.add(org, namespace, failures=1)
-        return BuildResult(Outcome.FAILED, model_calls=1, detail="answer is not a JSON object")
-
-    profile = validate_answer(schema.doc, completion.data)
-    # A fact read before the call that is no longer current (deleted, erased, edited) makes
-    # the answer unsafe to keep: write nothing, the change stays listed for the next pass.
-    read_ids = [row.memory_id for row in facts]
-    now_entries = memory.source_entries(org, namespace, user_id)
-    if any(now_entries.get(mid) != entries.get(mid) for mid in read_ids):
-        return BuildResult(Outcome.UNCHANGED, model_calls=1,
-                           detail="a fact it read changed while the model ran")
-    return _write(svc, identity, schema, snapshot, profile, read_ids, digest, read_at, short,
-                  model_calls=1, fence=fence, write_until=write_until)
-
-
-def _answer_schema(schema: StoredSchema) -> dict[str, Any]:
-    doc = dict(schema.doc or {})
-    doc.pop("title", None)
-    doc["additionalProperties"] = False
-    return doc
-
-
-def _read_facts(
-    structured: StructuredStore,
-    org: str,
-    namespace: str,
-    user_id: str,
-    chosen: list[tuple[str, str]],
-    now_ns: int,
-) -> list[MemoryRow]:
-    """The chosen sources as served now, in the chosen order; a fact whose row no longer
-    matches its counted entry is left out (the build is then short)."""
-    rows = {row.memory_id: row for row in structured.rows_by_id(
-        org, namespace, user_id, [mid for mid, _ in chosen])}
-    facts = []
-    for memory_id, entry in chosen:
-        row = rows.get(memory_id)
-        if row is None or not row.is_source(now_ns):
-            continue
-        if entry.split(":", 1)[0] != row.content_sha256:
-            continue
-        facts.append(row)
-    return facts
-
-
-def _write_all_null(
-    svc: Services,
-    identity: Identity,
-    schema: StoredSchema,
-    snapshot: Any,
-    served: MemoryRow | None,
-    digest: Any,
-    read_at: int,
-    read_ids: list[str],
-    short: bool = False,
-    fence: Fence | None = None,
-    write_until: float | None = None,
-) -> BuildResult:
-    if not snapshot.worker_row():
-        # No facts and no row the worker wrote: write nothing, so an erased user gets no new
-        # row (seed 000) and a caller's row is not replaced by the all-null profile.
-        svc.store(MemoryStore).clear_changed(identity.org, identity.namespace,
-                                             identity.user_id, read_at)
-        return BuildResult(Outcome.UNCHANGED, detail="no facts and no profile")
-    return _write(svc, identity, schema, snapshot, null_profile(schema.doc or {}), read_ids,
-                  digest, read_at, short, model_calls=0, fence=fence, write_until=write_until)
-
-
-def _write(
-    svc: Services,
-    identity: Identity,
-    schema: StoredSchema,
-    snapshot: Any,
-    profile: dict[str, Any],
-    read_ids: list[str],
-    digest: Any,
-    read_at: int,
-    short: bool,
-    model_calls: int,
-    fence: Fence | None = None,
-    write_until: float | None = None,
-) -> BuildResult:
-    memory = svc.store(MemoryStore)
-    row = snapshot.row
-    served = snapshot.served_row(read_at)
-    record = snapshot.record
-    if (served is not None and record is not None and served.value == profile
-            and record.schema_sha == schema.sha and record.digest == digest.digest
-            and record.count == digest.count and record.short == short):
-        memory.clear_changed(identity.org, identity.namespace, identity.user_id, read_at)
-        svc.store(UsageStore).add(identity.org, identity.namespace, skipped_unchanged=1)
-        return BuildResult(Outcome.UNCHANGED, model_calls=model_calls, detail="same profile")
-    if write_until is not None and svc.clock.now() >= write_until:
-        raise LimitReached("the pass's limit passed while the build ran")
-    location = profile_location(identity.org, identity.namespace, identity.user_id)
-    content = Content(
-        memory_type="profile",
-        value=profile,
-        provenance="derived",
-        source_trace=TRACE_PREFIX + ",".join(read_ids),
-        actor=WORKER,
-    )
-    try:
-        written = memory.set(
-            location,
-            content,
-            written_by=WORKER,
-            char_limit=None,
-            default_char_limit=None,
-            expected_version=str(row.version) if row is not None else "-",
-            refuse_pinned=True,
-            fence=fence,
-        )
-    except LoomError as error:
-        # Locked, pinned, high, being erased, or written by someone since the snapshot.
-        log.info("structured_profile: write refused for a user of %s/%s: %s",
-                 identity.org, identity.namespace, error.code)
-        fingerprint = refusal_fingerprint(digest.digest, row.version if row else 0, schema.sha)
-        return BuildResult(Outcome.REFUSED, fingerprint, model_calls=model_calls,
-                           detail=error.code)
-    svc.store(StructuredStore).record_build(
-        identity,
-        BuildRecord(written.row.content_sha256, schema.sha, digest.digest, digest.count,
-                    read_at, short),
-        next_expiry=digest.next_expiry,
-        fence=fence,
-    )
-    memory.clear_changed(identity.org, identity.namespace, identity.user_id, read_at)
-    svc.store(UsageStore).add(identity.org, identity.namespace, builds=1)
-    return BuildResult(Outcome.BUILT, model_calls=model_calls, wrote=True, short=short)
+def next_pass_due(started: float, ended: float, delay: float, idle: bool) -> float:
+    """When the next pass may run: the idle interval after an idle pass ended; otherwise
+    early enough that the scheduler's next tick, one interval after this pass started, runs
+    it (seed 000: "runs again at the worker's interval")."""
+    if idle:
+        return ended + delay
+    return started + delay * NEXT_PASS_FRACTION
 
 
 # --- the pass's parts: its holder, its namespaces, its scans ----------------------------------
@@ -538,6 +249,12 @@ def _load_state(leases: LeaseStore, holder: str) -> PlannerState:
     return state_for_generation(stored, holder)
 
 
+def _unpark_everyone(svc: Services) -> None:
+    structured = svc.store(StructuredStore)
+    for org, namespace, _stored in svc.store(ProfileSchemaStore).all_schemas():
+        structured.unpark_all(org, namespace)
+
+
 def _scan_step(svc: Services, planner: PassPlanner, step: ScanStep, shas: dict[str, str]) -> None:
     try:
         users = _scan(svc, planner, step.namespace, step.limit, step.excluded,
@@ -679,7 +396,9 @@ def end_pass(
     except LeaseLost:
         log.warning("structured_profile: the pass lost its lease as it closed")
         return {"skipped": "lease lost"}
-    leases.set_next_pass_due(lease, now + next_pass_in)
+    # A pass that fanned out handed users out, so it was not idle.
+    leases.set_next_pass_due(lease, next_pass_due(pass_ticket.started_at, now, next_pass_in,
+                                                  idle=False))
     reached = [r for _ns, _user, r in results if r.reached]
     record_pass(svc, LEASE, max(0.0, now - pass_ticket.started_at),
                 [r.metric_outcome for r in reached])
@@ -724,6 +443,11 @@ def run_pass(
     handed_on = False
     try:
         state = _load_state(leases, holder)
+        if not state.user_waits and not state.scans:
+            # Started over (another process took the lease, or nothing was kept): the users
+            # parked on a wait kept by the last holder are listed again, so no wait outlives
+            # the process that kept it (seed 000).
+            _unpark_everyone(svc)
         due = leases.next_pass_due(LEASE)
         if not force and due is not None and started < due:
             return {"skipped": "idle until the next pass is due"}
@@ -754,7 +478,8 @@ def run_pass(
             give_back(new_state, step.namespace, [step.user_id])
         new_state.generation = holder
         leases.save_state(lease, new_state.to_json())
-        leases.set_next_pass_due(lease, svc.clock.now() + delay)
+        leases.set_next_pass_due(lease, next_pass_due(started, svc.clock.now(), delay,
+                                                      planner.idle))
         record_pass(svc, LEASE, time.monotonic() - started_monotonic,
                     [result.metric_outcome for result in results])
         calls = sum(result.model_calls for result in results)

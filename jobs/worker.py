@@ -49,13 +49,13 @@ class LoomWorker(Worker):
 
     def request_stop(self, signum: int, frame: Any) -> None:
         self.stop_asked = True
-        super().request_stop(signum, frame)
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]  # rq: untyped
 
     def teardown(self) -> None:
         # RQ's teardown records the worker's death in Redis; with Redis away that raised out of
         # work(). The record expires by itself.
         try:
-            super().teardown()
+            super().teardown()  # type: ignore[no-untyped-call]  # rq leaves it untyped
         except UNAVAILABLE_ERRORS as error:
             log.warning("could not record the worker's death: %s", error)
         finally:

@@ -380,17 +380,69 @@ def test_a_cut_off_answer_is_not_retried_until_something_changes(world, model):
     assert world.section()["value"] == "Prefers strong tea."
 
 
-def test_a_failed_call_is_counted_and_tried_at_the_next_pass(world, model):
-    world.fact("tea", "Prefers tea")
+def test_a_failed_call_is_counted_and_tried_again_after_its_backoff(
+    redis_url, tmp_path, model
+):
+    w = World(redis_url, tmp_path, model, structured_profile_backoff_base_seconds=10)
+    w.fact("tea", "Prefers tea")
     model.script(status=500, body={"error": "down"})
-    world.run_pass()
-    assert world.usage()["failures"] == 1 and world.usage()["model_calls"] == 1
+    w.run_pass()
+    assert w.usage()["failures"] == 1 and w.usage()["model_calls"] == 1
+    w.run_pass()  # within the 10 s wait: no call
+    assert len(w.calls()) == 1
+    w.clock.advance(10)
     model.script({"summary": "wrong key"})
-    world.run_pass()
-    assert world.usage()["failures"] == 2
+    w.run_pass()
+    assert w.usage()["failures"] == 2 and len(w.calls()) == 2
+    w.clock.advance(10)  # the second failure waits 20 s
+    w.run_pass()
+    assert len(w.calls()) == 2
+    w.clock.advance(10)
     model.script(folded("Prefers tea."))
-    world.run_pass()
-    assert world.section()["value"] == "Prefers tea."
+    w.run_pass()
+    assert w.section()["value"] == "Prefers tea."
+    assert w.services.store(ConsolidationStore).record("default", NS, USER).failures == 0
+
+
+def test_an_unchanged_user_whose_fold_keeps_failing_backs_off_to_the_cap(
+    redis_url, tmp_path, model
+):
+    """One pass a second for two minutes over a user whose facts never change and whose fold's
+    answer is never usable: calls at 0, 4, 12, 28, 44, ... s (4 s doubling to the 16 s cap),
+    not one a pass; the ledger counts them under the fold's worker."""
+    w = World(redis_url, tmp_path, model, structured_profile_backoff_base_seconds=4,
+              structured_profile_backoff_cap_seconds=16)
+    w.fact("tea", "Prefers tea")
+    model.default = {"summary": "not the profile key"}
+    start = w.clock.now()
+    times = []
+    for _ in range(120):
+        before = len(w.calls())
+        w.run_pass()  # advances the clock a second
+        if len(w.calls()) > before:
+            times.append(round(w.clock.now() - start))
+    assert [b - a for a, b in zip(times, times[1:], strict=False)] == [4, 8, 16, 16, 16, 16, 16,
+                                                                       16][:len(times) - 1]
+    assert len(times) == 9
+    ledger = w.services.store(UsageStore)
+    assert w.usage()["model_calls"] == 9 and w.usage()["failures"] == 9
+    by_worker = ledger.by_worker("default", NS)
+    assert by_worker["profile_consolidation"]["model_calls"] == 9
+    assert by_worker["structured_profile"]["model_calls"] == 0
+
+
+def test_a_refused_fold_is_tried_again_after_the_refusal_retry(redis_url, tmp_path, model):
+    w = World(redis_url, tmp_path, model, structured_profile_refusal_retry_seconds=50)
+    w.fact("tea", "Prefers tea")
+    model.script('{"profile": "Prefers t', finish_reason="length")
+    w.run_pass()
+    w.clock.advance(40)
+    w.run_pass()
+    assert len(w.calls()) == 1  # nothing changed, the retry's time not come
+    w.clock.advance(10)
+    model.script(folded("Prefers tea."))
+    w.run_pass()
+    assert len(w.calls()) == 2 and w.section()["value"] == "Prefers tea."
 
 
 def test_no_model_or_calls_switched_off_make_no_call(redis_url, tmp_path, model):

@@ -31,7 +31,8 @@ from app.store import keys
 from app.store.erasure import KINDS, STEPS, ErasureStore, scrub_user
 from app.store.erasure.leftovers import pointers_naming
 from jobs.queues import BUILDS, MAINTENANCE
-from jobs.structured_profile import build_user, build_user_job, run_pass
+from jobs.structured_build import build_user
+from jobs.structured_profile import build_user_job, run_pass
 from tests.conftest import ON_CLUSTER, make_app, on_cluster_skip
 from tests.support.erasure_worker import erasure_worker_thread, run_erasure_jobs
 from tests.support.model_server import ScriptedModelServer

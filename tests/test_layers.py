@@ -62,8 +62,6 @@ def test_no_module_of_the_server_or_the_sdk_imports_itself_round_a_circle(graph)
     assert circles == []
 
 
-@pytest.mark.xfail(strict=True, reason="the scheduler and the jobs it registers import each "
-                   "other (#26); strict: once they do not, this mark must go")
 def test_no_job_imports_itself_round_a_circle(graph):
     circles = [cycle for cycle in graph.cycles()
                if any(_in(module, "jobs") for module in cycle)]

@@ -195,11 +195,15 @@ def test_audit_record_folds_into_a_callers_transaction(app, redis_client):
 def test_with_auth_on_only_admins_set_and_the_actor_is_the_token(app_factory):
     client = auth_app(app_factory).test_client()
     writer = mint(client, namespace=NS, role="writer", scopes=["agent_state"])
+    viewer = mint(client, namespace=NS, role="viewer", scopes=["agent_state"])
     ns_admin = mint(client, namespace=NS, role="admin")
-    for op in ("features.set", "features.get", "object_types.set", "object_types.get",
-               "audit.list"):
-        status, out = admin(client, op, bearer(writer), features={}, types=[])
-        assert (status, out["error"]["code"]) == (403, "AUTH_INSUFFICIENT"), op
+    # The spec's "security role" is admin: no other token turns agent_state on.
+    for token in (writer, viewer):
+        for op in ("features.set", "features.get", "object_types.set", "object_types.get",
+                   "audit.list"):
+            status, out = admin(client, op, bearer(token), features={"agent_state": True},
+                                types=[])
+            assert (status, out["error"]["code"]) == (403, "AUTH_INSUFFICIENT"), op
     token_id = ns_admin.split("_")[1]
     assert admin(client, "features.set", bearer(ns_admin), features={"agent_state": True})[0] \
         == 200

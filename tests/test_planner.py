@@ -597,10 +597,11 @@ def test_a_drained_complete_scan_is_not_repeated_before_its_max_age() -> None:
     assert len(taken) == 3 and delay == 60
     assert state.scans["a"] == ScanList([], T0, "sha-1", True)
     world.behind["a"] = ["late"]  # behind since, but the complete scan stands for now
-    state, delay, taken, _ = run_pass(state, [ns("a")], world, T0 + 599)
+    # It stands while the next pass, one interval (60 s) on, still finds it under its max age.
+    state, delay, taken, _ = run_pass(state, [ns("a")], world, T0 + 540)
     assert taken == [] and delay == 600
     assert len(world.scans) == 1
-    state, _, taken, _ = run_pass(state, [ns("a")], world, T0 + 600)
+    state, _, taken, _ = run_pass(state, [ns("a")], world, T0 + 540.5)
     assert taken == [("a", "late")]
     assert len(world.scans) == 2
 
@@ -628,9 +629,11 @@ def test_a_scan_list_is_dropped_at_its_max_age() -> None:
     cfg = PlannerSettings(max_users_per_pass=1)
     state = PlannerState(scans={"a": ScanList(["old"], T0, "sha-1", False)})
     world = World(behind={"a": ["x"]})
-    _, _, taken, _ = run_pass(state, [ns("a")], world, T0 + 599, cfg)
+    # Dropped once the next pass, one interval (60 s) on, would find it past its max age: a
+    # change it missed is then scanned for at most the max age after the list was made.
+    _, _, taken, _ = run_pass(state, [ns("a")], world, T0 + 540, cfg)
     assert taken == [("a", "old")]
-    _, _, taken, _ = run_pass(state, [ns("a")], world, T0 + 600, cfg)
+    _, _, taken, _ = run_pass(state, [ns("a")], world, T0 + 540.5, cfg)
     assert taken == [("a", "x")]
 
 

@@ -84,10 +84,10 @@ def test_the_schedulers_way_out_survives_a_dead_redis():
         Scheduler.register_death(scheduler)  # what rq-scheduler alone does
 
 
-def test_the_poll_is_twice_per_shortest_interval_and_at_most_five_seconds():
+def test_the_poll_is_four_times_per_shortest_interval_and_at_most_five_seconds():
     from jobs.scheduler import poll_seconds
 
-    assert poll_seconds([Periodic("f", MAINTENANCE, 1), Periodic("g", MAINTENANCE, 60)]) == 0.5
+    assert poll_seconds([Periodic("f", MAINTENANCE, 1), Periodic("g", MAINTENANCE, 60)]) == 0.25
     assert poll_seconds([Periodic("f", MAINTENANCE, 3600)]) == 5.0
     assert poll_seconds([]) == 5.0
 
@@ -203,3 +203,27 @@ def test_passes_at_a_one_second_interval_keep_running_and_come_back_when_deleted
     finally:
         for process in processes:
             stop(process)
+
+
+def test_a_periodic_job_comes_round_one_interval_after_it_was_due_not_after_the_poll(job_env):
+    """rq-scheduler schedules the next run an interval after the poll that found the job, so a
+    late poll pushed every later tick back; Loom's ticks stay on the job's own times, and
+    ticks missed while no scheduler ran are skipped, not run in a burst."""
+    from jobs.scheduler import LoomScheduler
+
+    definition = Periodic("jobs.agent_state_sweep.sweep", MAINTENANCE, 10)
+    scheduler = LoomScheduler(connection=job_env, interval=1)
+    register(scheduler, [definition])
+    key = scheduler.scheduled_jobs_key
+    now = time.time()
+    due = int(now) - 3  # found by a poll three seconds late
+    job_env.zadd(key, {definition.job_id: due})
+    scheduler.enqueue_jobs()
+    assert job_env.zscore(key, definition.job_id) == due + 10
+    assert Queue(MAINTENANCE, connection=job_env).count == 1
+
+    long_ago = int(now) - 95  # nine ticks missed, the tenth not yet due
+    job_env.zadd(key, {definition.job_id: long_ago})
+    scheduler.enqueue_jobs()
+    assert job_env.zscore(key, definition.job_id) == long_ago + 100
+    assert Queue(MAINTENANCE, connection=job_env).count == 2

@@ -97,3 +97,52 @@ def test_the_all_null_profile_is_never_written_over_a_callers_row(world, model):
     assert row["value"] == {"preferred_name": "Mine"}
     assert row["written_by"] != "worker:structured_profile"
     assert len(world.calls()) == 1
+
+
+def test_a_fact_passing_its_valid_to_while_the_model_runs_is_never_kept(world, model):
+    """The build read the fact while it held; it passed its valid_to before the answer came:
+    the answer is not written, the fact leaves the digest (a removal: rebuilt at the next
+    pass, without the fact), and no profile holding it is ever served."""
+    now = world.clock.now()
+    world.fact("name", "Call me Sam")
+    model.script(answer(preferred_name="Sam"))
+    world.run_pass()
+    assert world.structured()["status"] == "ready"
+    world.clock.advance(700)
+    world.fact("tz", "Lives in Lisbon until next week", valid_to=_iso(now + 1361))
+    world.clock.advance(601)  # past the cooldown: the next pass builds the new fact
+
+    def slow_answer(_body):
+        world.clock.advance(120)  # the model answers after the fact's valid_to
+        return answer(preferred_name="Sam", timezone="Europe/Lisbon")
+
+    model.default = slow_answer
+    world.run_pass()
+    model.default = None
+    assert len(world.calls()) == 2 and "Lisbon" in str(world.calls()[1].body)
+    out = world.structured()
+    assert out["status"] == "ready" and out["profile"] == answer(preferred_name="Sam")
+    world.clock.advance(61)
+    model.script(answer(preferred_name="Sam"))
+    world.run_pass()
+    assert len(world.calls()) == 3 and "Lisbon" not in str(world.calls()[2].body)
+    out = world.structured()
+    assert out["status"] == "ready" and out["profile"]["timezone"] is None
+
+
+def test_waits_and_scan_lists_start_over_when_another_process_takes_the_lease(world, model):
+    """Seed 000: the waits and the scan lists are kept in the worker's process and start over
+    when another process takes the worker lease."""
+    from jobs.structured_profile import run_pass
+
+    world.fact("name", "Call me Sam")
+    model.script(status=500, body={"error": {"message": "down"}})
+    run_pass(world.services, holder="host:1", force=True)
+    assert len(world.calls()) == 1  # failed: waits the 300 s backoff in process 1
+    world.clock.advance(61)  # a new scan is due; the wait is not over
+    run_pass(world.services, holder="host:1", force=True)
+    assert len(world.calls()) == 1
+    model.script(answer(preferred_name="Sam"))
+    run_pass(world.services, holder="host:2", force=True)  # another process: no wait kept
+    assert len(world.calls()) == 2
+    assert world.structured()["status"] == "ready"

@@ -30,6 +30,11 @@ class Usage(Answer):
         "Builds and folds not made because they would pass the namespace's or the org's "
         "budget (budget.set), once per pass that deferred them; each is made in a later pass "
         "once the window has room.")})
+    by_worker = fields.Dict(
+        keys=fields.String(), values=fields.Dict(keys=fields.String(), values=fields.Integer()),
+        metadata={"description": (
+            "The same counters for each worker apart: structured_profile (structured-profile "
+            "builds) and profile_consolidation (folds).")})
 
 
 class ModelCallsArgs(IdentityArgs):
@@ -52,6 +57,7 @@ def usage_get(call: Call) -> dict[str, Any]:
     return {
         "namespace": ident.namespace,
         **store.get(ident.org, ident.namespace),
+        "by_worker": store.by_worker(ident.org, ident.namespace),
         "model_calls_enabled": store.model_calls_enabled(ident.org),
     }
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -66,13 +66,18 @@ class FoldRecord:
     content_sha256: str
     folded_at: int
     refused: str
+    refused_at: int = 0  # ns: when the refusal was recorded (it is retried after a while)
+    failures: int = 0  # failed folds in a row since the last one that settled the section
+    retry_at: int = 0  # ns: a failed fold waits until then
 
     @classmethod
     def from_fields(cls, f: dict[str, str]) -> FoldRecord | None:
         if not f:
             return None
         return cls(f.get("digest", ""), f.get("content_sha256", ""),
-                   int(f.get("folded_at") or 0), f.get("refused", ""))
+                   int(f.get("folded_at") or 0), f.get("refused", ""),
+                   int(f.get("refused_at") or 0), int(f.get("failures") or 0),
+                   int(f.get("retry_at") or 0))
 
 
 @dataclass(frozen=True)
@@ -213,7 +218,8 @@ class ConsolidationStore:
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(keys.consolidation_meta(org, namespace, user_id),
                   mapping={"digest": digest, "content_sha256": content_sha256,
-                           "folded_at": folded_at, "refused": ""})
+                           "folded_at": folded_at, "refused": "", "refused_at": 0,
+                           "failures": 0, "retry_at": 0})
         expiry = keys.consolidation_expiry(org, namespace)
         if next_expiry is None:
             pipe.zrem(expiry, user_id)
@@ -222,4 +228,16 @@ class ConsolidationStore:
         pipe.execute()
 
     def record_refusal(self, org: str, namespace: str, user_id: str, fingerprint: str) -> None:
-        self.redis.hset(keys.consolidation_meta(org, namespace, user_id), "refused", fingerprint)
+        self.redis.hset(keys.consolidation_meta(org, namespace, user_id),
+                        mapping={"refused": fingerprint, "refused_at": self.clock.now_ns()})
+
+    def record_failure(self, org: str, namespace: str, user_id: str,
+                       wait_seconds: Callable[[int], float]) -> int:
+        """Count a failed fold and set when the user may be tried again: ``wait_seconds`` of
+        the failures in a row, this one included. Answers that count (HINCRBY: a failure is
+        never lost to another write of the record)."""
+        meta = keys.consolidation_meta(org, namespace, user_id)
+        failures = int(self.redis.hincrby(meta, "failures", 1))
+        retry_at = self.clock.now_ns() + int(wait_seconds(failures) * 1e9)
+        self.redis.hset(meta, "retry_at", retry_at)
+        return failures

@@ -314,6 +314,8 @@ class MemoryStore:
         return text_set(self.redis.smembers(keys.profile_users(org, namespace)))
 
     # --- the structured-profile inputs ---------------------------------------------------
+    # The memory store's own: the row-write scripts keep them in the same step as the row, and
+    # both workers (structured profiles, consolidation) read them (docs/decisions.md).
 
     def source_digest(self, org: str, namespace: str, user_id: str) -> SourceDigest:
         """One HGETALL: the user's source digest, count and change times."""
@@ -329,6 +331,16 @@ class MemoryStore:
         if not ids:
             return []
         row_keys = optional_texts(self.redis.hmget(keys.memory_ids(org, namespace, user_id), ids))
+        return self.read_row_keys([k for k in row_keys if k])
+
+    def rows_by_id(
+        self, org: str, namespace: str, user_id: str, memory_ids: list[str]
+    ) -> list[MemoryRow]:
+        """The user's rows with these ids, as stored now (two round trips)."""
+        if not memory_ids:
+            return []
+        row_keys = optional_texts(
+            self.redis.hmget(keys.memory_ids(org, namespace, user_id), memory_ids))
         return self.read_row_keys([k for k in row_keys if k])
 
     def expire_sources(self, org: str, namespace: str, user_id: str) -> int:

@@ -302,19 +302,6 @@ class StructuredStore:
         )
         return int(reply[1]) == 1, _since(reply[2])
 
-    def rows_by_id(
-        self, org: str, namespace: str, user_id: str, memory_ids: list[str]
-    ) -> list[MemoryRow]:
-        """The user's rows with these ids (two round trips)."""
-        if not memory_ids:
-            return []
-        row_keys = self.redis.hmget(keys.memory_ids(org, namespace, user_id), memory_ids)
-        pipe = self.redis.pipeline(transaction=False)
-        for row_key in row_keys:
-            if row_key:
-                pipe.hgetall(row_key)
-        return [MemoryRow.from_fields(found) for found in pipe.execute() if found]
-
     def park(self, org: str, namespace: str, user_id: str, until_ns: int, read_at: int) -> None:
         """Take a refused or failed user out of the changed index until ``until_ns``.
 
@@ -332,6 +319,15 @@ class StructuredStore:
             keys=[keys.structured_parked(org, namespace),
                   keys.profile_changed_users(org, namespace)],
             args=[now_ns],
+        ))
+
+    def unpark_all(self, org: str, namespace: str) -> int:
+        """List every parked user again, whatever their wait: the waits started over (another
+        process took the worker lease)."""
+        return int(self._unpark(
+            keys=[keys.structured_parked(org, namespace),
+                  keys.profile_changed_users(org, namespace)],
+            args=["+inf"],
         ))
 
     def unpark(self, org: str, namespace: str, user_id: str, now_ns: int) -> None:

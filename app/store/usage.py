@@ -28,6 +28,10 @@ COUNTERS = (
 )
 
 
+# The workers whose share of the counters the ledger also keeps apart.
+WORKERS = ("structured_profile", "profile_consolidation")
+
+
 # The ledger's counters that /metrics also shows, by org rather than by namespace.
 METRIC_BY_COUNTER = {
     "model_calls": "loom_model_calls_total",
@@ -41,15 +45,22 @@ class UsageStore:
         self.redis = services.redis
         self._services = services
 
-    def add(self, org: str, namespace: str, **counts: int) -> None:
+    def add(self, org: str, namespace: str, *, worker: str | None = None,
+            **counts: int) -> None:
+        """Add to the namespace's counters; with ``worker`` (one of WORKERS), to that
+        worker's share of them too, in the same round trip."""
         unknown = set(counts) - set(COUNTERS)
         if unknown:
             raise ValueError(f"unknown usage counters: {sorted(unknown)}")
+        if worker is not None and worker not in WORKERS:
+            raise ValueError(f"unknown worker: {worker}")
         pipe = self.redis.pipeline(transaction=False)
         key = keys.usage(org, namespace)
         for name, amount in counts.items():
             if amount:
                 pipe.hincrby(key, name, amount)
+                if worker is not None:
+                    pipe.hincrby(key, f"{worker}:{name}", amount)
         pipe.execute()
         by_org = {METRIC_BY_COUNTER[name]: amount for name, amount in counts.items()
                   if name in METRIC_BY_COUNTER}
@@ -59,6 +70,12 @@ class UsageStore:
     def get(self, org: str, namespace: str) -> dict[str, int]:
         row = self.redis.hgetall(keys.usage(org, namespace))
         return {name: int(row.get(name, 0)) for name in COUNTERS}
+
+    def by_worker(self, org: str, namespace: str) -> dict[str, dict[str, int]]:
+        """Each worker's share of the counters (what it cost, apart from the other)."""
+        row = self.redis.hgetall(keys.usage(org, namespace))
+        return {worker: {name: int(row.get(f"{worker}:{name}", 0)) for name in COUNTERS}
+                for worker in WORKERS}
 
     def model_calls_enabled(self, org: str) -> bool:
         return self.redis.hget(keys.org_settings(org), "model_calls") != "off"

@@ -526,6 +526,7 @@ class UsageGetAnswer(TypedDict, total=False):
     refusals: int
     failures: int
     deferred_for_budget: int
+    by_worker: dict[str, dict[str, int]]
 
 
 class UserEraseAnswer(TypedDict, total=False):

@@ -1566,6 +1566,8 @@ export interface UsageGetAnswer {
   failures?: number;
   /** Builds and folds not made because they would pass the namespace's or the org's budget (budget.set), once per pass that deferred them; each is made in a later pass once the window has room. */
   deferred_for_budget?: number;
+  /** The same counters for each worker apart: structured_profile (structured-profile builds) and profile_consolidation (folds). */
+  by_worker?: Record<string, Record<string, number>>;
 }
 
 export interface UserEraseAnswer {

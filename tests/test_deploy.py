@@ -13,10 +13,12 @@ import time
 from pathlib import Path
 
 import anyio
+import httpx2
 import pytest
 import redis
 import requests
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 from rq import Worker
 from rq_scheduler import Scheduler
 
@@ -58,9 +60,12 @@ def _until(check, seconds: float, what: str):
     raise AssertionError(f"{what} did not happen in {seconds} s")
 
 
-async def _mcp_tool_names(url: str) -> set[str]:
-    async with Client(url) as client:
-        return {tool.name for tool in (await client.list_tools()).tools}
+async def _mcp_tool_names(url: str, token: str) -> set[str]:
+    # With auth on, the MCP server over HTTP acts only with the caller's own token.
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx2.AsyncClient(headers=headers) as http:
+        async with Client(streamable_http_client(url, http_client=http)) as client:
+            return {tool.name for tool in (await client.list_tools()).tools}
 
 
 @pytest.mark.slow
@@ -109,10 +114,13 @@ def test_a_fresh_install_from_requirements_runs_every_procfile_line(tmp_path, re
                           60, "the scheduler registering its jobs")
         assert periodic
 
-        names = _until(lambda: anyio.run(_mcp_tool_names, f"http://127.0.0.1:{mcp_port}/mcp"),
+        names = _until(lambda: anyio.run(_mcp_tool_names, f"http://127.0.0.1:{mcp_port}/mcp",
+                                 ADMIN_TOKEN),
                        60, "the MCP server listing its tools")
         assert "loom_working_memory_set" in names
         assert all(re.fullmatch(r"loom_[a-z_]+", name) for name in names)
+        anonymous = requests.post(f"http://127.0.0.1:{mcp_port}/mcp", json={}, timeout=5)
+        assert anonymous.status_code == 401  # the server's own key is lent to no caller
         for name, process in processes.items():
             assert process.poll() is None, f"{name} exited"
     finally:

@@ -293,7 +293,8 @@ def _listed_rule(rule: dict[str, Any], properties: Mapping[str, Any],
             return {}
         listed.setdefault("required", []).append(name + JSON_TEXT_SUFFIX)
         return {}
-    return _without_not_null(rule)
+    stated: dict[str, Any] = _without_not_null(rule)
+    return stated
 
 
 def _without_not_null(node: Any) -> Any:

@@ -27,9 +27,8 @@ from jobs.periodic import Periodic
 from jobs.queues import PASSES
 from jobs.structured_profile import PASS_FUNC
 from tests.conftest import TEST_SECRET
-from tests.support.live_server import LiveServer
-from tests.support.model_server import ScriptedAnswer, ScriptedModelServer
-from tests.support.processes import loom_env, start, stop, wait_for
+from tests.support.model_server import ScriptedAnswer
+from tests.support.processes import StructuredStack, wait_for
 from tests.test_structured_worker import SCHEMA
 
 pytestmark = [pytest.mark.real, pytest.mark.slow]
@@ -98,13 +97,10 @@ class Loom:
 
 @pytest.fixture(scope="module")
 def loom(redis_server_url, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("structured-cadence")
-    redis.Redis.from_url(redis_server_url).flushdb()
     named = NamedModel()
-    model = ScriptedModelServer(default=named).start()
-    env = loom_env(
-        REDIS_URL=redis_server_url, LOOM_SECRET_KEY=TEST_SECRET, LOOM_DATA_DIR=str(folder),
-        LOOM_LLM_BASE_URL=model.base_url, LOOM_LLM_MODEL="scripted-model",
+    with StructuredStack(
+        redis_server_url, tmp_path_factory.mktemp("structured-cadence"), named, TEST_SECRET,
+        workers=1,
         LOOM_STRUCTURED_PROFILE_INTERVAL_SECONDS=str(INTERVAL),
         LOOM_STRUCTURED_PROFILE_IDLE_INTERVAL_SECONDS="3600",
         LOOM_STRUCTURED_PROFILE_SCAN_MAX_AGE_SECONDS=str(SCAN_MAX_AGE),
@@ -113,25 +109,15 @@ def loom(redis_server_url, tmp_path_factory):
         # One build per namespace a pass: the backlog lasts the module, each pass's one call
         # for it dates the pass.
         LOOM_STRUCTURED_PROFILE_MAX_USERS_PER_PASS="2",
-    )
-    web = LiveServer(env, workers=1, output=folder / "web.log").start()
-    processes = []
-    try:
-        client = Loom(web.url, named)
+    ) as stack:
+        client = Loom(stack.url, named)
         client.queue_redis = redis.Redis.from_url(redis_server_url)
         for namespace in (BACKLOG, QUIET):
             client.call("profile_schema.set", namespace, json_schema=SCHEMA)
         for index in range(60):
             client.fact(BACKLOG, f"b-{index:02d}", "name", f"Call me B{index}")
-        processes = [start("jobs.scheduler", env, folder / "scheduler.log"),
-                     start("jobs.worker", env, folder / "worker.log")]
+        stack.start_jobs()
         yield client
-    finally:
-        for process in processes:
-            stop(process)
-        web.stop()
-        model.close()
-        redis.Redis.from_url(redis_server_url).flushdb()
 
 
 def _backlog_calls(loom: Loom) -> list[float]:

@@ -15,13 +15,11 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-import redis
 import requests
 
 from tests.conftest import TEST_SECRET
-from tests.support.live_server import LiveServer
-from tests.support.model_server import ScriptedAnswer, ScriptedModelServer
-from tests.support.processes import loom_env, start, stop, wait_for
+from tests.support.model_server import ScriptedAnswer
+from tests.support.processes import StructuredStack, wait_for
 from tests.test_structured_worker import SCHEMA
 
 NS = {"namespace": "live", "agent": "chat"}
@@ -93,33 +91,20 @@ class Loom:
 
 @pytest.fixture(scope="module")
 def loom(redis_server_url, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("structured-live")
-    redis.Redis.from_url(redis_server_url).flushdb()
     fact_model = FactModel()
-    model = ScriptedModelServer(default=fact_model).start()
-    env = loom_env(
-        REDIS_URL=redis_server_url, LOOM_SECRET_KEY=TEST_SECRET, LOOM_DATA_DIR=str(folder),
-        LOOM_LLM_BASE_URL=model.base_url, LOOM_LLM_MODEL="scripted-model",
+    with StructuredStack(
+        redis_server_url, tmp_path_factory.mktemp("structured-live"), fact_model, TEST_SECRET,
+        workers=2,
         LOOM_STRUCTURED_PROFILE_INTERVAL_SECONDS="1",
         LOOM_STRUCTURED_PROFILE_IDLE_INTERVAL_SECONDS="1",
         LOOM_STRUCTURED_PROFILE_SCAN_MAX_AGE_SECONDS="1",
         LOOM_STRUCTURED_PROFILE_COOLDOWN_SECONDS=str(COOLDOWN),
         LOOM_STRUCTURED_PROFILE_REFUSAL_RETRY_SECONDS=str(REFUSAL_RETRY),
-    )
-    web = LiveServer(env, workers=2, output=folder / "web.log").start()
-    processes = []
-    try:
-        client = Loom(web.url, fact_model)
+    ) as stack:
+        client = Loom(stack.url, fact_model)
         client.call("profile_schema.set", json_schema=SCHEMA)
-        processes = [start("jobs.scheduler", env, folder / "scheduler.log"),
-                     start("jobs.worker", env, folder / "worker.log")]
+        stack.start_jobs()
         yield client
-    finally:
-        for process in processes:
-            stop(process)
-        web.stop()
-        model.close()
-        redis.Redis.from_url(redis_server_url).flushdb()
 
 
 def _iso(seconds: float) -> str:

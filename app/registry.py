@@ -79,6 +79,9 @@ class Op:
     # A valid body for this op: the OpenAPI example, and what the auth matrix sends.
     example: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    # Error statuses this op answers beyond every op's (a model call's 409/429/502/504), each
+    # with what it means; the OpenAPI document lists them.
+    errors: dict[str, str] = field(default_factory=dict)
 
     @property
     def plane(self) -> str:

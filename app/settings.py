@@ -214,6 +214,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("LOOM_LLM_TIMEOUT_SECONDS", "60", _positive_float, "Timeout of one model call."),
     Setting("LOOM_LLM_MAX_TOKENS_OVERRIDES", "", _text,
             "Per-task LLM_MAX_TOKENS (default 32), e.g. structured_profile=64."),
+    Setting("LOOM_ASK_TIMEOUT_SECONDS", "20", _int_range(1, 300),
+            "Longest wait for memory.ask's model call, made inside the request; keep it below "
+            "LOOM_WEB_TIMEOUT_SECONDS for sync workers."),
     Setting("LOOM_MODEL_BUDGET_WINDOW_SECONDS", "86400", _SECONDS,
             "Length of the rolling window the model-call budgets (budget.set) count over."),
     Setting("LOOM_STRUCTURED_PROFILE_MEMORY_LIMIT", "100", _int_range(1, 10000),
@@ -325,6 +328,7 @@ class Settings:
     llm_model: str = ''
     llm_timeout_seconds: float = 60.0
     llm_max_tokens_overrides: str = ''
+    ask_timeout_seconds: int = 20
     model_budget_window_seconds: int = 86400
     structured_profile_memory_limit: int = 100
     structured_profile_interval_seconds: int = 60

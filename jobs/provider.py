@@ -48,10 +48,13 @@ class ModelCallFailed(Exception):
 
     def __init__(self, message: str, status: int | None = None, *,
                  prompt_tokens: int | None = None,
-                 completion_tokens: int | None = None) -> None:
+                 completion_tokens: int | None = None,
+                 timed_out: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
+        # No answer within the timeout (a request-path caller answers it apart: 504).
+        self.timed_out = timed_out
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = completion_tokens
 
@@ -235,7 +238,8 @@ class OpenAICompatibleProvider(ModelProvider):
             )
         except requests.Timeout as exc:
             raise ModelCallFailed(
-                f"the model server did not answer within {self.timeout_seconds}s"
+                f"the model server did not answer within {self.timeout_seconds}s",
+                timed_out=True,
             ) from exc
         except requests.RequestException as exc:
             raise ModelCallFailed(f"could not reach the model server: {exc}") from exc

@@ -154,6 +154,49 @@ class FeaturesSetAnswer(TypedDict, total=False):
     updated_at: str | None
 
 
+class MemoryAskAnswer(TypedDict, total=False):
+    ignored_args: list[str]
+    answer: str | None
+    citations: list[str]
+    uncited_ids: list[str]
+    hits: list[SearchHit]
+    run_blocks: list[ScratchpadBlock]
+    read_scope: str
+    model_called: bool
+    cut_off: bool
+    usage: MemoryAskUsage
+
+
+class SearchHit(TypedDict, total=False):
+    memory_id: str
+    key: str
+    value: Any
+    memory_type: str
+    score: float
+    legs: list[str]
+    matched_terms: list[str]
+    user_id: str
+    agent: str
+    session_id: str
+    tags: list[str]
+    confidence: float
+    valid_at: str | None
+    valid_to: str | None
+    updated_at: str
+
+
+class ScratchpadBlock(TypedDict, total=False):
+    layer: str
+    block_key: str
+    content: str
+    updated_at: str
+
+
+class MemoryAskUsage(TypedDict, total=False):
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+
 class MemoryDeleteAnswer(TypedDict, total=False):
     ignored_args: list[str]
     deleted: bool
@@ -263,31 +306,6 @@ class MemorySearchAnswer(TypedDict, total=False):
     count: int
     read_scope: str
     scratchpad: list[ScratchpadBlock]
-
-
-class SearchHit(TypedDict, total=False):
-    memory_id: str
-    key: str
-    value: Any
-    memory_type: str
-    score: float
-    legs: list[str]
-    matched_terms: list[str]
-    user_id: str
-    agent: str
-    session_id: str
-    tags: list[str]
-    confidence: float
-    valid_at: str | None
-    valid_to: str | None
-    updated_at: str
-
-
-class ScratchpadBlock(TypedDict, total=False):
-    layer: str
-    block_key: str
-    content: str
-    updated_at: str
 
 
 class MemorySetAnswer(TypedDict, total=False):
@@ -670,6 +688,7 @@ class FeaturesOps(Plane[M]):
 class MemoryOps(Plane[M]):
     """``bot.client.memory``: its ops, typed by their answers."""
 
+    ask: Op[MemoryAskAnswer] = Op('memory.ask')
     delete: Op[MemoryDeleteAnswer] = Op('memory.delete')
     delete_version: Op[MemoryDeleteVersionAnswer] = Op('memory.delete_version')
     get: Op[MemoryGetAnswer] = Op('memory.get')

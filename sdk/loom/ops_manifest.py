@@ -753,6 +753,128 @@ OPS: dict[str, dict[str, Any]] = {
         },
         'identity_required': ['namespace'],
     },
+    'memory.ask': {
+        'role': 'viewer',
+        'kind': 'read',
+        'listed': True,
+        'mcp': True,
+        'http_method': 'POST',
+        'path': '/v1/memory.ask',
+        'summary': (
+            'Answer a question from the facts memory.search finds, with one model call that '
+            'cites them.'
+        ),
+        'fields': {
+            'org': {'required': False, 'default': None},
+            'namespace': {'required': False, 'default': None},
+            'agent': {'required': False, 'default': None},
+            'user_id': {'required': False, 'default': '-'},
+            'session_id': {'required': False, 'default': '-'},
+            'run_id': {'required': False, 'default': '-'},
+            'query': {'required': True},
+            'read_scope': {'required': False, 'default': None},
+            'memory_type': {'required': False, 'default': None},
+            'tags': {'required': False, 'computed': True},
+            'valid_at': {'required': False, 'default': None},
+            'limit': {'required': False, 'default': 10},
+        },
+        'input_schema': {
+            'type': 'object',
+            'properties': {
+                'org': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The tenant.',
+                },
+                'namespace': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
+                },
+                'agent': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
+                },
+                'user_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The end user; '-' for none.",
+                },
+                'session_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The session or conversation; '-' for none.",
+                },
+                'run_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The agent run (task scope); '-' for none.",
+                },
+                'query': {
+                    'type': 'string',
+                    'minLength': 1,
+                    'maxLength': 4096,
+                    'description': 'The question, in words.',
+                },
+                'read_scope': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'enum': ['namespace', 'own_user', 'own_session', None],
+                    'description': (
+                        'How far the read reaches across users and session_ids; left out, the '
+                        "token's ceiling."
+                    ),
+                },
+                'memory_type': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'pattern': '^[a-z][a-z0-9_]{0,39}$',
+                    'description': 'Only facts of this type (profile rows stay out of search).',
+                },
+                'tags': {
+                    'type': ['array', 'null'],
+                    'maxItems': 16,
+                    'description': 'Only facts holding every one of these tags.',
+                    'items': {'type': 'string', 'minLength': 1, 'maxLength': 128},
+                },
+                'valid_at': {
+                    'type': ['string', 'null'],
+                    'format': 'date-time',
+                    'default': None,
+                    'description': 'Only facts true at this moment (valid_at <= it < valid_to).',
+                },
+                'limit': {
+                    'type': ['integer', 'null'],
+                    'default': 10,
+                    'minimum': 1,
+                    'maximum': 100,
+                    'description': 'How many hits at most (default 10, at most 100).',
+                },
+            },
+            'required': ['query'],
+        },
+        'identity_required': ['namespace', 'agent'],
+    },
     'memory.delete': {
         'role': 'writer',
         'kind': 'idempotent',

@@ -13,6 +13,7 @@ export const OPS = {
   "erasure.status": {"kind": "read", "role": "admin", "method": "POST", "path": "/v1/erasure.status"},
   "features.get": {"kind": "read", "role": "admin", "method": "POST", "path": "/v1/features.get"},
   "features.set": {"kind": "idempotent", "role": "admin", "method": "POST", "path": "/v1/features.set"},
+  "memory.ask": {"kind": "read", "role": "viewer", "method": "POST", "path": "/v1/memory.ask"},
   "memory.delete": {"kind": "idempotent", "role": "writer", "method": "POST", "path": "/v1/memory.delete"},
   "memory.delete_version": {"kind": "write", "role": "admin", "method": "POST", "path": "/v1/memory.delete_version"},
   "memory.get": {"kind": "read", "role": "viewer", "method": "POST", "path": "/v1/memory.get"},
@@ -207,6 +208,33 @@ export interface FeaturesSetInput {
   namespace?: string | null;
   /** The whole features document: {"agent_state": true|false, "pii_rules": [{"name", "pattern", "mask"?}]}; a key left out takes its default (agent_state false, no rules). */
   features: Record<string, unknown>;
+}
+
+export interface MemoryAskInput {
+  /** The tenant. */
+  org?: string | null;
+  /** The namespace the op reads or writes. Required (422 IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, and always with auth off. */
+  namespace?: string | null;
+  /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
+  agent?: string | null;
+  /** The end user; '-' for none. */
+  user_id?: string | null;
+  /** The session or conversation; '-' for none. */
+  session_id?: string | null;
+  /** The agent run (task scope); '-' for none. */
+  run_id?: string | null;
+  /** The question, in words. */
+  query: string;
+  /** How far the read reaches across users and session_ids; left out, the token's ceiling. */
+  read_scope?: "namespace" | "own_user" | "own_session" | null;
+  /** Only facts of this type (profile rows stay out of search). */
+  memory_type?: string | null;
+  /** Only facts holding every one of these tags. */
+  tags?: Array<string> | null;
+  /** Only facts true at this moment (valid_at <= it < valid_to). */
+  valid_at?: string | null;
+  /** How many hits at most (default 10, at most 100). */
+  limit?: number | null;
 }
 
 export interface MemoryDeleteInput {
@@ -1139,6 +1167,60 @@ export interface FeaturesSetAnswer {
   updated_at?: string | null;
 }
 
+export interface MemoryAskAnswer {
+  /** Input fields the op did not use. */
+  ignored_args?: Array<string>;
+  /** The model's answer; null when nothing was found to answer from (no model call was made). */
+  answer?: string | null;
+  /** The memory ids the answer cites, each one of the hits given. */
+  citations?: Array<string>;
+  /** Ids the model cited that were not in its prompt: dropped from citations. */
+  uncited_ids?: Array<string>;
+  /** The facts the prompt carried, as memory.search answers them. */
+  hits?: Array<SearchHit>;
+  /** The named run's working-memory blocks the prompt carried. */
+  run_blocks?: Array<ScratchpadBlock>;
+  read_scope?: string;
+  model_called?: boolean;
+  /** The answer reached its output cap and may be incomplete. */
+  cut_off?: boolean;
+  usage?: MemoryAskUsage;
+}
+
+export interface SearchHit {
+  memory_id?: string;
+  key?: string;
+  value?: unknown;
+  memory_type?: string;
+  /** Higher is better; compares within a call. */
+  score?: number;
+  /** The legs that found it. */
+  legs?: Array<string>;
+  /** The query's terms (stemmed) it holds. */
+  matched_terms?: Array<string>;
+  user_id?: string;
+  agent?: string;
+  session_id?: string;
+  tags?: Array<string>;
+  confidence?: number;
+  valid_at?: string | null;
+  valid_to?: string | null;
+  updated_at?: string;
+}
+
+export interface ScratchpadBlock {
+  /** run or session. */
+  layer?: string;
+  block_key?: string;
+  content?: string;
+  updated_at?: string;
+}
+
+export interface MemoryAskUsage {
+  prompt_tokens?: number | null;
+  completion_tokens?: number | null;
+}
+
 export interface MemoryDeleteAnswer {
   /** Input fields the op did not use. */
   ignored_args?: Array<string>;
@@ -1262,35 +1344,6 @@ export interface MemorySearchAnswer {
   read_scope?: string;
   /** The named run's and session's working-memory blocks. */
   scratchpad?: Array<ScratchpadBlock>;
-}
-
-export interface SearchHit {
-  memory_id?: string;
-  key?: string;
-  value?: unknown;
-  memory_type?: string;
-  /** Higher is better; compares within a call. */
-  score?: number;
-  /** The legs that found it. */
-  legs?: Array<string>;
-  /** The query's terms (stemmed) it holds. */
-  matched_terms?: Array<string>;
-  user_id?: string;
-  agent?: string;
-  session_id?: string;
-  tags?: Array<string>;
-  confidence?: number;
-  valid_at?: string | null;
-  valid_to?: string | null;
-  updated_at?: string;
-}
-
-export interface ScratchpadBlock {
-  /** run or session. */
-  layer?: string;
-  block_key?: string;
-  content?: string;
-  updated_at?: string;
 }
 
 export interface MemorySetAnswer {
@@ -1732,6 +1785,8 @@ export class OpsClient {
     set(input: FeaturesSetInput, options?: CallOptions): Promise<FeaturesSetAnswer>;
   };
   readonly memory: {
+    /** Answer a question from the facts memory.search finds, with one model call that cites them. */
+    ask(input: MemoryAskInput, options?: CallOptions): Promise<MemoryAskAnswer>;
     /** Delete a row: a tombstone version; its history stays readable. */
     delete(input?: MemoryDeleteInput, options?: CallOptions): Promise<MemoryDeleteAnswer>;
     /** Remove one version of a row (by version or version_text); the row records the removal. */
@@ -1855,6 +1910,7 @@ export class OpsClient {
       set: (input, options) => send("features.set", input ?? {}, options),
     };
     this.memory = {
+      ask: (input, options) => send("memory.ask", input ?? {}, options),
       delete: (input, options) => send("memory.delete", input ?? {}, options),
       deleteVersion: (input, options) => send("memory.delete_version", input ?? {}, options),
       get: (input, options) => send("memory.get", input ?? {}, options),

@@ -217,6 +217,19 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("LOOM_ASK_TIMEOUT_SECONDS", "20", _int_range(1, 300),
             "Longest wait for memory.ask's model call, made inside the request; keep it below "
             "LOOM_WEB_TIMEOUT_SECONDS for sync workers."),
+    Setting("LOOM_EMBED_BASE_URL", "", _text,
+            "OpenAI-compatible embeddings endpoint (POST {base}/embeddings) for recall's "
+            "vector leg. Empty: no vectors, memory.search ranks by its lexical leg alone."),
+    Setting("LOOM_EMBED_API_KEY", "", _text, "Bearer key sent to the embeddings endpoint."),
+    Setting("LOOM_EMBED_MODEL", "", _text,
+            "Embedding model name sent with each call. Empty: no vectors."),
+    Setting("LOOM_EMBED_DIMENSIONS", "0", _int_range(0, 8192),
+            "Vector length asked of the model (OpenAI's dimensions field); 0 sends none and "
+            "takes the model's own."),
+    Setting("LOOM_EMBED_TIMEOUT_SECONDS", "30", _positive_float,
+            "Timeout of one embeddings call."),
+    Setting("LOOM_EMBED_BATCH_SIZE", "64", _int_range(1, 2048),
+            "Most texts sent in one embeddings call."),
     Setting("LOOM_MODEL_BUDGET_WINDOW_SECONDS", "86400", _SECONDS,
             "Length of the rolling window the model-call budgets (budget.set) count over."),
     Setting("LOOM_STRUCTURED_PROFILE_MEMORY_LIMIT", "100", _int_range(1, 10000),
@@ -329,6 +342,12 @@ class Settings:
     llm_timeout_seconds: float = 60.0
     llm_max_tokens_overrides: str = ''
     ask_timeout_seconds: int = 20
+    embed_base_url: str = ''
+    embed_api_key: str = ''
+    embed_model: str = ''
+    embed_dimensions: int = 0
+    embed_timeout_seconds: float = 30.0
+    embed_batch_size: int = 64
     model_budget_window_seconds: int = 86400
     structured_profile_memory_limit: int = 100
     structured_profile_interval_seconds: int = 60

@@ -288,6 +288,24 @@ def recall_users(org: str, namespace: str) -> str:
     return f"{PREFIX}:recall-users:{namespace_tag(org, namespace)}"
 
 
+# --- recall: the vectors of a user's profile sections (loom_search's profile leg) ---------------
+# Written by the section-vector job (jobs/profile_vectors.py) in the user's slot, so erasure's
+# sweep of the slot takes them with the rows.
+
+
+def profile_vectors(org: str, namespace: str, user_id: str) -> str:
+    """Hash memory_id -> ``fingerprint:vector`` of each profile section of the user, the
+    fingerprint naming the model, the length and the section's content_sha256 it was made
+    from."""
+    return f"{PREFIX}:profile-vec:{user_tag(org, namespace, user_id)}"
+
+
+def profile_vectors_queued(org: str, namespace: str, user_id: str) -> str:
+    """Marker (with a lifetime) that a section-vector job for the user is queued: the writes
+    meanwhile enqueue no other."""
+    return f"{PREFIX}:profile-vec-queued:{user_tag(org, namespace, user_id)}"
+
+
 # --- structured profiles ------------------------------------------------------------------------
 
 

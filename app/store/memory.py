@@ -90,6 +90,7 @@ from app.store.memory_row import (
     tags_exclude,
     trace_names,
 )
+from app.store.profile_vectors import ProfileVectorStore
 from app.store.replies import optional_texts, scored, text_map, text_set, texts
 
 if TYPE_CHECKING:
@@ -152,6 +153,7 @@ class MemoryStore:
         self._redact = script(self.redis, "memory_redact")
         self._expire = script(self.redis, "memory_expire_sources")
         self._clear_changed = script(self.redis, "clear_unless_changed_since")
+        self._section_vectors = ProfileVectorStore(services)
 
     # --- reads ---------------------------------------------------------------------------
 
@@ -502,6 +504,11 @@ class MemoryStore:
         derived_rows = int(fields.pop("derived_rows_redacted"))
         row = MemoryRow.from_fields(fields)
         written = Written(row, created=False, changed=True, sources_moved=reply[1] == "1")
+        # A scrubbed section's vector goes now (what it was made from is gone), the row's and
+        # those of the sections derived from it; the next refresh embeds what they hold now.
+        scrubbed = [row.memory_id, *(other.memory_id for other in
+                                     self.read_row_keys([d.row_key() for d in derived]))]
+        self._section_vectors.drop(location.org, location.namespace, location.user_id, scrubbed)
         self._after_write(location, written, self.clock.now_ns(), redacted=True)
         return Redacted(written, count, derived_rows, derived_versions)
 
@@ -710,6 +717,10 @@ class MemoryStore:
             pipe.sadd(keys.fact_namespaces(),
                       json.dumps([location.org, location.namespace]))
         pipe.execute()
+        if written.row.memory_type == PROFILE_TYPE:
+            # loom_search's profile leg: the section's vector is refreshed off the request path.
+            self._section_vectors.section_written(location.org, location.namespace,
+                                                  location.user_id)
 
 
 def _is_structured_row(location: Location) -> bool:

@@ -5,9 +5,10 @@ OpenAI-compatible implementation over ``requests`` (OpenAI, vLLM, Ollama, llama.
 LM Studio all speak ``POST {base_url}/chat/completions``), the settings that turn model calls on
 or off, and the per-task output-cap base (``LLM_MAX_TOKENS`` and its overrides).
 
-Beside it, the embeddings client the recall workers call (``EmbeddingProvider.embed``) and its
-OpenAI-compatible implementation, ``POST {base_url}/embeddings`` in batches
-(``embedder_from_settings`` reads the ``LOOM_EMBED_*`` settings; off when unset).
+The embeddings client (``EmbeddingProvider.embed``, ``POST {base_url}/embeddings`` in batches,
+``embedder_from_settings`` over the ``LOOM_EMBED_*`` settings) lives in app/embeddings.py, since
+``memory.search`` embeds its query in the request; it is re-exported here with
+``ModelCallFailed`` (app/model_errors.py), so a worker imports one module.
 
 Failures, drawn as a hierarchy::
 
@@ -31,6 +32,15 @@ from typing import Any
 
 import requests
 
+# Re-exported, so a worker imports one module for every model call.
+from app.embeddings import EMBED_BATCH_SIZE as EMBED_BATCH_SIZE
+from app.embeddings import EmbeddingProvider as EmbeddingProvider
+from app.embeddings import Embeddings as Embeddings
+from app.embeddings import OpenAICompatibleEmbedder as OpenAICompatibleEmbedder
+from app.embeddings import embedder_from_settings as embedder_from_settings
+from app.embeddings import estimate_embedding_tokens as estimate_embedding_tokens
+from app.model_errors import ModelCallFailed as ModelCallFailed
+
 # The seed's base output allowance for a model-written entry, before a schema's estimate.
 LLM_MAX_TOKENS = 32
 
@@ -44,24 +54,6 @@ RESPONSE_MODES = (MODE_JSON_SCHEMA, MODE_JSON_OBJECT, MODE_PROMPT)
 _SCHEMA_NAME_RE = re.compile(r"[^A-Za-z0-9_-]")
 _FENCE_RE = re.compile(r"^```[A-Za-z0-9_-]*\s*\n?(.*?)\n?```$", re.DOTALL)
 _OVERRIDE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
-
-
-class ModelCallFailed(Exception):
-    """A model call that gave no usable answer; ``status`` is the HTTP status when there was one,
-    and ``prompt_tokens``/``completion_tokens`` what the server reported it cost (an answer
-    that arrived but is not a JSON object was still paid for)."""
-
-    def __init__(self, message: str, status: int | None = None, *,
-                 prompt_tokens: int | None = None,
-                 completion_tokens: int | None = None,
-                 timed_out: bool = False) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        # No answer within the timeout (a request-path caller answers it apart: 504).
-        self.timed_out = timed_out
-        self.prompt_tokens = prompt_tokens
-        self.completion_tokens = completion_tokens
 
 
 @dataclass(frozen=True)
@@ -433,196 +425,3 @@ def _positive_int(name: str, value: Any) -> int:
 def base_max_tokens(entry: str, overrides: dict[str, int] | None = None) -> int:
     """The base output allowance for an entry (``structured_profile`` ...): override or 32."""
     return (overrides or {}).get(entry, LLM_MAX_TOKENS)
-
-
-# --- embeddings ------------------------------------------------------------------------------
-
-# Texts sent in one POST /embeddings; OpenAI takes 2048, self-hosted servers often far fewer.
-EMBED_BATCH_SIZE = 64
-
-
-@dataclass(frozen=True)
-class Embeddings:
-    """Vectors for a list of texts, in the texts' order, and what the calls cost in tokens."""
-
-    vectors: list[list[float]]
-    prompt_tokens: int | None
-    calls: int
-    model: str
-
-
-class EmbeddingProvider(ABC):
-    """What a worker needs to embed text: texts in, one vector per text out."""
-
-    model: str
-    dimensions: int | None
-
-    @abstractmethod
-    def embed(self, texts: list[str]) -> Embeddings:
-        """One vector per text, in order; raises ``ModelCallFailed`` when any batch fails."""
-
-    def close(self) -> None:  # noqa: B027 optional hook, most providers hold nothing
-        """Release whatever the provider holds (connections)."""
-
-
-class OpenAICompatibleEmbedder(EmbeddingProvider):
-    """``POST {base_url}/embeddings`` with ``model``, ``input`` (a list) and, when set,
-    ``dimensions`` (OpenAI's text-embedding-3 models shorten their vectors on request; other
-    servers are sent nothing extra so they do not refuse an unknown field).
-
-    Texts go ``batch_size`` to a request; the answer's ``index`` fields put the vectors back in
-    the texts' order (the spec allows any order). Every vector of one call must have the same
-    length, and the length ``dimensions`` when that is set.
-    """
-
-    def __init__(
-        self,
-        base_url: str,
-        api_key: str | None,
-        model: str,
-        timeout_seconds: float,
-        *,
-        dimensions: int | None = None,
-        batch_size: int = EMBED_BATCH_SIZE,
-        session: requests.Session | None = None,
-    ) -> None:
-        if batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
-        self.base_url = base_url.rstrip("/")
-        self.url = f"{self.base_url}/embeddings"
-        self.model = model
-        self.dimensions = dimensions
-        self.timeout_seconds = timeout_seconds
-        self.batch_size = batch_size
-        self._api_key = api_key or ""
-        self._owns_session = session is None
-        self._session = session if session is not None else requests.Session()
-
-    def close(self) -> None:
-        if self._owns_session:
-            self._session.close()
-
-    def __enter__(self) -> OpenAICompatibleEmbedder:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def embed(self, texts: list[str]) -> Embeddings:
-        vectors: list[list[float]] = []
-        tokens: int | None = 0
-        calls = 0
-        for start in range(0, len(texts), self.batch_size):
-            batch = texts[start : start + self.batch_size]
-            batch_vectors, batch_tokens = self._call(batch)
-            calls += 1
-            vectors.extend(batch_vectors)
-            tokens = None if tokens is None or batch_tokens is None else tokens + batch_tokens
-        width = {len(vector) for vector in vectors}
-        if len(width) > 1:
-            raise ModelCallFailed(
-                f"the embeddings server answered vectors of different lengths: {sorted(width)}",
-                prompt_tokens=tokens,
-            )
-        return Embeddings(vectors=vectors, prompt_tokens=tokens, calls=calls, model=self.model)
-
-    def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        return headers
-
-    def _call(self, batch: list[str]) -> tuple[list[list[float]], int | None]:
-        body: dict[str, Any] = {"model": self.model, "input": batch, "encoding_format": "float"}
-        if self.dimensions:
-            body["dimensions"] = self.dimensions
-        try:
-            response = self._session.post(
-                self.url, json=body, headers=self._headers(), timeout=self.timeout_seconds
-            )
-        except requests.Timeout as exc:
-            raise ModelCallFailed(
-                f"the embeddings server did not answer within {self.timeout_seconds}s"
-            ) from exc
-        except requests.RequestException as exc:
-            raise ModelCallFailed(f"could not reach the embeddings server: {exc}") from exc
-        status = response.status_code
-        if status != 200:
-            raise ModelCallFailed(
-                f"the embeddings server answered HTTP {status}: {_snippet(response.text)}",
-                status=status,
-            )
-        return _read_embeddings(response, len(batch), self.dimensions)
-
-
-def _read_embeddings(
-    response: requests.Response, expected: int, dimensions: int | None
-) -> tuple[list[list[float]], int | None]:
-    try:
-        payload = response.json()
-    except ValueError as exc:
-        raise ModelCallFailed(
-            "the embeddings server answered with something that is not JSON: "
-            f"{_snippet(response.text)}"
-        ) from exc
-    usage = payload.get("usage") if isinstance(payload, dict) else None
-    tokens = _int_or_none(usage.get("prompt_tokens")) if isinstance(usage, dict) else None
-    data = payload.get("data") if isinstance(payload, dict) else None
-    if not isinstance(data, list) or len(data) != expected:
-        raise ModelCallFailed(
-            f"the embeddings server's answer does not hold {expected} embeddings",
-            prompt_tokens=tokens,
-        )
-    by_index: dict[int, list[float]] = {}
-    for position, item in enumerate(data):
-        index = item.get("index", position) if isinstance(item, dict) else None
-        vector = item.get("embedding") if isinstance(item, dict) else None
-        if (
-            not isinstance(index, int)
-            or not 0 <= index < expected
-            or index in by_index
-            or not isinstance(vector, list)
-            or not vector
-            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vector)
-        ):
-            raise ModelCallFailed(
-                f"the embeddings server's item {position} is not an embedding",
-                prompt_tokens=tokens,
-            )
-        if dimensions and len(vector) != dimensions:
-            raise ModelCallFailed(
-                f"the embeddings server answered {len(vector)} dimensions, not {dimensions}",
-                prompt_tokens=tokens,
-            )
-        by_index[index] = [float(x) for x in vector]
-    return [by_index[i] for i in range(expected)], tokens
-
-
-def estimate_embedding_tokens(texts: list[str]) -> int:
-    """What embedding ``texts`` may cost at most, for a budget's reservation: the seed's two
-    characters a token, at least one token a text (an embedding has no output tokens)."""
-    return sum(max(1, -(-len(text) // 2)) for text in texts)
-
-
-def embedder_from_settings(
-    base_url: str | None,
-    api_key: str | None,
-    model: str | None,
-    timeout: float,
-    dimensions: int | None = None,
-    batch_size: int = EMBED_BATCH_SIZE,
-) -> OpenAICompatibleEmbedder | None:
-    """The configured embeddings client, or None when embeddings are off (no base URL or no
-    model); ``dimensions`` 0 or None sends none and takes the model's own length."""
-    base_url = (base_url or "").strip()
-    model = (model or "").strip()
-    if not base_url or not model:
-        return None
-    return OpenAICompatibleEmbedder(
-        base_url,
-        (api_key or "").strip() or None,
-        model,
-        timeout,
-        dimensions=dimensions or None,
-        batch_size=batch_size,
-    )

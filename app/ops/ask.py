@@ -28,28 +28,15 @@ from typing import Any
 from marshmallow import Schema, fields
 
 from app.errors import ModelBudgetExceeded, ModelCallError, ModelCallsOff, ModelTimedOut
-from app.ops.memory import read_scope_for, to_ns
-from app.ops.recall import (
-    Filters,
-    MemorySearchArgs,
-    ScratchpadBlock,
-    SearchHit,
-    hit_answer,
-    scratchpad,
-    search_rows,
-)
+from app.model_errors import ModelCallFailed
+from app.ops.memory import read_scope_for
+from app.ops.recall import MemorySearchArgs, ScratchpadBlock, SearchHit, search_answer
 from app.profile_schema import max_tokens_for
 from app.registry import Call, op
 from app.schemas.common import Answer
-from app.store.memory import MemoryRow
 from app.store.usage import UsageStore
 from jobs.budget import OutOfBudget, complete_within_budget
-from jobs.provider import (
-    ModelCallFailed,
-    base_max_tokens,
-    parse_max_tokens_overrides,
-    provider_from_settings,
-)
+from jobs.provider import base_max_tokens, parse_max_tokens_overrides, provider_from_settings
 
 log = logging.getLogger("loom.ops.ask")
 
@@ -120,18 +107,17 @@ def _clip(text: str) -> str:
     return text if len(text) <= PROMPT_TEXT_MAX else text[:PROMPT_TEXT_MAX] + " [...]"
 
 
-def _fact_text(row: MemoryRow) -> str:
-    value = row.value if isinstance(row.value, str) else json.dumps(row.value, ensure_ascii=False)
-    return _clip(value)
+def _fact_text(value: Any) -> str:
+    return _clip(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
 
 
-def prompt_messages(question: str, rows: list[MemoryRow],
+def prompt_messages(question: str, hits: list[dict[str, Any]],
                     blocks: list[dict[str, Any]]) -> list[dict[str, str]]:
     """The synthesis prompt: the instructions, the run's blocks, the facts, the question."""
     facts = "\n".join(
-        json.dumps({"id": row.memory_id, "key": row.key, "type": row.memory_type,
-                    "fact": _fact_text(row)}, ensure_ascii=False)
-        for row in rows)
+        json.dumps({"id": hit["memory_id"], "key": hit["key"], "type": hit["memory_type"],
+                    "fact": _fact_text(hit["value"])}, ensure_ascii=False)
+        for hit in hits)
     parts = []
     if blocks:
         notes = "\n".join(
@@ -191,7 +177,8 @@ def memory_ask(call: Call) -> dict[str, Any]:
     svc = call.services
     settings = svc.settings
     identity = call.identity
-    read_scope = read_scope_for(call, a["read_scope"])
+    # The read scope is refused (403) before anything else, as memory.search refuses it.
+    read_scope_for(call, a["read_scope"])
     provider = provider_from_settings(settings.llm_base_url, settings.llm_api_key,
                                       settings.llm_model, settings.ask_timeout_seconds)
     usage = svc.store(UsageStore)
@@ -202,30 +189,29 @@ def memory_ask(call: Call) -> dict[str, Any]:
         provider.close()
         raise ModelCallsOff(f"model calls are switched off for org {identity.org} "
                             "(org.set_model_calls)", reason="org_off")
-    filters = Filters(
-        memory_type=a["memory_type"],
-        tags=tuple(a["tags"]),
-        valid_at_ns=None if a["valid_at"] is None else to_ns(a["valid_at"]),
-    )
-    found = search_rows(call, a["query"], a["limit"], read_scope, filters)
-    blocks = [block for block in scratchpad(call, read_scope) if block["layer"] == "run"]
+    try:
+        searched = search_answer(call)
+    except BaseException:
+        provider.close()
+        raise
+    hits = searched["hits"]
+    blocks = [block for block in searched["scratchpad"] if block["layer"] == "run"]
     answer: dict[str, Any] = {
         "answer": None, "citations": [], "uncited_ids": [],
-        "hits": [hit_answer(row, hit) for row, hit in found], "run_blocks": blocks,
-        "read_scope": read_scope, "model_called": False, "cut_off": False,
+        "hits": hits, "run_blocks": blocks,
+        "read_scope": searched["read_scope"], "model_called": False, "cut_off": False,
         "usage": {"prompt_tokens": 0, "completion_tokens": 0},
     }
-    if not found and not blocks:
+    if not hits and not blocks:
         provider.close()
         return answer
-    rows = [row for row, _ in found]
     overrides = parse_max_tokens_overrides(settings.llm_max_tokens_overrides)
     max_tokens = max_tokens_for(ANSWER_SCHEMA, base_max_tokens(USAGE_WORKER, overrides))
     org, namespace = identity.org, identity.namespace
     try:
         with provider:
             completion = complete_within_budget(
-                svc, org, namespace, provider, prompt_messages(a["query"], rows, blocks),
+                svc, org, namespace, provider, prompt_messages(a["query"], hits, blocks),
                 max_tokens=max_tokens, json_schema=ANSWER_SCHEMA, schema_name=USAGE_WORKER,
                 worker=USAGE_WORKER)
     except OutOfBudget as out:
@@ -254,7 +240,7 @@ def memory_ask(call: Call) -> dict[str, Any]:
             raise ModelCallError('the model\'s answer has no "answer" text', model_status=200)
         # Cut off before its JSON closed: the answer text written so far, marked as cut.
         text = _partial_answer(completion.text)
-    kept, other = _citations(completion.data, [row.memory_id for row in rows])
+    kept, other = _citations(completion.data, [hit["memory_id"] for hit in hits])
     answer.update({
         "answer": text.strip(), "citations": kept, "uncited_ids": other,
         "model_called": True, "cut_off": completion.cut_off,

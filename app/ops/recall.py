@@ -246,6 +246,12 @@ def scratchpad(call: Call, read_scope: str) -> list[dict[str, Any]]:
     example={**_WHO, "query": "which currency for invoices", "read_scope": "own_user"})
 def memory_search(call: Call) -> dict[str, Any]:
     """Find the facts that answer a question, best first (profile rows stay out)."""
+    return search_answer(call)
+
+
+def search_answer(call: Call) -> dict[str, Any]:
+    """memory.search's answer for a call whose args hold its fields: the one retrieval that
+    memory.ask and memory.unified_search (the MCP tool loom_search) make too."""
     a = call.args
     read_scope = read_scope_for(call, a["read_scope"])
     filters = Filters(

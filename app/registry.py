@@ -82,6 +82,9 @@ class Op:
     # Error statuses this op answers beyond every op's (a model call's 409/429/502/504), each
     # with what it means; the OpenAPI document lists them.
     errors: dict[str, str] = field(default_factory=dict)
+    # The MCP tool's name where the seed gives one (memory.unified_search is ``loom_search``);
+    # otherwise ``loom_<op with . as _>``.
+    tool: str | None = None
 
     @property
     def plane(self) -> str:
@@ -97,7 +100,7 @@ class Op:
 
     @property
     def mcp_name(self) -> str:
-        return "loom_" + self.name.replace(".", "_")
+        return self.tool or "loom_" + self.name.replace(".", "_")
 
 
 class OpRegistry:
@@ -109,6 +112,8 @@ class OpRegistry:
             raise ValueError(f"op {declared.name} is declared twice")
         if declared.role not in ROLE_RANK:
             raise ValueError(f"op {declared.name}: unknown role {declared.role}")
+        if any(other.mcp_name == declared.mcp_name for other in self._ops.values()):
+            raise ValueError(f"op {declared.name}: MCP tool {declared.mcp_name} is taken")
         self._ops[declared.name] = declared
         return declared
 

@@ -321,6 +321,29 @@ class MemorySetAnswer(TypedDict, total=False):
     created: bool
 
 
+class MemoryUnifiedSearchAnswer(TypedDict, total=False):
+    ignored_args: list[str]
+    hits: list[SearchHit]
+    count: int
+    read_scope: str
+    scratchpad: list[ScratchpadBlock]
+    profile: list[ProfileHit]
+    profile_leg: str
+    about_user: bool
+
+
+class ProfileHit(TypedDict, total=False):
+    memory_id: str
+    label: str
+    value: Any
+    score: float
+    leg: str
+    user_id: str
+    agent: str
+    session_id: str
+    updated_at: str
+
+
 class MemoryUnlockAnswer(TypedDict, total=False):
     ignored_args: list[str]
     memory_id: str
@@ -699,6 +722,7 @@ class MemoryOps(Plane[M]):
     redact: Op[MemoryRedactAnswer] = Op('memory.redact')
     search: Op[MemorySearchAnswer] = Op('memory.search')
     set: Op[MemorySetAnswer] = Op('memory.set')
+    unified_search: Op[MemoryUnifiedSearchAnswer] = Op('memory.unified_search')
     unlock: Op[MemoryUnlockAnswer] = Op('memory.unlock')
     unpin: Op[MemoryUnpinAnswer] = Op('memory.unpin')
 

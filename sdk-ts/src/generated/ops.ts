@@ -24,6 +24,7 @@ export const OPS = {
   "memory.redact": {"kind": "idempotent", "role": "admin", "method": "POST", "path": "/v1/memory.redact"},
   "memory.search": {"kind": "read", "role": "viewer", "method": "POST", "path": "/v1/memory.search"},
   "memory.set": {"kind": "idempotent", "role": "writer", "method": "POST", "path": "/v1/memory.set"},
+  "memory.unified_search": {"kind": "read", "role": "viewer", "method": "POST", "path": "/v1/memory.unified_search"},
   "memory.unlock": {"kind": "idempotent", "role": "writer", "method": "POST", "path": "/v1/memory.unlock"},
   "memory.unpin": {"kind": "idempotent", "role": "writer", "method": "POST", "path": "/v1/memory.unpin"},
   "object_types.get": {"kind": "read", "role": "admin", "method": "POST", "path": "/v1/object_types.get"},
@@ -483,6 +484,37 @@ export interface MemorySetInput {
   char_limit?: number | null;
   /** Write only over this content_sha256 (409 otherwise). */
   if_match_sha256?: string | null;
+}
+
+export interface MemoryUnifiedSearchInput {
+  /** The tenant. */
+  org?: string | null;
+  /** The namespace the op reads or writes. Required (422 IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, and always with auth off. */
+  namespace?: string | null;
+  /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
+  agent?: string | null;
+  /** The end user; '-' for none. */
+  user_id?: string | null;
+  /** The session or conversation; '-' for none. */
+  session_id?: string | null;
+  /** The agent run (task scope); '-' for none. */
+  run_id?: string | null;
+  /** The question, in words. */
+  query: string;
+  /** How far the read reaches across users and session_ids; left out, the token's ceiling. */
+  read_scope?: "namespace" | "own_user" | "own_session" | null;
+  /** Only facts of this type (profile rows stay out of search). */
+  memory_type?: string | null;
+  /** Only facts holding every one of these tags. */
+  tags?: Array<string> | null;
+  /** Only facts true at this moment (valid_at <= it < valid_to). */
+  valid_at?: string | null;
+  /** How many hits at most (default 10, at most 100). */
+  limit?: number | null;
+  /** auto (default): the profile leg runs when the question is about the user; always; never. */
+  profile?: "auto" | "always" | "never" | null;
+  /** How many profile sections at most (default 3, at most 20). */
+  profile_limit?: number | null;
 }
 
 export interface MemoryUnlockInput {
@@ -1360,6 +1392,37 @@ export interface MemorySetAnswer {
   created?: boolean;
 }
 
+export interface MemoryUnifiedSearchAnswer {
+  /** Input fields the op did not use. */
+  ignored_args?: Array<string>;
+  hits?: Array<SearchHit>;
+  count?: number;
+  /** The scope the search read at. */
+  read_scope?: string;
+  /** The named run's and session's working-memory blocks. */
+  scratchpad?: Array<ScratchpadBlock>;
+  /** Profile sections about the question, best first (profile leg). */
+  profile?: Array<ProfileHit>;
+  /** off (the question is not about the user), vector or lexical. */
+  profile_leg?: string;
+  /** Whether the question reads as one about the user. */
+  about_user?: boolean;
+}
+
+export interface ProfileHit {
+  memory_id?: string;
+  label?: string;
+  value?: unknown;
+  /** Higher is better; compares within a call. */
+  score?: number;
+  /** vector or lexical: how it was scored. */
+  leg?: string;
+  user_id?: string;
+  agent?: string;
+  session_id?: string;
+  updated_at?: string;
+}
+
 export interface MemoryUnlockAnswer {
   /** Input fields the op did not use. */
   ignored_args?: Array<string>;
@@ -1807,6 +1870,8 @@ export class OpsClient {
     search(input: MemorySearchInput, options?: CallOptions): Promise<MemorySearchAnswer>;
     /** Write a memory row; every write is a new version. */
     set(input: MemorySetInput, options?: CallOptions): Promise<MemorySetAnswer>;
+    /** Find the facts that answer a question, and profile sections when it is about the user. */
+    unifiedSearch(input: MemoryUnifiedSearchInput, options?: CallOptions): Promise<MemoryUnifiedSearchAnswer>;
     /** Unlock a row: a new version with the same content. */
     unlock(input?: MemoryUnlockInput, options?: CallOptions): Promise<MemoryUnlockAnswer>;
     /** Unpin a row: workers may rebuild it again; a new version with the same content. */
@@ -1921,6 +1986,7 @@ export class OpsClient {
       redact: (input, options) => send("memory.redact", input ?? {}, options),
       search: (input, options) => send("memory.search", input ?? {}, options),
       set: (input, options) => send("memory.set", input ?? {}, options),
+      unifiedSearch: (input, options) => send("memory.unified_search", input ?? {}, options),
       unlock: (input, options) => send("memory.unlock", input ?? {}, options),
       unpin: (input, options) => send("memory.unpin", input ?? {}, options),
     };

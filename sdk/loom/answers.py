@@ -498,6 +498,7 @@ class SubjectExportAnswer(TypedDict, total=False):
     exported_at: str
     memory_rows: list[dict[str, Any]]
     profile_sections: list[dict[str, Any]]
+    profile_section_vectors: list[dict[str, Any]]
     structured_profile: dict[str, Any] | None
     working_memory: list[dict[str, Any]]
     agent_states: list[dict[str, Any]]

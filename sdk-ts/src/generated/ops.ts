@@ -1605,6 +1605,8 @@ export interface SubjectExportAnswer {
   /** Rows with versions. */
   memory_rows?: Array<Record<string, unknown>>;
   profile_sections?: Array<Record<string, unknown>>;
+  /** The vectors loom_search's profile leg keeps of the sections: memory_id, fingerprint and vector. */
+  profile_section_vectors?: Array<Record<string, unknown>>;
   structured_profile?: Record<string, unknown> | null;
   working_memory?: Array<Record<string, unknown>>;
   /** By declared field. */

@@ -214,9 +214,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("LOOM_LLM_TIMEOUT_SECONDS", "60", _positive_float, "Timeout of one model call."),
     Setting("LOOM_LLM_MAX_TOKENS_OVERRIDES", "", _text,
             "Per-task LLM_MAX_TOKENS (default 32), e.g. structured_profile=64."),
-    Setting("LOOM_ASK_TIMEOUT_SECONDS", "20", _int_range(1, 300),
-            "Longest wait for memory.ask's model call, made inside the request; keep it below "
-            "LOOM_WEB_TIMEOUT_SECONDS for sync workers."),
+    Setting("LOOM_ASK_TIMEOUT_SECONDS", "8", _int_range(1, 300),
+            "Longest wait for memory.ask's model call, made inside the request; below the "
+            "SDK's 10 s default timeout, which a slower model needs raised with it."),
     Setting("LOOM_EMBED_BASE_URL", "", _text,
             "OpenAI-compatible embeddings endpoint (POST {base}/embeddings) for recall's "
             "vector leg. Empty: no vectors, memory.search ranks by its lexical leg alone."),
@@ -341,7 +341,7 @@ class Settings:
     llm_model: str = ''
     llm_timeout_seconds: float = 60.0
     llm_max_tokens_overrides: str = ''
-    ask_timeout_seconds: int = 20
+    ask_timeout_seconds: int = 8
     embed_base_url: str = ''
     embed_api_key: str = ''
     embed_model: str = ''

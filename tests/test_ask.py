@@ -12,6 +12,8 @@ import threading
 import pytest
 
 from app.store.usage import UsageStore
+from loom import errors as sdk_errors
+from loom.retry import retriable
 from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint
 from tests.support.model_server import ScriptedModelServer
 
@@ -304,3 +306,14 @@ def test_bad_input_is_422_naming_the_field_and_calls_no_model(client, model, bod
     status, out = call(client, "memory.ask", **body)
     assert status == 422 and field in out["error"]["fields"]
     assert model.completion_requests == []
+
+
+def test_the_sdk_never_sends_a_budget_refusal_again_but_does_a_rate_limit():
+    refused = sdk_errors.error_from_answer(
+        429, {"code": "MODEL_BUDGET_EXCEEDED", "message": "m", "budget": "namespace"})
+    assert isinstance(refused, sdk_errors.ModelBudgetExceeded)
+    assert refused.details == {"budget": "namespace"} and not retriable("read", refused)
+    limited = sdk_errors.error_from_answer(429, {"code": "RATE_LIMITED", "message": "m"})
+    assert retriable("read", limited)
+    timed_out = sdk_errors.error_from_answer(504, {"code": "MODEL_TIMEOUT", "message": "m"})
+    assert isinstance(timed_out, sdk_errors.ModelTimeout) and not retriable("read", timed_out)

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import requests
 
 from app.model_errors import ModelCallFailed
+
+if TYPE_CHECKING:
+    from app.store.services import StoreServices
 
 
 def _snippet(text: str, limit: int = 200) -> str:
@@ -220,3 +223,56 @@ def embedder_from_settings(
         dimensions=dimensions or None,
         batch_size=batch_size,
     )
+
+
+# --- within budget ---------------------------------------------------------------------------
+
+# The ledger's worker for every embeddings call, a fact's (the job) or a query's (the search).
+USAGE_WORKER = "recall_embeddings"
+
+
+class EmbeddingsOutOfBudget(Exception):
+    """The call would pass a model-call budget (budget.set); ``scope``: namespace or org."""
+
+    def __init__(self, org: str, namespace: str, scope: str) -> None:
+        super().__init__(f"the embeddings call would pass the {scope} budget of {org}/{namespace}")
+        self.org = org
+        self.namespace = namespace
+        self.scope = scope
+
+
+def embed_within_budget(
+    services: StoreServices, org: str, namespace: str, embedder: EmbeddingProvider,
+    texts: list[str],
+) -> Embeddings:
+    """One embeddings call (``texts`` at most one batch) as every model call is made: one call
+    and its estimate reserved against the namespace's and the org's budgets first (refused:
+    ``EmbeddingsOutOfBudget``, counted ``deferred_for_budget``), settled with the tokens the
+    server reported, and counted in the ledger under ``recall_embeddings`` (a failure as a
+    call and a failure, then ``ModelCallFailed`` again)."""
+    from app.store.budget import BudgetStore
+    from app.store.usage import UsageStore
+
+    budgets = services.store(BudgetStore)
+    usage = services.store(UsageStore)
+    reservation = budgets.reserve(org, namespace, estimate_embedding_tokens(texts))
+    if not reservation.granted:
+        usage.add(org, namespace, worker=USAGE_WORKER, deferred_for_budget=1)
+        raise EmbeddingsOutOfBudget(org, namespace, reservation.over)
+    try:
+        result = embedder.embed(texts)
+    except ModelCallFailed as error:
+        if error.prompt_tokens is None:
+            budgets.release(reservation)
+        else:
+            budgets.settle(reservation, error.prompt_tokens)
+        usage.add(org, namespace, worker=USAGE_WORKER, model_calls=1, failures=1,
+                  prompt_tokens=error.prompt_tokens or 0)
+        raise
+    except BaseException:
+        budgets.release(reservation)
+        raise
+    budgets.settle(reservation, result.prompt_tokens)
+    usage.add(org, namespace, worker=USAGE_WORKER, model_calls=result.calls,
+              prompt_tokens=result.prompt_tokens or 0)
+    return result

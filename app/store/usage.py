@@ -29,7 +29,7 @@ COUNTERS = (
 
 
 # The workers whose share of the counters the ledger also keeps apart.
-WORKERS = ("structured_profile", "profile_consolidation")
+WORKERS = ("structured_profile", "profile_consolidation", "recall_embeddings")
 
 
 # The ledger's counters that /metrics also shows, by org rather than by namespace.

@@ -433,3 +433,11 @@ def test_the_store_refuses_a_vector_for_a_moved_or_gone_row(app, client, srv):
     assert vectors.store(org, "support", "u-42", due.row_key, row["memory_id"], new_version,
                          "x" * 17) == "GONE"
     assert vectors_of(app) == {} and due_of(app) == []
+
+
+def test_the_engine_is_detected_and_none_on_a_server_without_modules(app, redis_client):
+    from app.store.recall_vectors import detect_engine
+
+    # The suite's Valkey has no vector sets and no search module: exact cosine it is.
+    assert detect_engine(redis_client) == "none"
+    assert app.extensions["loom"].store(RecallVectorStore).engine == "none"

@@ -98,17 +98,19 @@ def decode_vector(stored: str) -> np.ndarray:
 def detect_engine(client: redis.Redis) -> str:
     """The vector engine the server offers: ``vectorset`` (Redis 8's VADD/VSIM), ``search``
     (RediSearch or valkey-search's FT.*) or ``none``."""
+    # Each command is sent without arguments: a server that has it answers "wrong number of
+    # arguments", one that has not "unknown command" (COMMAND INFO's reply for an unknown
+    # name is not one redis-py parses).
     for command, engine in (("VSIM", "vectorset"), ("FT.SEARCH", "search")):
         try:
-            info = cast(Any, client).execute_command("COMMAND", "INFO", command)
+            cast(Any, client).execute_command(command)
+        except redis.ResponseError as error:
+            if "unknown command" in str(error).lower():
+                continue
+            return engine
         except redis.RedisError:
             continue
-        if isinstance(info, dict):
-            found = any(info.values())
-        else:
-            found = bool(info) and any(item for item in info)
-        if found:
-            return engine
+        return engine
     return "none"
 
 
@@ -120,6 +122,12 @@ class RecallVectorStore:
         self._queue = script(self.redis, "recall_vector_queue")
         settings = services.settings
         self.enabled = bool(settings.embed_base_url and settings.embed_model)
+        # Reported once per process, when the vector leg is on: which engine the server has.
+        # Scoring is exact cosine either way (docs/decisions.md, Recall).
+        self.engine = detect_engine(self.redis) if self.enabled else "none"
+        if self.enabled:
+            log.info("recall: vector leg on; the server's vector engine: %s (exact cosine "
+                     "over the vectors in scope)", self.engine)
 
     # --- the job's side ------------------------------------------------------------------
 

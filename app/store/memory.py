@@ -91,6 +91,7 @@ from app.store.memory_row import (
     trace_names,
 )
 from app.store.profile_vectors import ProfileVectorStore
+from app.store.recall_vectors import RecallVectorStore
 from app.store.replies import optional_texts, scored, text_map, text_set, texts
 
 if TYPE_CHECKING:
@@ -144,6 +145,7 @@ class VersionMoved(Exception):
 
 class MemoryStore:
     def __init__(self, services: StoreServices) -> None:
+        self.services = services
         self.redis = services.redis
         self.clock = services.clock
         self._set = script(self.redis, "memory_set")
@@ -671,6 +673,10 @@ class MemoryStore:
         )
         if written.changed:
             self._after_write(location, written, row.version)
+            if row.live and not row.redacted and row.memory_type != PROFILE_TYPE:
+                # The write listed the row as due when its text changed; the job embeds it.
+                self.services.store(RecallVectorStore).request(
+                    location.org, location.namespace, location.user_id)
         return written
 
     def _after_write(

@@ -80,6 +80,8 @@ class ScriptedAnswer:
     refuse: frozenset[str] = frozenset()
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    # Held until set: the answer waits for the test (a write made while a call is in flight).
+    gate: threading.Event | None = None
 
 
 @dataclass(frozen=True)
@@ -211,12 +213,13 @@ class ScriptedModelServer:
         return answer
 
     def script_embedding(
-        self, *, status: int = 200, body: Any = None, delay: float = 0.0
+        self, *, status: int = 200, body: Any = None, delay: float = 0.0,
+        gate: threading.Event | None = None,
     ) -> ScriptedAnswer:
         """Queue one answer for the next ``/embeddings`` call: an HTTP status (with a body, or
-        an OpenAI-shaped error), or a verbatim ``body`` (a malformed answer). Unscripted calls
-        get the hashed bag-of-words vectors."""
-        answer = ScriptedAnswer(status=status, body=body, delay=delay)
+        an OpenAI-shaped error), or a verbatim ``body`` (a malformed answer); with ``gate``,
+        the hashed vectors once the test sets it. Unscripted calls get the hashed vectors."""
+        answer = ScriptedAnswer(status=status, body=body, delay=delay, gate=gate)
         with self._lock:
             self._embedding_queue.append(answer)
         return answer
@@ -405,6 +408,10 @@ class _Handler(BaseHTTPRequestHandler):
         if scripted is not None:
             if scripted.delay > 0 and owner._closing.wait(scripted.delay):
                 return
+            if scripted.gate is not None:
+                while not scripted.gate.wait(0.05):
+                    if owner._closing.is_set():
+                        return
             if scripted.body is not None:
                 self._send(scripted.status, scripted.body)
                 return

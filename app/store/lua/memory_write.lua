@@ -1,7 +1,7 @@
 -- The shared part of every memory write script. KEYS: 1 row, 2 versions, 3 version order,
 -- 4 the user's rows, 5 memory_id -> row key, 6 renderable profile sections, 7 sources,
 -- 8 digest, 9 source expiry, 10 the user's erasure marker, 11 live rows, 12 recall docs,
--- 13 recall postings, 14 recall stats.
+-- 13 recall postings, 14 recall stats, 15 recall vectors, 16 rows due for a vector.
 --#include version
 --#include memory_digest
 local SOURCE_TYPES = {semantic = true, preference = true, decision = true}
@@ -50,6 +50,13 @@ local function index_recall(r)
     new = nil
   end
   if old == new then return end
+  -- The vector described the old text: it goes, and the row waits for the embeddings job.
+  redis.call('HDEL', KEYS[15], mid)
+  if new then
+    redis.call('ZADD', KEYS[16], 0, mid)
+  else
+    redis.call('ZREM', KEYS[16], mid)
+  end
   -- The postings of a stored term list, and its length: one ZREM or ZADD moves them all.
   local function postings(stored, with_scores)
     local pairs_, len = {}, 0

@@ -1226,7 +1226,7 @@ export interface SearchHit {
   memory_type?: string;
   /** Higher is better; compares within a call. */
   score?: number;
-  /** The legs that found it. */
+  /** The legs that found it: lexical (its words), vector (its meaning). */
   legs?: Array<string>;
   /** The query's terms (stemmed) it holds. */
   matched_terms?: Array<string>;
@@ -1684,7 +1684,7 @@ export interface UsageGetAnswer {
   failures?: number;
   /** Builds and folds not made because they would pass the namespace's or the org's budget (budget.set), once per pass that deferred them; each is made in a later pass once the window has room. */
   deferred_for_budget?: number;
-  /** The same counters for each worker apart: structured_profile (structured-profile builds) and profile_consolidation (folds). */
+  /** The same counters for each worker apart: structured_profile (structured-profile builds), profile_consolidation (folds) and recall_embeddings (the embeddings of facts and of search queries). */
   by_worker?: Record<string, Record<string, number>>;
 }
 

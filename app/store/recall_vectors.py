@@ -1,0 +1,251 @@
+"""The vector leg of recall: each fact's embedding in its user's slot, and exact cosine over them.
+
+Per user (the user's slot, beside the lexical index): ``keys.recall_vectors`` (memory_id ->
+``fingerprint:vector``) and ``keys.recall_vectors_due`` (the memory_ids whose text changed since
+their vector was stored). The memory write scripts keep both atomically with the row
+(``index_recall`` in app/store/lua/memory_write.lua): a write that changes a fact's indexed text
+drops its vector and lists it as due; a delete, a redact, a ``forget`` tag or a profile type drops
+the vector and the listing. A lock or pin leaves both as they were, so it costs no call.
+
+The embeddings job (jobs/recall_embed.py) reads the due rows, embeds their text and stores each
+vector with ``recall_vector_store.lua``, which checks the row's version first: a vector of a text
+that a later write replaced, or of a row deleted or redacted meanwhile, never lands.
+
+A vector is stored L2-normalised and quantised to int8 (127 steps a unit), base64 encoded: 384
+bytes for a 384-dimension model instead of 1,536 as float32; the ranking it gives matches the
+float ranking to the third decimal of cosine. The fingerprint (sha1 of model, dimensions and
+text, 16 hex) tells the job a row whose text and model are those of its vector, which costs no
+call.
+
+Search is exact cosine over the vectors of the users in scope, read in one pipeline (one
+HGETALL a user, each in its own slot on Redis Cluster) and scored with numpy. No approximate
+index is involved; ``detect_engine`` reports whether the server has one (Redis 8 vector sets or
+a search module) for the operator, see docs/decisions.md.
+"""
+
+from __future__ import annotations
+
+import binascii
+import hashlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+import redis
+
+from app.store import keys
+from app.store.lua import script
+from app.store.replies import optional_texts, text_map
+
+if TYPE_CHECKING:
+    from app.store.services import StoreServices
+
+log = logging.getLogger("loom.store.recall_vectors")
+
+FINGERPRINT_CHARS = 16
+QUANT_STEPS = 127
+# A queued-job marker outlives a job that never started (a queue that was down) by this long,
+# after which the user's next write enqueues again.
+QUEUED_MARKER_SECONDS = 600
+# The job's entry point, named without importing the jobs (the store is below them).
+EMBED_FUNC = "jobs.recall_embed.embed_user"
+JOB_TIMEOUT_SECONDS = 900
+# What recall_vector_store.lua answers: outcomes the job counts, never refusals of a caller.
+STORE_OUTCOMES = ("OK", "MOVED", "GONE", "ERASING")
+
+
+@dataclass(frozen=True, slots=True)
+class VectorHit:
+    """One fact the vector leg found: where, and its cosine to the query."""
+
+    user_id: str
+    memory_id: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class DueRow:
+    """A row listed as due for a vector: its memory_id and its row key (None: gone)."""
+
+    memory_id: str
+    row_key: str | None
+
+
+def fingerprint(model: str, dimensions: int | None, text: str) -> str:
+    """What a stored vector was made from: the model, the asked length and the text."""
+    digest = hashlib.sha1(f"{model}\x00{dimensions or 0}\x00{text}".encode(), usedforsecurity=False)
+    return digest.hexdigest()[:FINGERPRINT_CHARS]
+
+
+def encode_vector(vector: Sequence[float], made_from: str) -> str:
+    """The stored form: ``fingerprint:`` then the unit vector as int8, base64."""
+    values = np.asarray(vector, dtype=np.float32)
+    norm = float(np.linalg.norm(values))
+    if norm > 0:
+        values = values / norm
+    quantised = np.clip(np.rint(values * QUANT_STEPS), -QUANT_STEPS, QUANT_STEPS).astype(np.int8)
+    return made_from + ":" + binascii.b2a_base64(quantised.tobytes(), newline=False).decode()
+
+
+def decode_vector(stored: str) -> np.ndarray:
+    """The int8 vector of a stored value (as float32, not normalised back)."""
+    raw = binascii.a2b_base64(stored[FINGERPRINT_CHARS + 1:])
+    return np.frombuffer(raw, dtype=np.int8).astype(np.float32)
+
+
+def detect_engine(client: redis.Redis) -> str:
+    """The vector engine the server offers: ``vectorset`` (Redis 8's VADD/VSIM), ``search``
+    (RediSearch or valkey-search's FT.*) or ``none``."""
+    # Each command is sent without arguments: a server that has it answers "wrong number of
+    # arguments", one that has not "unknown command" (COMMAND INFO's reply for an unknown
+    # name is not one redis-py parses).
+    for command, engine in (("VSIM", "vectorset"), ("FT.SEARCH", "search")):
+        try:
+            cast(Any, client).execute_command(command)
+        except redis.ResponseError as error:
+            if "unknown command" in str(error).lower():
+                continue
+            return engine
+        except redis.RedisError:
+            continue
+        return engine
+    return "none"
+
+
+class RecallVectorStore:
+    def __init__(self, services: StoreServices) -> None:
+        self.redis = services.redis
+        self.queue_redis = services.queue_redis
+        self._store = script(self.redis, "recall_vector_store")
+        self._queue = script(self.redis, "recall_vector_queue")
+        settings = services.settings
+        self.enabled = bool(settings.embed_base_url and settings.embed_model)
+        # Reported once per process, when the vector leg is on: which engine the server has.
+        # Scoring is exact cosine either way (docs/decisions.md, Recall).
+        self.engine = detect_engine(self.redis) if self.enabled else "none"
+        if self.enabled:
+            log.info("recall: vector leg on; the server's vector engine: %s (exact cosine "
+                     "over the vectors in scope)", self.engine)
+
+    # --- the job's side ------------------------------------------------------------------
+
+    def claim_queued(self, org: str, namespace: str, user_id: str) -> None:
+        """Take down the queued marker as a job starts: a write from now on enqueues again."""
+        self.redis.delete(keys.recall_vectors_queued(org, namespace, user_id))
+
+    def mark_queued(self, org: str, namespace: str, user_id: str) -> bool:
+        """Set the queued marker; True when it was not set (the caller enqueues a job). Never
+        while the user is being erased: no job, and no marker, is left behind for the census."""
+        reply = self._queue(keys=[keys.recall_vectors_queued(org, namespace, user_id),
+                                  keys.user_erasing(org, namespace, user_id)],
+                            args=[QUEUED_MARKER_SECONDS])
+        return int(reply) == 1
+
+    def request(self, org: str, namespace: str, user_id: str) -> bool:
+        """After a write of a user's fact: enqueue the user's embeddings job unless one is
+        queued already or embeddings are off; True when a job was enqueued. Computes nothing."""
+        if not self.enabled or not self.mark_queued(org, namespace, user_id):
+            return False
+        from rq import Queue
+
+        from app.queue_names import BUILDS
+
+        try:
+            Queue(BUILDS, connection=self.queue_redis).enqueue(
+                EMBED_FUNC, org, namespace, user_id, job_timeout=JOB_TIMEOUT_SECONDS,
+                result_ttl=600, failure_ttl=24 * 3600, description="recall embeddings")
+        except redis.RedisError:
+            # The row is written and listed as due; the marker lapses and a later write
+            # enqueues again. A write does not fail for want of its vector.
+            log.warning("recall_embeddings: could not enqueue a job; the rows stay due")
+            self.redis.delete(keys.recall_vectors_queued(org, namespace, user_id))
+            return False
+        return True
+
+    def due(self, org: str, namespace: str, user_id: str, limit: int) -> list[DueRow]:
+        """Up to ``limit`` rows due for a vector, each with its row key."""
+        ids = [str(m) for m in self.redis.zrange(
+            keys.recall_vectors_due(org, namespace, user_id), 0, limit - 1)]
+        if not ids:
+            return []
+        row_keys = optional_texts(self.redis.hmget(keys.memory_ids(org, namespace, user_id), ids))
+        return [DueRow(mid, row_key) for mid, row_key in zip(ids, row_keys, strict=True)]
+
+    def due_count(self, org: str, namespace: str, user_id: str) -> int:
+        return int(self.redis.zcard(keys.recall_vectors_due(org, namespace, user_id)))
+
+    def fingerprints(self, org: str, namespace: str, user_id: str,
+                     memory_ids: Sequence[str]) -> list[str | None]:
+        """The fingerprint of each row's stored vector (None where it has none)."""
+        if not memory_ids:
+            return []
+        stored = optional_texts(self.redis.hmget(
+            keys.recall_vectors(org, namespace, user_id), list(memory_ids)))
+        return [None if value is None else value[:FINGERPRINT_CHARS] for value in stored]
+
+    def store(self, org: str, namespace: str, user_id: str, row_key: str, memory_id: str,
+              version: int, stored: str) -> str:
+        """Store one row's vector (``stored`` '' keeps the one there) if the row is still at
+        ``version``; answers OK, MOVED, GONE or ERASING (recall_vector_store.lua)."""
+        reply = self._store(
+            keys=[row_key, keys.recall_vectors(org, namespace, user_id),
+                  keys.recall_vectors_due(org, namespace, user_id),
+                  keys.user_erasing(org, namespace, user_id)],
+            args=[memory_id, str(version), stored],
+        )
+        return str(reply[0])
+
+    def drop_due(self, org: str, namespace: str, user_id: str, memory_id: str) -> None:
+        """Take a row whose key is gone off the due list."""
+        self.redis.zrem(keys.recall_vectors_due(org, namespace, user_id), memory_id)
+
+    # --- the search's side -------------------------------------------------------------------
+
+    def counts(self, org: str, namespace: str, user_ids: Sequence[str]) -> dict[str, int]:
+        """How many vectors each user has (to skip embedding a query nobody can match)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for user_id in user_ids:
+            pipe.hlen(keys.recall_vectors(org, namespace, user_id))
+        return {user_id: int(n) for user_id, n in zip(user_ids, pipe.execute(), strict=True)}
+
+    def nearest(self, org: str, namespace: str, user_ids: Sequence[str],
+                query: Sequence[float], top: int) -> list[VectorHit]:
+        """The ``top`` facts of these users closest to ``query`` by cosine, best first; only
+        vectors of the query's length count (a model change leaves old ones until re-embedded),
+        and only those pointing the query's way (cosine above 0)."""
+        users = [u for u in dict.fromkeys(user_ids)]
+        if not users or top <= 0:
+            return []
+        wanted = np.asarray(query, dtype=np.float32)
+        norm = float(np.linalg.norm(wanted))
+        if norm == 0:
+            return []
+        wanted = wanted / norm
+        pipe = self.redis.pipeline(transaction=False)
+        for user_id in users:
+            pipe.hgetall(keys.recall_vectors(org, namespace, user_id))
+        owners: list[str] = []
+        ids: list[str] = []
+        rows: list[np.ndarray] = []
+        for user_id, stored in zip(users, pipe.execute(), strict=True):
+            for memory_id, value in text_map(stored).items():
+                vector = decode_vector(value)
+                if vector.shape[0] != wanted.shape[0]:
+                    continue
+                owners.append(user_id)
+                ids.append(memory_id)
+                rows.append(vector)
+        if not rows:
+            return []
+        matrix = np.vstack(rows)
+        norms = np.linalg.norm(matrix, axis=1)
+        norms[norms == 0] = 1.0
+        scores = (matrix @ wanted) / norms
+        count = min(top, len(ids))
+        best = np.argpartition(-scores, count - 1)[:count] if count < len(ids) else np.arange(
+            len(ids))
+        hits = [VectorHit(owners[i], ids[i], float(scores[i])) for i in best if scores[i] > 0]
+        hits.sort(key=lambda hit: (-hit.score, hit.memory_id))
+        return hits

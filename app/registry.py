@@ -41,6 +41,9 @@ class Call:
     # Whether the console runs this call in its own process (``app.console.run``). Only the
     # server sets it: no header can, so no client can read a profile unrecorded.
     by_console: bool = False
+    # What one step of the handler computed for a later one (the query's embedding, which
+    # loom_search's fact and profile legs share): lives and dies with the call.
+    memo: dict[str, Any] = field(default_factory=dict)
 
     @property
     def client(self) -> str:

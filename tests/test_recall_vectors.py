@@ -246,7 +246,9 @@ def test_profile_rows_and_forget_requests_get_no_vector(app, client, srv):
     ok(client, "memory.set", key="old", value="the old address", tags=["forget"])
     run_jobs(app)
     assert vectors_of(app) == {} and due_of(app) == []
-    assert srv.embedding_requests == []
+    # The only text embedded is the section's, by loom_search's section-vector job (kept
+    # apart: app/store/profile_vectors.py); the forgotten fact is never sent.
+    assert srv.embedded_texts() == ["tone: short answers"]
 
 
 # --- the search ------------------------------------------------------------------------------

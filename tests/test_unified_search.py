@@ -69,6 +69,14 @@ def run_vector_jobs(app) -> int:
     return len(jobs)
 
 
+def section_calls(server) -> list[list[str]]:
+    """The texts of each embeddings call the section-vector job made (the facts' own job and
+    the queries make the others), in order."""
+    calls = [request.body["input"] for request in server.embedding_requests]
+    return [sorted(texts) for texts in calls
+            if all(text.split(":", 1)[0] in ("diet", "travel") for text in texts)]
+
+
 def vector_ids(app, user_id="u-42") -> set[str]:
     services = app.extensions["loom"]
     return set(services.store(ProfileVectorStore).vectors(ORG, "support", [user_id]))
@@ -156,15 +164,13 @@ def test_every_profile_write_enqueues_one_vector_job_per_burst(app_factory, embe
     assert [job.args for job in jobs] == [(ORG, "support", "u-42")]
     assert embeddings.embedding_requests == []  # nothing embedded in the requests
     assert run_vector_jobs(app) == 1
-    assert len(embeddings.embedding_requests) == 1
-    assert sorted(embeddings.embedded_texts()) == [
-        "diet: Vegetarian; no meat\nLikes lentils", "travel: Window seats"]
+    assert section_calls(embeddings) == [["diet: Vegetarian; no meat\nLikes lentils",
+                                          "travel: Window seats"]]
     assert len(vector_ids(app)) == 2
     # The next write enqueues again; the job embeds only the section that changed.
     ok(client, "profile.set", label="travel", value="Aisle seats")
     assert run_vector_jobs(app) == 1
-    assert embeddings.embedded_texts()[-1] == "travel: Aisle seats"
-    assert len(embeddings.embedding_requests) == 2
+    assert section_calls(embeddings)[1:] == [["travel: Aisle seats"]]
 
 
 def test_without_an_endpoint_no_job_is_enqueued(app):
@@ -190,6 +196,19 @@ def test_sections_are_scored_by_meaning_once_their_vectors_are_current(app_facto
     # The query's embedding is one call in the ledger, under the embeddings' worker.
     ledger = app.extensions["loom"].store(UsageStore).by_worker(ORG, "support")
     assert ledger["recall_embeddings"]["model_calls"] == 2  # the job's call and the query's
+
+
+def test_one_query_embedding_serves_the_fact_and_the_profile_legs(app_factory, embeddings):
+    app = embedding_app(app_factory, embeddings)
+    client = app.test_client()
+    ok(client, "memory.set", key="recipes", value="vegetarian recipes to try")
+    ok(client, "profile.set", label="diet", value="vegetarian, no meat")
+    run_vector_jobs(app)  # the facts' job and the sections' job
+    before = len(embeddings.embedding_requests)
+    out = search(client, "what food do I eat", read_scope="own_user")
+    assert out["profile_leg"] == "vector" and labels(out) == ["diet"]
+    assert len(embeddings.embedding_requests) == before + 1
+    assert embeddings.embedded_texts()[-1] == "what food do I eat"
 
 
 def test_a_section_edited_since_its_vector_is_scored_lexically_until_the_job_runs(

@@ -209,6 +209,9 @@ def fuse(lexical: Sequence[LexicalHit], vector: Sequence[VectorHit] | None) -> l
     return fused
 
 
+QUERY_VECTOR_MEMO = "query_vector"
+
+
 def query_vector(call: Call, query: str, users: Sequence[str]) -> list[float] | None:
     """The query's embedding, or None when the vector leg sits this search out: no endpoint,
     no vector stored for anyone in scope (no call is made for nothing to match), model calls
@@ -238,6 +241,8 @@ def query_vector(call: Call, query: str, users: Sequence[str]) -> list[float] | 
             log.warning("memory.search: the query's embedding failed; the lexical leg answers "
                         "alone: %s", error)
             return None
+    # loom_search's profile leg embeds the same question: one call serves both legs.
+    call.memo[QUERY_VECTOR_MEMO] = (query, answer.vectors[0])
     return answer.vectors[0]
 
 

@@ -30,7 +30,7 @@ from app.embeddings import EmbeddingsOutOfBudget, embed_within_budget, embedder_
 from app.model_errors import ModelCallFailed
 from app.ops.memory import record_profile_read
 from app.ops.profile import section_text, sections_in_scope
-from app.ops.recall import MemorySearchAnswer, MemorySearchArgs, search_answer
+from app.ops.recall import QUERY_VECTOR_MEMO, MemorySearchAnswer, MemorySearchArgs, search_answer
 from app.registry import Call, op
 from app.schemas.common import StrictInt
 from app.store.memory import MemoryRow
@@ -141,13 +141,17 @@ def vector_scores(call: Call, query: str, sections: list[MemoryRow]) -> dict[str
             if made_from != fingerprint(embedder.model, dimensions, row.content_sha256):
                 return None  # not refreshed yet: the lexical leg answers until it is
             by_section[row.memory_id] = vector
-        try:
-            embedded = embed_within_budget(svc, identity.org, identity.namespace, embedder,
-                                           [query])
-        except (EmbeddingsOutOfBudget, ModelCallFailed) as error:
-            log.info("loom_search: the profile leg scores lexically: %s", error)
-            return None
-    question = unit(embedded.vectors[0])
+        shared = call.memo.get(QUERY_VECTOR_MEMO)
+        if shared is not None and shared[0] == query:
+            question = unit(shared[1])  # the fact leg embedded it already
+        else:
+            try:
+                embedded = embed_within_budget(svc, identity.org, identity.namespace,
+                                               embedder, [query])
+            except (EmbeddingsOutOfBudget, ModelCallFailed) as error:
+                log.info("loom_search: the profile leg scores lexically: %s", error)
+                return None
+            question = unit(embedded.vectors[0])
     return {memory_id: cosine(question, vector) for memory_id, vector in by_section.items()}
 
 

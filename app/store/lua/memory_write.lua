@@ -1,11 +1,13 @@
 -- The shared part of every memory write script. KEYS: 1 row, 2 versions, 3 version order,
 -- 4 the user's rows, 5 memory_id -> row key, 6 renderable profile sections, 7 sources,
 -- 8 digest, 9 source expiry, 10 the user's erasure marker, 11 live rows, 12 recall docs,
--- 13 recall postings, 14 recall stats, 15 recall vectors, 16 rows due for a vector.
+-- 13 recall postings, 14 recall stats, 15 recall vectors, 16 rows due for a vector. A script
+-- that takes more keys takes them after these (KEYS[SHARED_KEYS + 1] on).
 --#include version
 --#include memory_digest
 local SOURCE_TYPES = {semantic = true, preference = true, decision = true}
 local NUL = string.char(0)
+local SHARED_KEYS = 16
 
 -- The section's three entries in the user's section index (keys.profile_sections).
 local function section_members(key, agent, session_id)

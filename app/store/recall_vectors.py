@@ -37,7 +37,7 @@ import redis
 
 from app.store import keys
 from app.store.lua import script
-from app.store.replies import optional_texts, text_map
+from app.store.replies import optional_texts
 
 if TYPE_CHECKING:
     from app.store.services import StoreServices
@@ -226,21 +226,25 @@ class RecallVectorStore:
         pipe = self.redis.pipeline(transaction=False)
         for user_id in users:
             pipe.hgetall(keys.recall_vectors(org, namespace, user_id))
+        # One decode and one array for every vector in scope: per-vector numpy calls would
+        # cost more than the scoring.
+        width = wanted.shape[0]
         owners: list[str] = []
         ids: list[str] = []
-        rows: list[np.ndarray] = []
+        payloads: list[bytes] = []
         for user_id, stored in zip(users, pipe.execute(), strict=True):
-            for memory_id, value in text_map(stored).items():
-                vector = decode_vector(value)
-                if vector.shape[0] != wanted.shape[0]:
+            for memory_id, value in stored.items():
+                raw = binascii.a2b_base64(value[FINGERPRINT_CHARS + 1:])
+                if len(raw) != width:
                     continue
                 owners.append(user_id)
                 ids.append(memory_id)
-                rows.append(vector)
-        if not rows:
+                payloads.append(raw)
+        if not payloads:
             return []
-        matrix = np.vstack(rows)
-        norms = np.linalg.norm(matrix, axis=1)
+        matrix = np.frombuffer(b"".join(payloads), dtype=np.int8).reshape(-1, width)
+        matrix = matrix.astype(np.float32)
+        norms = np.sqrt(np.einsum("ij,ij->i", matrix, matrix))
         norms[norms == 0] = 1.0
         scores = (matrix @ wanted) / norms
         count = min(top, len(ids))

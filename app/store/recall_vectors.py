@@ -316,12 +316,14 @@ class RecallVectorStore:
         blocks = self._vectors_of(org, namespace, users, width)
         if not blocks:
             return []
-        owners = [user_id for user_id, block in blocks for _ in block.ids]
-        ids = [memory_id for _, block in blocks for memory_id in block.ids]
-        scores = np.concatenate([(block.matrix @ wanted) / block.norms for _, block in blocks])
-        count = min(top, len(ids))
-        best = np.argpartition(-scores, count - 1)[:count] if count < len(ids) else np.arange(
-            len(ids))
-        hits = [VectorHit(owners[i], ids[i], float(scores[i])) for i in best if scores[i] > 0]
+        hits: list[VectorHit] = []
+        for user_id, block in blocks:
+            # Each user's own best ``top`` first, so no list of every vector in scope is built.
+            scores = (block.matrix @ wanted) / block.norms
+            count = min(top, len(block.ids))
+            best = (np.argpartition(-scores, count - 1)[:count] if count < len(block.ids)
+                    else np.arange(len(block.ids)))
+            hits += [VectorHit(user_id, block.ids[i], float(scores[i]))
+                     for i in best if scores[i] > 0]
         hits.sort(key=lambda hit: (-hit.score, hit.memory_id))
-        return hits
+        return hits[:top]

@@ -309,6 +309,28 @@ def test_filters_and_scope_hold_for_the_vector_leg(app, client, srv):
                                      memory_type="episodic")] == ["car_wash"]
 
 
+def test_a_searching_process_sees_every_change_to_the_vectors_it_keeps(app, client, srv):
+    facts(client)
+    run_jobs(app)
+    assert [key for key, _ in search(client, "vehicle")] == ["commute"]  # now kept decoded
+    ok(client, "memory.set", key="car_colour", value="the car is blue")
+    run_jobs(app)
+    assert {key for key, _ in search(client, "vehicle")} == {"commute", "car_colour"}
+    ok(client, "memory.delete", key="commute")
+    assert [key for key, _ in search(client, "vehicle")] == ["car_colour"]
+    ok(client, "memory.redact", key="car_colour")
+    assert search(client, "vehicle") == []
+    # An erased user written again starts a new generation, never equal to the kept one.
+    from tests.support.erasure_worker import run_erasure_jobs
+
+    started = ok(client, "user.erase", user_id="u-42")
+    run_erasure_jobs(app.extensions["loom"])
+    assert ok(client, "erasure.status", erasure_id=started["erasure_id"])["status"] == "done"
+    ok(client, "memory.set", key="bike", value="rides a vehicle with two wheels")
+    run_jobs(app)
+    assert [key for key, _ in search(client, "car")] == ["bike"]
+
+
 # --- ledger and budgets ----------------------------------------------------------------------
 
 
@@ -396,7 +418,8 @@ def test_erasure_takes_the_vector_keys_and_the_census_is_clean(app, client, srv)
     org = org_of(app)
     vector_keys = [keys.recall_vectors(org, "support", "u-42"),
                    keys.recall_vectors_due(org, "support", "u-42"),
-                   keys.recall_vectors_queued(org, "support", "u-42")]
+                   keys.recall_vectors_queued(org, "support", "u-42"),
+                   keys.recall_vectors_generation(org, "support", "u-42")]
     assert all(redis.exists(key) for key in vector_keys)
     started = ok(client, "user.erase", user_id="u-42")
     run_erasure_jobs(services)

@@ -306,6 +306,13 @@ def recall_vectors_due(org: str, namespace: str, user_id: str) -> str:
     return f"{PREFIX}:recall-vec-due:{user_tag(org, namespace, user_id)}"
 
 
+def recall_vectors_generation(org: str, namespace: str, user_id: str) -> str:
+    """Hash: ``born`` (server time of the first change) and ``n`` (changes since), bumped by
+    every change to the user's stored vectors: a search process keeps the decoded vectors of a
+    user while it reads the same pair."""
+    return f"{PREFIX}:recall-vec-gen:{user_tag(org, namespace, user_id)}"
+
+
 def recall_vectors_queued(org: str, namespace: str, user_id: str) -> str:
     """Marker (with a TTL) that an embeddings job of the user is queued: writes enqueue at most
     one job a user until it starts."""

@@ -145,6 +145,7 @@ class Location:
             keys.recall_stats(*user),
             keys.recall_vectors(*user),
             keys.recall_vectors_due(*user),
+            keys.recall_vectors_generation(*user),
         ]
 
     def pointer_value(self) -> str:

@@ -28,6 +28,8 @@ from __future__ import annotations
 import binascii
 import hashlib
 import logging
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -37,7 +39,7 @@ import redis
 
 from app.store import keys
 from app.store.lua import script
-from app.store.replies import optional_texts, text_map
+from app.store.replies import optional_texts
 
 if TYPE_CHECKING:
     from app.store.services import StoreServices
@@ -54,6 +56,9 @@ EMBED_FUNC = "jobs.recall_embed.embed_user"
 JOB_TIMEOUT_SECONDS = 900
 # What recall_vector_store.lua answers: outcomes the job counts, never refusals of a caller.
 STORE_OUTCOMES = ("OK", "MOVED", "GONE", "ERASING")
+# Most decoded vectors one process keeps between searches (float32: 1.5 KiB each at 384
+# dimensions, so about 150 MiB at most).
+CACHE_VECTORS_MAX = 100_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,12 +119,48 @@ def detect_engine(client: redis.Redis) -> str:
     return "none"
 
 
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """One user's vectors of one length, decoded: ids, int8 rows as float32, their norms."""
+
+    generation: str
+    ids: list[str]
+    matrix: np.ndarray
+    norms: np.ndarray
+
+
+def _generation(reply: Sequence[object]) -> str:
+    born, count = reply
+    return f"{born or ''}:{count or 0}"
+
+
+def _decode_block(generation: str, stored: dict[str, str], width: int) -> _Block:
+    # One decode and one array for every vector: per-vector numpy calls would cost more than
+    # the scoring.
+    ids: list[str] = []
+    payloads: list[bytes] = []
+    for memory_id, value in stored.items():
+        raw = binascii.a2b_base64(value[FINGERPRINT_CHARS + 1:])
+        if len(raw) == width:
+            ids.append(memory_id)
+            payloads.append(raw)
+    matrix = np.frombuffer(b"".join(payloads), dtype=np.int8).reshape(-1, width)
+    matrix = matrix.astype(np.float32)
+    norms = np.sqrt(np.einsum("ij,ij->i", matrix, matrix))
+    norms[norms == 0] = 1.0
+    return _Block(generation, ids, matrix, norms)
+
+
 class RecallVectorStore:
     def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self.queue_redis = services.queue_redis
         self._store = script(self.redis, "recall_vector_store")
         self._queue = script(self.redis, "recall_vector_queue")
+        # Users' decoded vectors, least recently searched first, at most CACHE_VECTORS_MAX.
+        self._cache: OrderedDict[tuple[str, str, str, int], _Block] = OrderedDict()
+        self._cached_vectors = 0
+        self._cache_lock = threading.Lock()
         settings = services.settings
         self.enabled = bool(settings.embed_base_url and settings.embed_model)
         # Reported once per process, when the vector leg is on: which engine the server has.
@@ -192,7 +233,8 @@ class RecallVectorStore:
         reply = self._store(
             keys=[row_key, keys.recall_vectors(org, namespace, user_id),
                   keys.recall_vectors_due(org, namespace, user_id),
-                  keys.user_erasing(org, namespace, user_id)],
+                  keys.user_erasing(org, namespace, user_id),
+                  keys.recall_vectors_generation(org, namespace, user_id)],
             args=[memory_id, str(version), stored],
         )
         return str(reply[0])
@@ -202,6 +244,53 @@ class RecallVectorStore:
         self.redis.zrem(keys.recall_vectors_due(org, namespace, user_id), memory_id)
 
     # --- the search's side -------------------------------------------------------------------
+
+    def _vectors_of(self, org: str, namespace: str, users: Sequence[str],
+                    width: int) -> list[tuple[str, _Block]]:
+        """Each user's vectors of this length, decoded: from this process's cache while the
+        user's generation is the one it was read at, else read again (generation first, so a
+        change made between the two reads only makes the cached copy look older than it is)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for user_id in users:
+            pipe.hmget(keys.recall_vectors_generation(org, namespace, user_id), ["born", "n"])
+        generations = [_generation(g) for g in pipe.execute()]
+        found: dict[str, _Block] = {}
+        stale: list[tuple[str, str]] = []
+        with self._cache_lock:
+            for user_id, generation in zip(users, generations, strict=True):
+                cached = self._cache.get((org, namespace, user_id, width))
+                if cached is not None and cached.generation == generation:
+                    self._cache.move_to_end((org, namespace, user_id, width))
+                    found[user_id] = cached
+                else:
+                    stale.append((user_id, generation))
+        if stale:
+            pipe = self.redis.pipeline(transaction=False)
+            for user_id, _seen in stale:
+                pipe.hmget(keys.recall_vectors_generation(org, namespace, user_id),
+                           ["born", "n"])
+                pipe.hgetall(keys.recall_vectors(org, namespace, user_id))
+            replies = pipe.execute()
+            for i, (user_id, _seen) in enumerate(stale):
+                generation, stored = _generation(replies[2 * i]), replies[2 * i + 1]
+                block = _decode_block(generation, stored, width)
+                found[user_id] = block
+                self._remember((org, namespace, user_id, width), block)
+        return [(user_id, found[user_id]) for user_id in users
+                if user_id in found and found[user_id].ids]
+
+    def _remember(self, where: tuple[str, str, str, int], block: _Block) -> None:
+        with self._cache_lock:
+            old = self._cache.pop(where, None)
+            if old is not None:
+                self._cached_vectors -= len(old.ids)
+            if len(block.ids) > CACHE_VECTORS_MAX:
+                return
+            self._cache[where] = block
+            self._cached_vectors += len(block.ids)
+            while self._cached_vectors > CACHE_VECTORS_MAX:
+                _, evicted = self._cache.popitem(last=False)
+                self._cached_vectors -= len(evicted.ids)
 
     def counts(self, org: str, namespace: str, user_ids: Sequence[str]) -> dict[str, int]:
         """How many vectors each user has (to skip embedding a query nobody can match)."""
@@ -223,29 +312,18 @@ class RecallVectorStore:
         if norm == 0:
             return []
         wanted = wanted / norm
-        pipe = self.redis.pipeline(transaction=False)
-        for user_id in users:
-            pipe.hgetall(keys.recall_vectors(org, namespace, user_id))
-        owners: list[str] = []
-        ids: list[str] = []
-        rows: list[np.ndarray] = []
-        for user_id, stored in zip(users, pipe.execute(), strict=True):
-            for memory_id, value in text_map(stored).items():
-                vector = decode_vector(value)
-                if vector.shape[0] != wanted.shape[0]:
-                    continue
-                owners.append(user_id)
-                ids.append(memory_id)
-                rows.append(vector)
-        if not rows:
+        width = wanted.shape[0]
+        blocks = self._vectors_of(org, namespace, users, width)
+        if not blocks:
             return []
-        matrix = np.vstack(rows)
-        norms = np.linalg.norm(matrix, axis=1)
-        norms[norms == 0] = 1.0
-        scores = (matrix @ wanted) / norms
-        count = min(top, len(ids))
-        best = np.argpartition(-scores, count - 1)[:count] if count < len(ids) else np.arange(
-            len(ids))
-        hits = [VectorHit(owners[i], ids[i], float(scores[i])) for i in best if scores[i] > 0]
+        hits: list[VectorHit] = []
+        for user_id, block in blocks:
+            # Each user's own best ``top`` first, so no list of every vector in scope is built.
+            scores = (block.matrix @ wanted) / block.norms
+            count = min(top, len(block.ids))
+            best = (np.argpartition(-scores, count - 1)[:count] if count < len(block.ids)
+                    else np.arange(len(block.ids)))
+            hits += [VectorHit(user_id, block.ids[i], float(scores[i]))
+                     for i in best if scores[i] > 0]
         hits.sort(key=lambda hit: (-hit.score, hit.memory_id))
-        return hits
+        return hits[:top]

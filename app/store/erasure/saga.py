@@ -486,6 +486,7 @@ class ErasureStore:
             keys.recall_vectors(*user),
             keys.recall_vectors_due(*user),
             keys.recall_vectors_queued(*user),
+            keys.recall_vectors_generation(*user),
         ])
         self._count(run, index_entries=self._remove_namespace_entries(run, names, writers))
 

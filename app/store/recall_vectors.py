@@ -113,7 +113,8 @@ def detect_engine(client: redis.Redis) -> str:
             if "unknown command" in str(error).lower():
                 continue
             return engine
-        except redis.RedisError:
+        except (redis.RedisError, redis.exceptions.RedisClusterException):
+            # A cluster client cannot route a command without a key: no engine assumed.
             continue
         return engine
     return "none"

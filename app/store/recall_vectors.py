@@ -106,15 +106,18 @@ def detect_engine(client: redis.Redis) -> str:
     # Each command is sent without arguments: a server that has it answers "wrong number of
     # arguments", one that has not "unknown command" (COMMAND INFO's reply for an unknown
     # name is not one redis-py parses).
+    # A cluster sends a command without a key to one node of its choosing: every node runs
+    # the same server.
+    where: dict[str, Any] = ({"target_nodes": redis.RedisCluster.RANDOM}
+                             if isinstance(client, redis.RedisCluster) else {})
     for command, engine in (("VSIM", "vectorset"), ("FT.SEARCH", "search")):
         try:
-            cast(Any, client).execute_command(command)
+            cast(Any, client).execute_command(command, **where)
         except redis.ResponseError as error:
             if "unknown command" in str(error).lower():
                 continue
             return engine
         except (redis.RedisError, redis.exceptions.RedisClusterException):
-            # A cluster client cannot route a command without a key: no engine assumed.
             continue
         return engine
     return "none"

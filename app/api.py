@@ -82,6 +82,7 @@ def error_responses(op: Op) -> dict[str, str]:
         statuses.update(WRITE_ERROR_RESPONSES)
     if op.http_method == "PUT":
         statuses.update(CAS_ERROR_RESPONSES)
+    statuses.update(op.errors)
     return dict(sorted(statuses.items()))
 
 

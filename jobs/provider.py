@@ -5,12 +5,18 @@ OpenAI-compatible implementation over ``requests`` (OpenAI, vLLM, Ollama, llama.
 LM Studio all speak ``POST {base_url}/chat/completions``), the settings that turn model calls on
 or off, and the per-task output-cap base (``LLM_MAX_TOKENS`` and its overrides).
 
+The embeddings client (``EmbeddingProvider.embed``, ``POST {base_url}/embeddings`` in batches,
+``embedder_from_settings`` over the ``LOOM_EMBED_*`` settings) lives in app/embeddings.py, since
+``memory.search`` embeds its query in the request; it is re-exported here with
+``ModelCallFailed`` (app/model_errors.py), so a worker imports one module.
+
 Failures, drawn as a hierarchy::
 
     Exception
      +-- ModelCallFailed      connection error, timeout, 5xx, a refused request, an answer
                               that is not a chat completion, or content that is not a JSON
-                              object (unless the model was cut off at max_tokens)
+                              object (unless the model was cut off at max_tokens); for
+                              embeddings, an answer without one vector per text
 
 A cut-off answer is not an error: it comes back as a ``Completion`` with ``cut_off`` set, so the
 worker can treat it as the seed says (not retried until something changes).
@@ -26,6 +32,15 @@ from typing import Any
 
 import requests
 
+# Re-exported, so a worker imports one module for every model call.
+from app.embeddings import EMBED_BATCH_SIZE as EMBED_BATCH_SIZE
+from app.embeddings import EmbeddingProvider as EmbeddingProvider
+from app.embeddings import Embeddings as Embeddings
+from app.embeddings import OpenAICompatibleEmbedder as OpenAICompatibleEmbedder
+from app.embeddings import embedder_from_settings as embedder_from_settings
+from app.embeddings import estimate_embedding_tokens as estimate_embedding_tokens
+from app.model_errors import ModelCallFailed as ModelCallFailed
+
 # The seed's base output allowance for a model-written entry, before a schema's estimate.
 LLM_MAX_TOKENS = 32
 
@@ -39,21 +54,6 @@ RESPONSE_MODES = (MODE_JSON_SCHEMA, MODE_JSON_OBJECT, MODE_PROMPT)
 _SCHEMA_NAME_RE = re.compile(r"[^A-Za-z0-9_-]")
 _FENCE_RE = re.compile(r"^```[A-Za-z0-9_-]*\s*\n?(.*?)\n?```$", re.DOTALL)
 _OVERRIDE_NAME_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
-
-
-class ModelCallFailed(Exception):
-    """A model call that gave no usable answer; ``status`` is the HTTP status when there was one,
-    and ``prompt_tokens``/``completion_tokens`` what the server reported it cost (an answer
-    that arrived but is not a JSON object was still paid for)."""
-
-    def __init__(self, message: str, status: int | None = None, *,
-                 prompt_tokens: int | None = None,
-                 completion_tokens: int | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.prompt_tokens = prompt_tokens
-        self.completion_tokens = completion_tokens
 
 
 @dataclass(frozen=True)
@@ -235,7 +235,8 @@ class OpenAICompatibleProvider(ModelProvider):
             )
         except requests.Timeout as exc:
             raise ModelCallFailed(
-                f"the model server did not answer within {self.timeout_seconds}s"
+                f"the model server did not answer within {self.timeout_seconds}s",
+                timed_out=True,
             ) from exc
         except requests.RequestException as exc:
             raise ModelCallFailed(f"could not reach the model server: {exc}") from exc

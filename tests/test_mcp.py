@@ -147,8 +147,13 @@ def test_default_listing_is_the_all_toolset_and_full_adds_the_unlisted():
     full = select_tools(parse_toolsets("full"))
     # The manifest mirrors the registry (tests/test_sdk.py checks that it is current).
     mcp_ops = {name: entry for name, entry in OPS.items() if entry["mcp"]}
-    assert set(full) == {tool_name(name) for name in mcp_ops}
-    assert set(default) == {tool_name(name) for name, e in mcp_ops.items() if e["listed"]}
+    assert set(full) == {e["tool"] for e in mcp_ops.values()}
+    assert set(default) == {e["tool"] for e in mcp_ops.values() if e["listed"]}
+    # Every tool is loom_<op with . as _> but where the seed names it: memory.unified_search
+    # is loom_search, in the default listing.
+    assert {name: e["tool"] for name, e in mcp_ops.items() if e["tool"] != tool_name(name)} == {
+        "memory.unified_search": "loom_search"}
+    assert "loom_search" in default and "loom_memory_unified_search" not in full
     assert "loom_working_memory_get" not in default and "loom_working_memory_get" in full
     assert "loom_working_memory_set" in default
     planes = select_tools(parse_toolsets(" working_memory , all"))

@@ -338,11 +338,11 @@ def test_server_records_concurrent_requests(srv: ScriptedModelServer) -> None:
 
 
 def test_server_answers_unknown_paths_with_404(srv: ScriptedModelServer) -> None:
-    assert requests.post(srv.base_url + "/embeddings", json={}, timeout=5).status_code == 404
+    assert requests.post(srv.base_url + "/rerank", json={}, timeout=5).status_code == 404
     models = requests.get(srv.base_url + "/models", timeout=5).json()
     assert models["data"][0]["id"] == srv.model
     assert [(r.method, r.path) for r in srv.requests] == [
-        ("POST", "/v1/embeddings"),
+        ("POST", "/v1/rerank"),
         ("GET", "/v1/models"),
     ]
 

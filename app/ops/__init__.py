@@ -2,6 +2,7 @@
 
 from app.ops import (  # noqa: F401 (importing declares the ops)
     agent_state,
+    ask,
     budget,
     context,
     erasure,
@@ -12,6 +13,7 @@ from app.ops import (  # noqa: F401 (importing declares the ops)
     recall,
     structured,
     tokens,
+    unified_search,
     usage,
     working_memory,
 )

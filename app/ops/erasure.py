@@ -108,6 +108,9 @@ class SubjectExport(Answer):
     exported_at = fields.String()
     memory_rows = fields.List(fields.Dict(), metadata={"description": "Rows with versions."})
     profile_sections = fields.List(fields.Dict())
+    profile_section_vectors = fields.List(fields.Dict(), metadata={
+        "description": "The vectors loom_search's profile leg keeps of the sections: "
+                       "memory_id, fingerprint and vector."})
     structured_profile = fields.Dict(allow_none=True)
     working_memory = fields.List(fields.Dict())
     agent_states = fields.List(fields.Dict(), metadata={"description": "By declared field."})

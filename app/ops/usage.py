@@ -34,7 +34,8 @@ class Usage(Answer):
         keys=fields.String(), values=fields.Dict(keys=fields.String(), values=fields.Integer()),
         metadata={"description": (
             "The same counters for each worker apart: structured_profile (structured-profile "
-            "builds) and profile_consolidation (folds).")})
+            "builds), profile_consolidation (folds) and recall_embeddings (the embeddings of "
+            "facts and of search queries).")})
 
 
 class ModelCallsArgs(IdentityArgs):

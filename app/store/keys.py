@@ -288,6 +288,55 @@ def recall_users(org: str, namespace: str) -> str:
     return f"{PREFIX}:recall-users:{namespace_tag(org, namespace)}"
 
 
+# --- recall: the vector leg of a user's facts ---------------------------------------------------
+# In the user's slot beside the lexical index: the memory write scripts drop a row's vector and
+# list it as due whenever its indexed text changes or it leaves the index (app/store/lua/
+# memory_write.lua); the embeddings job (jobs/recall_embed.py) stores vectors back.
+
+
+def recall_vectors(org: str, namespace: str, user_id: str) -> str:
+    """Hash memory_id -> ``fingerprint:base64 of the int8 vector`` of the row's current text
+    (app/store/recall_vectors.py)."""
+    return f"{PREFIX}:recall-vec:{user_tag(org, namespace, user_id)}"
+
+
+def recall_vectors_due(org: str, namespace: str, user_id: str) -> str:
+    """Sorted set (all scores 0) of the memory_ids whose text changed since their vector was
+    stored: what the next embeddings job of the user embeds."""
+    return f"{PREFIX}:recall-vec-due:{user_tag(org, namespace, user_id)}"
+
+
+def recall_vectors_generation(org: str, namespace: str, user_id: str) -> str:
+    """Hash: ``born`` (server time of the first change) and ``n`` (changes since), bumped by
+    every change to the user's stored vectors: a search process keeps the decoded vectors of a
+    user while it reads the same pair."""
+    return f"{PREFIX}:recall-vec-gen:{user_tag(org, namespace, user_id)}"
+
+
+def recall_vectors_queued(org: str, namespace: str, user_id: str) -> str:
+    """Marker (with a TTL) that an embeddings job of the user is queued: writes enqueue at most
+    one job a user until it starts."""
+    return f"{PREFIX}:recall-vec-queued:{user_tag(org, namespace, user_id)}"
+
+
+# --- recall: the vectors of a user's profile sections (loom_search's profile leg) ---------------
+# Written by the section-vector job (jobs/profile_vectors.py) in the user's slot, so erasure's
+# sweep of the slot takes them with the rows.
+
+
+def profile_vectors(org: str, namespace: str, user_id: str) -> str:
+    """Hash memory_id -> ``fingerprint:vector`` of each profile section of the user, the
+    fingerprint naming the model, the length and the section's content_sha256 it was made
+    from."""
+    return f"{PREFIX}:profile-vec:{user_tag(org, namespace, user_id)}"
+
+
+def profile_vectors_queued(org: str, namespace: str, user_id: str) -> str:
+    """Marker (with a lifetime) that a section-vector job for the user is queued: the writes
+    meanwhile enqueue no other."""
+    return f"{PREFIX}:profile-vec-queued:{user_tag(org, namespace, user_id)}"
+
+
 # --- structured profiles ------------------------------------------------------------------------
 
 

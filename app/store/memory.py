@@ -90,6 +90,8 @@ from app.store.memory_row import (
     tags_exclude,
     trace_names,
 )
+from app.store.profile_vectors import ProfileVectorStore
+from app.store.recall_vectors import RecallVectorStore
 from app.store.replies import optional_texts, scored, text_map, text_set, texts
 
 if TYPE_CHECKING:
@@ -143,6 +145,7 @@ class VersionMoved(Exception):
 
 class MemoryStore:
     def __init__(self, services: StoreServices) -> None:
+        self.services = services
         self.redis = services.redis
         self.clock = services.clock
         self._set = script(self.redis, "memory_set")
@@ -152,6 +155,7 @@ class MemoryStore:
         self._redact = script(self.redis, "memory_redact")
         self._expire = script(self.redis, "memory_expire_sources")
         self._clear_changed = script(self.redis, "clear_unless_changed_since")
+        self._section_vectors = ProfileVectorStore(services)
 
     # --- reads ---------------------------------------------------------------------------
 
@@ -502,6 +506,11 @@ class MemoryStore:
         derived_rows = int(fields.pop("derived_rows_redacted"))
         row = MemoryRow.from_fields(fields)
         written = Written(row, created=False, changed=True, sources_moved=reply[1] == "1")
+        # A scrubbed section's vector goes now (what it was made from is gone), the row's and
+        # those of the sections derived from it; the next refresh embeds what they hold now.
+        scrubbed = [row.memory_id, *(other.memory_id for other in
+                                     self.read_row_keys([d.row_key() for d in derived]))]
+        self._section_vectors.drop(location.org, location.namespace, location.user_id, scrubbed)
         self._after_write(location, written, self.clock.now_ns(), redacted=True)
         return Redacted(written, count, derived_rows, derived_versions)
 
@@ -664,6 +673,10 @@ class MemoryStore:
         )
         if written.changed:
             self._after_write(location, written, row.version)
+            if row.live and not row.redacted and row.memory_type != PROFILE_TYPE:
+                # The write listed the row as due when its text changed; the job embeds it.
+                self.services.store(RecallVectorStore).request(
+                    location.org, location.namespace, location.user_id)
         return written
 
     def _after_write(
@@ -710,6 +723,10 @@ class MemoryStore:
             pipe.sadd(keys.fact_namespaces(),
                       json.dumps([location.org, location.namespace]))
         pipe.execute()
+        if written.row.memory_type == PROFILE_TYPE:
+            # loom_search's profile leg: the section's vector is refreshed off the request path.
+            self._section_vectors.section_written(location.org, location.namespace,
+                                                  location.user_id)
 
 
 def _is_structured_row(location: Location) -> bool:

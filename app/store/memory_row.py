@@ -143,6 +143,9 @@ class Location:
             keys.recall_docs(*user),
             keys.recall_postings(*user),
             keys.recall_stats(*user),
+            keys.recall_vectors(*user),
+            keys.recall_vectors_due(*user),
+            keys.recall_vectors_generation(*user),
         ]
 
     def pointer_value(self) -> str:

@@ -112,3 +112,11 @@ def indexable(memory_type: str, tags: Iterable[str]) -> bool:
     """Whether a row's content is indexed at all: never a profile section (those stay out of
     memory.search) and never a stored request to forget."""
     return memory_type != "profile" and "forget" not in tags
+
+
+def row_text(key: str, value: Any) -> str:
+    """A fact as one line of text for its embedding: the key read as words, then the value's
+    text (its strings, numbers and object keys), so ``invoice_currency`` = "EUR" embeds as
+    "invoice currency: EUR"."""
+    text = value if isinstance(value, str) else " ".join(_texts(value))
+    return f"{_key_text(key)}: {text}"

@@ -29,7 +29,8 @@ COUNTERS = (
 
 
 # The workers whose share of the counters the ledger also keeps apart.
-WORKERS = ("structured_profile", "profile_consolidation")
+# memory.ask's calls are made in the request, not by a worker, but are kept apart the same way.
+WORKERS = ("structured_profile", "profile_consolidation", "recall_embeddings", "memory_ask")
 
 
 # The ledger's counters that /metrics also shows, by org rather than by namespace.

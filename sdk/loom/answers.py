@@ -154,6 +154,49 @@ class FeaturesSetAnswer(TypedDict, total=False):
     updated_at: str | None
 
 
+class MemoryAskAnswer(TypedDict, total=False):
+    ignored_args: list[str]
+    answer: str | None
+    citations: list[str]
+    uncited_ids: list[str]
+    hits: list[SearchHit]
+    run_blocks: list[ScratchpadBlock]
+    read_scope: str
+    model_called: bool
+    cut_off: bool
+    usage: MemoryAskUsage
+
+
+class SearchHit(TypedDict, total=False):
+    memory_id: str
+    key: str
+    value: Any
+    memory_type: str
+    score: float
+    legs: list[str]
+    matched_terms: list[str]
+    user_id: str
+    agent: str
+    session_id: str
+    tags: list[str]
+    confidence: float
+    valid_at: str | None
+    valid_to: str | None
+    updated_at: str
+
+
+class ScratchpadBlock(TypedDict, total=False):
+    layer: str
+    block_key: str
+    content: str
+    updated_at: str
+
+
+class MemoryAskUsage(TypedDict, total=False):
+    prompt_tokens: int | None
+    completion_tokens: int | None
+
+
 class MemoryDeleteAnswer(TypedDict, total=False):
     ignored_args: list[str]
     deleted: bool
@@ -265,31 +308,6 @@ class MemorySearchAnswer(TypedDict, total=False):
     scratchpad: list[ScratchpadBlock]
 
 
-class SearchHit(TypedDict, total=False):
-    memory_id: str
-    key: str
-    value: Any
-    memory_type: str
-    score: float
-    legs: list[str]
-    matched_terms: list[str]
-    user_id: str
-    agent: str
-    session_id: str
-    tags: list[str]
-    confidence: float
-    valid_at: str | None
-    valid_to: str | None
-    updated_at: str
-
-
-class ScratchpadBlock(TypedDict, total=False):
-    layer: str
-    block_key: str
-    content: str
-    updated_at: str
-
-
 class MemorySetAnswer(TypedDict, total=False):
     ignored_args: list[str]
     memory_id: str
@@ -301,6 +319,29 @@ class MemorySetAnswer(TypedDict, total=False):
     value_length: int
     char_limit: int | None
     created: bool
+
+
+class MemoryUnifiedSearchAnswer(TypedDict, total=False):
+    ignored_args: list[str]
+    hits: list[SearchHit]
+    count: int
+    read_scope: str
+    scratchpad: list[ScratchpadBlock]
+    profile: list[ProfileHit]
+    profile_leg: str
+    about_user: bool
+
+
+class ProfileHit(TypedDict, total=False):
+    memory_id: str
+    label: str
+    value: Any
+    score: float
+    leg: str
+    user_id: str
+    agent: str
+    session_id: str
+    updated_at: str
 
 
 class MemoryUnlockAnswer(TypedDict, total=False):
@@ -457,6 +498,7 @@ class SubjectExportAnswer(TypedDict, total=False):
     exported_at: str
     memory_rows: list[dict[str, Any]]
     profile_sections: list[dict[str, Any]]
+    profile_section_vectors: list[dict[str, Any]]
     structured_profile: dict[str, Any] | None
     working_memory: list[dict[str, Any]]
     agent_states: list[dict[str, Any]]
@@ -670,6 +712,7 @@ class FeaturesOps(Plane[M]):
 class MemoryOps(Plane[M]):
     """``bot.client.memory``: its ops, typed by their answers."""
 
+    ask: Op[MemoryAskAnswer] = Op('memory.ask')
     delete: Op[MemoryDeleteAnswer] = Op('memory.delete')
     delete_version: Op[MemoryDeleteVersionAnswer] = Op('memory.delete_version')
     get: Op[MemoryGetAnswer] = Op('memory.get')
@@ -680,6 +723,7 @@ class MemoryOps(Plane[M]):
     redact: Op[MemoryRedactAnswer] = Op('memory.redact')
     search: Op[MemorySearchAnswer] = Op('memory.search')
     set: Op[MemorySetAnswer] = Op('memory.set')
+    unified_search: Op[MemoryUnifiedSearchAnswer] = Op('memory.unified_search')
     unlock: Op[MemoryUnlockAnswer] = Op('memory.unlock')
     unpin: Op[MemoryUnpinAnswer] = Op('memory.unpin')
 

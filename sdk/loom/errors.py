@@ -201,6 +201,13 @@ class Conflict(LoomAPIError):
     default_code = "CONFLICT"
 
 
+class ModelCallsOff(Conflict):
+    """memory.ask cannot call a model: none configured, or the org switched calls off
+    (``details["reason"]``: ``no_model`` or ``org_off``)."""
+
+    default_code = "MODEL_CALLS_OFF"
+
+
 class HashMismatch(Conflict):
     default_code = "HASH_MISMATCH"
 
@@ -331,8 +338,28 @@ class RateLimited(LoomAPIError):
         return _retry_after(self)
 
 
+class ModelBudgetExceeded(RateLimited):
+    """memory.ask's model call would pass the namespace's or the org's model-call budget
+    (``details["budget"]``); never retried by the SDK, since the rolling window frees room
+    only as its entries age."""
+
+    default_code = "MODEL_BUDGET_EXCEEDED"
+
+
 class ServerError(LoomAPIError):
     default_code = "INTERNAL_ERROR"
+
+
+class ModelCallFailed(ServerError):
+    """memory.ask's model server failed or gave no usable answer (502)."""
+
+    default_code = "MODEL_CALL_FAILED"
+
+
+class ModelTimeout(ServerError):
+    """memory.ask's model server did not answer within LOOM_ASK_TIMEOUT_SECONDS (504)."""
+
+    default_code = "MODEL_TIMEOUT"
 
 
 class StoreUnavailable(ServerError):
@@ -356,7 +383,8 @@ BY_CODE: dict[str, type[LoomAPIError]] = {
         ValidationError, IdentityIncomplete, SchemaInvalid, SubstringNotFound,
         WorkingMemoryLimitExceeded, CharLimitExceeded, RateLimited, ServerError,
         StoreUnavailable, IdempotencyInProgress, IdempotencyOutcomeUnknown,
-        IdempotencyKeyReused,
+        IdempotencyKeyReused, ModelCallsOff, ModelBudgetExceeded, ModelCallFailed,
+        ModelTimeout,
     )
 }
 BY_CODE["MALFORMED_JSON"] = BadRequest

@@ -1,4 +1,5 @@
-"""Loom's MCP server: every Loom op as the MCP tool ``loom_<op with . as _>``.
+"""Loom's MCP server: every Loom op as the MCP tool ``loom_<op with . as _>`` (or the name the
+registry declares where the seed gives one: ``loom_search`` is memory.unified_search).
 
 The tools, their input JSON Schemas and their listing come from the committed manifest
 (``loom.ops_manifest``), so this process imports neither Flask nor the server's code. A
@@ -94,7 +95,7 @@ class LoomTool:
 
     @property
     def name(self) -> str:
-        return tool_name(self.op)
+        return str(self.entry.get("tool") or tool_name(self.op))
 
     def call_schema(self) -> dict[str, Any]:
         """What a call's arguments must be (checked before the call is sent)."""
@@ -400,7 +401,8 @@ def select_tools(
                 or (toolset == "all" and entry.get("listed", True))
                 or op.split(".", 1)[0] == toolset
             ):
-                chosen[tool_name(op)] = LoomTool(op, entry, filled)
+                tool = LoomTool(op, entry, filled)
+                chosen[tool.name] = tool
     return dict(sorted(chosen.items()))
 
 

@@ -11,6 +11,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'idempotent',
         'listed': True,
         'mcp': False,
+        'tool': 'loom_agent_state_erase',
         'http_method': 'POST',
         'path': '/v1/agent_state.erase',
         'summary': (
@@ -72,6 +73,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'read',
         'listed': True,
         'mcp': False,
+        'tool': 'loom_agent_state_of_profile',
         'http_method': 'GET',
         'path': '/v1/profiles/<profile_id>/agent-state',
         'summary': (
@@ -118,6 +120,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'write',
         'listed': True,
         'mcp': False,
+        'tool': 'loom_agent_state_put',
         'http_method': 'PUT',
         'path': '/v1/agent-state',
         'summary': "Write an agent's typed state by compare-and-swap or merge by key.",
@@ -227,6 +230,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'read',
         'listed': True,
         'mcp': False,
+        'tool': 'loom_agent_state_read',
         'http_method': 'POST',
         'path': '/v1/agent-state/read',
         'summary': (
@@ -302,6 +306,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'read',
         'listed': True,
         'mcp': False,
+        'tool': 'loom_audit_list',
         'http_method': 'POST',
         'path': '/v1/audit.list',
         'summary': "List the namespace's audit entries, newest first.",
@@ -347,6 +352,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'read',
         'listed': False,
         'mcp': False,
+        'tool': 'loom_budget_get',
         'http_method': 'POST',
         'path': '/v1/budget.get',
         'summary': (
@@ -398,6 +404,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'idempotent',
         'listed': False,
         'mcp': False,
+        'tool': 'loom_budget_set',
         'http_method': 'POST',
         'path': '/v1/budget.set',
         'summary': (
@@ -460,6 +467,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'read',
         'listed': True,
         'mcp': True,
+        'tool': 'loom_context_pack',
         'http_method': 'POST',
         'path': '/v1/context.pack',
         'summary': (
@@ -619,6 +627,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'read',
         'listed': False,
         'mcp': False,
+        'tool': 'loom_erasure_status',
         'http_method': 'POST',
         'path': '/v1/erasure.status',
         'summary': (
@@ -674,6 +683,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'read',
         'listed': True,
         'mcp': False,
+        'tool': 'loom_features_get',
         'http_method': 'POST',
         'path': '/v1/features.get',
         'summary': "Read the namespace's features document (defaults when never set).",
@@ -711,6 +721,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'idempotent',
         'listed': True,
         'mcp': False,
+        'tool': 'loom_features_set',
         'http_method': 'POST',
         'path': '/v1/features.set',
         'summary': "Replace the namespace's features document (agent_state, pii_rules); audited.",
@@ -753,11 +764,135 @@ OPS: dict[str, dict[str, Any]] = {
         },
         'identity_required': ['namespace'],
     },
+    'memory.ask': {
+        'role': 'viewer',
+        'kind': 'read',
+        'listed': True,
+        'mcp': True,
+        'tool': 'loom_memory_ask',
+        'http_method': 'POST',
+        'path': '/v1/memory.ask',
+        'summary': (
+            'Answer a question from the facts memory.search finds, with one model call that '
+            'cites them.'
+        ),
+        'fields': {
+            'org': {'required': False, 'default': None},
+            'namespace': {'required': False, 'default': None},
+            'agent': {'required': False, 'default': None},
+            'user_id': {'required': False, 'default': '-'},
+            'session_id': {'required': False, 'default': '-'},
+            'run_id': {'required': False, 'default': '-'},
+            'query': {'required': True},
+            'read_scope': {'required': False, 'default': None},
+            'memory_type': {'required': False, 'default': None},
+            'tags': {'required': False, 'computed': True},
+            'valid_at': {'required': False, 'default': None},
+            'limit': {'required': False, 'default': 10},
+        },
+        'input_schema': {
+            'type': 'object',
+            'properties': {
+                'org': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The tenant.',
+                },
+                'namespace': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
+                },
+                'agent': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
+                },
+                'user_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The end user; '-' for none.",
+                },
+                'session_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The session or conversation; '-' for none.",
+                },
+                'run_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The agent run (task scope); '-' for none.",
+                },
+                'query': {
+                    'type': 'string',
+                    'minLength': 1,
+                    'maxLength': 4096,
+                    'description': 'The question, in words.',
+                },
+                'read_scope': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'enum': ['namespace', 'own_user', 'own_session', None],
+                    'description': (
+                        'How far the read reaches across users and session_ids; left out, the '
+                        "token's ceiling."
+                    ),
+                },
+                'memory_type': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'pattern': '^[a-z][a-z0-9_]{0,39}$',
+                    'description': 'Only facts of this type (profile rows stay out of search).',
+                },
+                'tags': {
+                    'type': ['array', 'null'],
+                    'maxItems': 16,
+                    'description': 'Only facts holding every one of these tags.',
+                    'items': {'type': 'string', 'minLength': 1, 'maxLength': 128},
+                },
+                'valid_at': {
+                    'type': ['string', 'null'],
+                    'format': 'date-time',
+                    'default': None,
+                    'description': 'Only facts true at this moment (valid_at <= it < valid_to).',
+                },
+                'limit': {
+                    'type': ['integer', 'null'],
+                    'default': 10,
+                    'minimum': 1,
+                    'maximum': 100,
+                    'description': 'How many hits at most (default 10, at most 100).',
+                },
+            },
+            'required': ['query'],
+        },
+        'identity_required': ['namespace', 'agent'],
+    },
     'memory.delete': {
         'role': 'writer',
         'kind': 'idempotent',
         'listed': False,
         'mcp': True,
+        'tool': 'loom_memory_delete',
         'http_method': 'POST',
         'path': '/v1/memory.delete',
         'summary': 'Delete a row: a tombstone version; its history stays readable.',
@@ -873,6 +1008,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'write',
         'listed': False,
         'mcp': True,
+        'tool': 'loom_memory_delete_version',
         'http_method': 'POST',
         'path': '/v1/memory.delete_version',
         'summary': (
@@ -990,6 +1126,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'read',
         'listed': True,
         'mcp': True,
+        'tool': 'loom_memory_get',
         'http_method': 'POST',
         'path': '/v1/memory.get',
         'summary': "Read one row by key or memory_id (agent '*': any agent's row of that key).",
@@ -1105,6 +1242,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'read',
         'listed': True,
         'mcp': True,
+        'tool': 'loom_memory_history',
         'http_method': 'POST',
         'path': '/v1/memory.history',
         'summary': "A row's versions, newest first, a page at a time.",
@@ -1234,6 +1372,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'read',
         'listed': True,
         'mcp': True,
+        'tool': 'loom_memory_list',
         'http_method': 'POST',
         'path': '/v1/memory.list',
         'summary': (
@@ -1345,6 +1484,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'idempotent',
         'listed': False,
         'mcp': True,
+        'tool': 'loom_memory_lock',
         'http_method': 'POST',
         'path': '/v1/memory.lock',
         'summary': (
@@ -1453,6 +1593,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'idempotent',
         'listed': False,
         'mcp': True,
+        'tool': 'loom_memory_pin',
         'http_method': 'POST',
         'path': '/v1/memory.pin',
         'summary': 'Pin a row: no worker rebuilds it; a new version with the same content.',
@@ -1558,6 +1699,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'idempotent',
         'listed': False,
         'mcp': True,
+        'tool': 'loom_memory_redact',
         'http_method': 'POST',
         'path': '/v1/memory.redact',
         'summary': 'Scrub every version of a row and the profile versions whose trace names it.',
@@ -1663,6 +1805,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'read',
         'listed': True,
         'mcp': True,
+        'tool': 'loom_memory_search',
         'http_method': 'POST',
         'path': '/v1/memory.search',
         'summary': 'Find the facts that answer a question, best first (profile rows stay out).',
@@ -1782,6 +1925,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'idempotent',
         'listed': True,
         'mcp': True,
+        'tool': 'loom_memory_set',
         'http_method': 'POST',
         'path': '/v1/memory.set',
         'summary': 'Write a memory row; every write is a new version.',
@@ -1939,11 +2083,153 @@ OPS: dict[str, dict[str, Any]] = {
         },
         'identity_required': ['namespace', 'agent'],
     },
+    'memory.unified_search': {
+        'role': 'viewer',
+        'kind': 'read',
+        'listed': True,
+        'mcp': True,
+        'tool': 'loom_search',
+        'http_method': 'POST',
+        'path': '/v1/memory.unified_search',
+        'summary': (
+            'Find the facts that answer a question, and profile sections when it is about the '
+            'user.'
+        ),
+        'fields': {
+            'org': {'required': False, 'default': None},
+            'namespace': {'required': False, 'default': None},
+            'agent': {'required': False, 'default': None},
+            'user_id': {'required': False, 'default': '-'},
+            'session_id': {'required': False, 'default': '-'},
+            'run_id': {'required': False, 'default': '-'},
+            'query': {'required': True},
+            'read_scope': {'required': False, 'default': None},
+            'memory_type': {'required': False, 'default': None},
+            'tags': {'required': False, 'computed': True},
+            'valid_at': {'required': False, 'default': None},
+            'limit': {'required': False, 'default': 10},
+            'profile': {'required': False, 'default': 'auto'},
+            'profile_limit': {'required': False, 'default': 3},
+        },
+        'input_schema': {
+            'type': 'object',
+            'properties': {
+                'org': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The tenant.',
+                },
+                'namespace': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
+                },
+                'agent': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
+                },
+                'user_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The end user; '-' for none.",
+                },
+                'session_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The session or conversation; '-' for none.",
+                },
+                'run_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The agent run (task scope); '-' for none.",
+                },
+                'query': {
+                    'type': 'string',
+                    'minLength': 1,
+                    'maxLength': 4096,
+                    'description': 'The question, in words.',
+                },
+                'read_scope': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'enum': ['namespace', 'own_user', 'own_session', None],
+                    'description': (
+                        'How far the read reaches across users and session_ids; left out, the '
+                        "token's ceiling."
+                    ),
+                },
+                'memory_type': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'pattern': '^[a-z][a-z0-9_]{0,39}$',
+                    'description': 'Only facts of this type (profile rows stay out of search).',
+                },
+                'tags': {
+                    'type': ['array', 'null'],
+                    'maxItems': 16,
+                    'description': 'Only facts holding every one of these tags.',
+                    'items': {'type': 'string', 'minLength': 1, 'maxLength': 128},
+                },
+                'valid_at': {
+                    'type': ['string', 'null'],
+                    'format': 'date-time',
+                    'default': None,
+                    'description': 'Only facts true at this moment (valid_at <= it < valid_to).',
+                },
+                'limit': {
+                    'type': ['integer', 'null'],
+                    'default': 10,
+                    'minimum': 1,
+                    'maximum': 100,
+                    'description': 'How many hits at most (default 10, at most 100).',
+                },
+                'profile': {
+                    'type': ['string', 'null'],
+                    'default': 'auto',
+                    'enum': ['auto', 'always', 'never', None],
+                    'description': (
+                        'auto (default): the profile leg runs when the question is about the '
+                        'user; always; never.'
+                    ),
+                },
+                'profile_limit': {
+                    'type': ['integer', 'null'],
+                    'default': 3,
+                    'minimum': 1,
+                    'maximum': 20,
+                    'description': 'How many profile sections at most (default 3, at most 20).',
+                },
+            },
+            'required': ['query'],
+        },
+        'identity_required': ['namespace', 'agent'],
+    },
     'memory.unlock': {
         'role': 'writer',
         'kind': 'idempotent',
         'listed': False,
         'mcp': True,
+        'tool': 'loom_memory_unlock',
         'http_method': 'POST',
         'path': '/v1/memory.unlock',
         'summary': 'Unlock a row: a new version with the same content.',
@@ -2049,6 +2335,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'idempotent',
         'listed': False,
         'mcp': True,
+        'tool': 'loom_memory_unpin',
         'http_method': 'POST',
         'path': '/v1/memory.unpin',
         'summary': (
@@ -2156,6 +2443,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'read',
         'listed': True,
         'mcp': False,
+        'tool': 'loom_object_types_get',
         'http_method': 'POST',
         'path': '/v1/object_types.get',
         'summary': "Read the namespace's object-types registry, normalized (defaults filled).",
@@ -2193,6 +2481,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'idempotent',
         'listed': True,
         'mcp': False,
+        'tool': 'loom_object_types_set',
         'http_method': 'POST',
         'path': '/v1/object_types.set',
         'summary': "Replace the namespace's object-types registry; audited.",
@@ -2236,6 +2525,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'idempotent',
         'listed': False,
         'mcp': True,
+        'tool': 'loom_org_set_model_calls',
         'http_method': 'POST',
         'path': '/v1/org.set_model_calls',
         'summary': (
@@ -2317,6 +2607,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'read',
         'listed': True,
         'mcp': True,
+        'tool': 'loom_profile_activity',
         'http_method': 'POST',
         'path': '/v1/profile.activity',
         'summary': (
@@ -2399,6 +2690,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'write',
         'listed': False,
         'mcp': True,
+        'tool': 'loom_profile_append',
         'http_method': 'POST',
         'path': '/v1/profile.append',
         'summary': (
@@ -2490,6 +2782,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'read',
         'listed': True,
         'mcp': True,
+        'tool': 'loom_profile_render',
         'http_method': 'POST',
         'path': '/v1/profile.render',
         'summary': 'Render every section in (org, namespace) into one prompt fragment.',
@@ -2593,6 +2886,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'idempotent',
         'listed': False,
         'mcp': True,
+        'tool': 'loom_profile_replace',
         'http_method': 'POST',
         'path': '/v1/profile.replace',
         'summary': 'Rewrite every occurrence of a substring inside a profile section.',
@@ -2681,6 +2975,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'idempotent',
         'listed': False,
         'mcp': True,
+        'tool': 'loom_profile_set',
         'http_method': 'POST',
         'path': '/v1/profile.set',
         'summary': 'Create or replace a profile section at label.',
@@ -2791,6 +3086,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'read',
         'listed': False,
         'mcp': True,
+        'tool': 'loom_profile_structured',
         'http_method': 'POST',
         'path': '/v1/profile.structured',
         'summary': "The user's structured profile and whether it is current.",
@@ -2873,6 +3169,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'idempotent',
         'listed': False,
         'mcp': True,
+        'tool': 'loom_profile_schema_clear',
         'http_method': 'POST',
         'path': '/v1/profile_schema.clear',
         'summary': 'Remove the schema (audited); built profiles stay as memory rows.',
@@ -2945,6 +3242,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'read',
         'listed': False,
         'mcp': True,
+        'tool': 'loom_profile_schema_get',
         'http_method': 'POST',
         'path': '/v1/profile_schema.get',
         'summary': "The namespace's schema, its schema_sha256, who set it and when.",
@@ -3017,6 +3315,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'idempotent',
         'listed': False,
         'mcp': True,
+        'tool': 'loom_profile_schema_set',
         'http_method': 'POST',
         'path': '/v1/profile_schema.set',
         'summary': (
@@ -3098,6 +3397,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'idempotent',
         'listed': False,
         'mcp': True,
+        'tool': 'loom_structured_blacklist',
         'http_method': 'POST',
         'path': '/v1/structured.blacklist',
         'summary': 'Blacklist a user from structured-profile builds, or lift it (audited).',
@@ -3179,6 +3479,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'read',
         'listed': False,
         'mcp': False,
+        'tool': 'loom_subject_export',
         'http_method': 'POST',
         'path': '/v1/subject.export',
         'summary': (
@@ -3238,6 +3539,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'write',
         'listed': False,
         'mcp': False,
+        'tool': 'loom_token_create',
         'http_method': 'POST',
         'path': '/v1/token.create',
         'summary': 'Mint a token; its secret is answered once and only its keyed hash is kept.',
@@ -3337,6 +3639,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'read',
         'listed': False,
         'mcp': False,
+        'tool': 'loom_token_list',
         'http_method': 'POST',
         'path': '/v1/token.list',
         'summary': "List the org's tokens (claims and state, never secrets or hashes).",
@@ -3409,6 +3712,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'idempotent',
         'listed': False,
         'mcp': False,
+        'tool': 'loom_token_revoke',
         'http_method': 'POST',
         'path': '/v1/token.revoke',
         'summary': 'Revoke a token; it fails on its next use.',
@@ -3484,6 +3788,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'read',
         'listed': False,
         'mcp': True,
+        'tool': 'loom_usage_get',
         'http_method': 'POST',
         'path': '/v1/usage.get',
         'summary': (
@@ -3559,6 +3864,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'idempotent',
         'listed': False,
         'mcp': False,
+        'tool': 'loom_user_erase',
         'http_method': 'POST',
         'path': '/v1/user.erase',
         'summary': (
@@ -3618,6 +3924,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'write',
         'listed': True,
         'mcp': True,
+        'tool': 'loom_working_memory_append',
         'http_method': 'POST',
         'path': '/v1/working_memory.append',
         'summary': 'Append text to a working-memory block, creating it when missing.',
@@ -3707,6 +4014,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'idempotent',
         'listed': False,
         'mcp': True,
+        'tool': 'loom_working_memory_delete',
         'http_method': 'POST',
         'path': '/v1/working_memory.delete',
         'summary': 'Delete one working-memory block.',
@@ -3787,6 +4095,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'read',
         'listed': False,
         'mcp': True,
+        'tool': 'loom_working_memory_get',
         'http_method': 'POST',
         'path': '/v1/working_memory.get',
         'summary': 'Fetch one working-memory block by key.',
@@ -3867,6 +4176,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'read',
         'listed': True,
         'mcp': True,
+        'tool': 'loom_working_memory_render',
         'http_method': 'POST',
         'path': '/v1/working_memory.render',
         'summary': 'Render working-memory blocks as XML or markdown.',
@@ -3960,6 +4270,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'idempotent',
         'listed': False,
         'mcp': True,
+        'tool': 'loom_working_memory_replace',
         'http_method': 'POST',
         'path': '/v1/working_memory.replace',
         'summary': 'Replace exact text inside a working-memory block.',
@@ -4053,6 +4364,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'read',
         'listed': False,
         'mcp': False,
+        'tool': 'loom_working_memory_scopes',
         'http_method': 'POST',
         'path': '/v1/working_memory.scopes',
         'summary': (
@@ -4112,6 +4424,7 @@ OPS: dict[str, dict[str, Any]] = {
         'kind': 'idempotent',
         'listed': True,
         'mcp': True,
+        'tool': 'loom_working_memory_set',
         'http_method': 'POST',
         'path': '/v1/working_memory.set',
         'summary': 'Overwrite one working-memory block.',

@@ -28,6 +28,7 @@ SAFE_KINDS = frozenset({"read", "idempotent"})
 KEYED = "keyed"
 IN_PROGRESS = "IDEMPOTENCY_IN_PROGRESS"
 RETRIED_STATUSES = frozenset({429, 503})
+MODEL_BUDGET_EXCEEDED = "MODEL_BUDGET_EXCEEDED"
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,10 @@ NO_RETRY = Retry(attempts=1)
 
 def retriable(kind: str, error: LoomError) -> bool:
     """Whether ``error`` leaves an op of ``kind`` (``keyed`` for a write sent with an
-    Idempotency-Key) safe to send again."""
+    Idempotency-Key) safe to send again. A model-call budget's refusal is a 429 that waiting
+    seconds does not lift: never sent again."""
+    if error.code == MODEL_BUDGET_EXCEEDED:
+        return False
     if kind == KEYED:
         return isinstance(error, LoomTransportError) or error.code == IN_PROGRESS or (
             isinstance(error, RateLimited | ServerError) and error.status in RETRIED_STATUSES)

@@ -14,12 +14,24 @@ client, so this module owns a small ``/v1/chat/completions`` server that answers
 
 When the script is empty, ``default`` answers: a value (dict or str content), a ``ScriptedAnswer``
 or a callable taking the request's JSON body and returning either. Every request is recorded.
+
+``POST /v1/embeddings`` answers deterministic vectors, so tests can reason about similarity:
+each text is a hashed bag of its lowercase words (one signed bucket a word, L2-normalised), so
+texts sharing words are close and texts sharing none are near orthogonal. ``synonyms`` maps a
+word onto another's bucket, so "car" and "automobile" can mean the same to the vector leg while
+the lexical leg sees two words::
+
+    srv = ScriptedModelServer(synonyms={"automobile": "car"})
+    srv.script_embedding(status=500)                       # the next embeddings call fails
+    srv.embedding_requests[0].body["input"]                # the texts of the first call
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import re
 import threading
 import time
 from collections import deque
@@ -29,6 +41,29 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 DEFAULT_CONTENT: dict[str, Any] = {}
+
+# Length of the scripted embeddings when a request names no ``dimensions``.
+DEFAULT_EMBEDDING_DIMENSIONS = 256
+_WORD_RE = re.compile(r"[a-z0-9]+")
+
+
+def hashed_embedding(
+    text: str, dimensions: int = DEFAULT_EMBEDDING_DIMENSIONS,
+    synonyms: dict[str, str] | None = None,
+) -> list[float]:
+    """The scripted server's vector for ``text``: a signed hashed bag of words, unit length
+    (all zeros but the first component for a text without words, so cosine stays defined)."""
+    vector = [0.0] * dimensions
+    for word in _WORD_RE.findall(text.lower()):
+        word = (synonyms or {}).get(word, word)
+        digest = hashlib.blake2b(word.encode("utf-8"), digest_size=8).digest()
+        bucket = int.from_bytes(digest[:4], "big") % dimensions
+        vector[bucket] += 1.0 if digest[4] & 1 else -1.0
+    norm = math.sqrt(sum(x * x for x in vector))
+    if norm == 0:
+        vector[0] = 1.0
+        return vector
+    return [x / norm for x in vector]
 
 
 @dataclass
@@ -45,6 +80,8 @@ class ScriptedAnswer:
     refuse: frozenset[str] = frozenset()
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    # Held until set: the answer waits for the test (a write made while a call is in flight).
+    gate: threading.Event | None = None
 
 
 @dataclass(frozen=True)
@@ -85,8 +122,12 @@ class ScriptedModelServer:
         *,
         refuse_response_formats: Iterable[str] = (),
         model: str = "scripted-model",
+        synonyms: dict[str, str] | None = None,
     ) -> None:
         self.default: DefaultAnswer = default
+        # Words the embeddings treat as another word (``{"automobile": "car"}``).
+        self.synonyms: dict[str, str] = dict(synonyms or {})
+        self._embedding_queue: deque[ScriptedAnswer] = deque()
         # Server-wide refusals (a server that never takes json_schema, say), on top of any
         # one answer's own.
         self.refuse_response_formats = frozenset(refuse_response_formats)
@@ -171,6 +212,18 @@ class ScriptedModelServer:
             self._queue.append(answer)
         return answer
 
+    def script_embedding(
+        self, *, status: int = 200, body: Any = None, delay: float = 0.0,
+        gate: threading.Event | None = None,
+    ) -> ScriptedAnswer:
+        """Queue one answer for the next ``/embeddings`` call: an HTTP status (with a body, or
+        an OpenAI-shaped error), or a verbatim ``body`` (a malformed answer); with ``gate``,
+        the hashed vectors once the test sets it. Unscripted calls get the hashed vectors."""
+        answer = ScriptedAnswer(status=status, body=body, delay=delay, gate=gate)
+        with self._lock:
+            self._embedding_queue.append(answer)
+        return answer
+
     def pending(self) -> int:
         """Answers still queued."""
         with self._lock:
@@ -185,6 +238,18 @@ class ScriptedModelServer:
     @property
     def completion_requests(self) -> list[RecordedRequest]:
         return [r for r in self.requests if r.path.endswith("/chat/completions")]
+
+    @property
+    def embedding_requests(self) -> list[RecordedRequest]:
+        return [r for r in self.requests if r.path.rstrip("/").endswith("/embeddings")]
+
+    def embedded_texts(self) -> list[str]:
+        """Every text sent to ``/embeddings`` so far, in the order received."""
+        texts: list[str] = []
+        for request in self.embedding_requests:
+            value = request.body.get("input") if isinstance(request.body, dict) else None
+            texts.extend([value] if isinstance(value, str) else list(value or []))
+        return texts
 
     # -- answering (called from handler threads) ----------------------------------------------
 
@@ -217,6 +282,35 @@ class ScriptedModelServer:
         if isinstance(value, ScriptedAnswer):
             return value
         return ScriptedAnswer(content=DEFAULT_CONTENT if value is None else value)
+
+    def _next_embedding_answer(self) -> ScriptedAnswer | None:
+        with self._lock:
+            return self._embedding_queue.popleft() if self._embedding_queue else None
+
+    def _embeddings_body(self, request_body: dict[str, Any]) -> tuple[int, Any]:
+        texts = request_body.get("input")
+        if isinstance(texts, str):
+            texts = [texts]
+        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+            return 400, {"error": {"message": "input must be a string or a list of strings",
+                                   "param": "input"}}
+        dimensions = request_body.get("dimensions", DEFAULT_EMBEDDING_DIMENSIONS)
+        if not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1:
+            return 400, {"error": {"message": "dimensions must be a positive integer",
+                                   "param": "dimensions"}}
+        data = [
+            {"object": "embedding", "index": index,
+             "embedding": hashed_embedding(text, dimensions, self.synonyms)}
+            for index, text in enumerate(texts)
+        ]
+        # Tokens as one a word (at least one a text), so a test can predict the ledger.
+        tokens = sum(max(1, len(_WORD_RE.findall(text.lower()))) for text in texts)
+        return 200, {
+            "object": "list",
+            "data": data,
+            "model": request_body.get("model", self.model),
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
 
     def _completion_body(self, request_body: Any, answer: ScriptedAnswer) -> dict[str, Any]:
         content = answer.content
@@ -305,10 +399,35 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, {"error": {"message": f"no route {self.path}"}})
 
+    def _answer_embeddings(self, body: Any) -> None:
+        owner = self.server_owner
+        if not isinstance(body, dict):
+            self._send(400, {"error": {"message": "the body must be a JSON object"}})
+            return
+        scripted = owner._next_embedding_answer()
+        if scripted is not None:
+            if scripted.delay > 0 and owner._closing.wait(scripted.delay):
+                return
+            if scripted.gate is not None:
+                while not scripted.gate.wait(0.05):
+                    if owner._closing.is_set():
+                        return
+            if scripted.body is not None:
+                self._send(scripted.status, scripted.body)
+                return
+            if scripted.status != 200:
+                self._send(scripted.status,
+                           {"error": {"message": f"scripted HTTP {scripted.status}"}})
+                return
+        self._send(*owner._embeddings_body(body))
+
     def do_POST(self) -> None:
         owner = self.server_owner
         raw, body = self._read_body()
         owner._record(RecordedRequest("POST", self.path, dict(self.headers.items()), body, raw))
+        if self.path.rstrip("/").endswith("/embeddings"):
+            self._answer_embeddings(body)
+            return
         if not self.path.rstrip("/").endswith("/chat/completions"):
             self._send(404, {"error": {"message": f"no route {self.path}"}})
             return

@@ -21,6 +21,7 @@ from app.store.erasure.run import PROGRESS, Progress
 from app.store.erasure.scanning import text
 from app.store.identity import Identity
 from app.store.memory_row import PROFILE_TYPE, MemoryRow
+from app.store.profile_vectors import ProfileVectorStore
 from app.store.structured import PROFILE_KEY
 from app.store.working_memory import decode_block
 
@@ -75,6 +76,11 @@ class SubjectExportStore:
             states += self.agent_states.export_subject(org, namespace, handle)
         if progress is not None:
             progress("agent_state", {"agent_states": len(states)})
+        section_vectors = [
+            {"memory_id": memory_id, "fingerprint": made_from, "vector": vector}
+            for memory_id, (made_from, vector) in sorted(
+                self.services.store(ProfileVectorStore).vectors(org, namespace, [user_id]).items())
+        ]
         readers = self.services.store(ActivityStore).readers(
             Identity(org, namespace, "-", user_id), RETENTION_DAYS, limit=1000
         )
@@ -86,6 +92,7 @@ class SubjectExportStore:
             "exported_at": iso_from_ns(self.clock.now_ns()),
             "memory_rows": facts,
             "profile_sections": sections,
+            "profile_section_vectors": section_vectors,
             "structured_profile": structured,
             "working_memory": working,
             "agent_states": states,

@@ -483,6 +483,10 @@ class ErasureStore:
             keys.recall_docs(*user),
             keys.recall_postings(*user),
             keys.recall_stats(*user),
+            keys.recall_vectors(*user),
+            keys.recall_vectors_due(*user),
+            keys.recall_vectors_queued(*user),
+            keys.recall_vectors_generation(*user),
         ])
         self._count(run, index_entries=self._remove_namespace_entries(run, names, writers))
 

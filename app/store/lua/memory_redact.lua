@@ -1,4 +1,4 @@
--- KEYS: 1..14 see memory_write, then per derived row its row key and versions key (15..).
+-- KEYS: 1..SHARED_KEYS see memory_write, then per derived row its row key and versions key.
 -- ARGV: 1 now, 2 written_by, 3 expected memory_id, 4 the number of derived rows. Scrubs every
 -- version of the row in place (no new version: the history keeps its shape, without the
 -- text), and every profile version of a derived row whose source_trace names the row's
@@ -23,7 +23,7 @@ local function scrub(s)
 end
 local derived = tonumber(ARGV[4])
 for d = 1, derived do
-  local flags = redis.call('HMGET', KEYS[13 + 2 * d], 'locked', 'key', 'memory_id')
+  local flags = redis.call('HMGET', KEYS[SHARED_KEYS - 1 + 2 * d], 'locked', 'key', 'memory_id')
   if flags[1] == '1' then return {'DERIVED_LOCKED', flags[2] or '', flags[3] or ''} end
 end
 local versions = redis.call('HGETALL', KEYS[2])
@@ -44,7 +44,7 @@ index_recall(r)
 index_section(r.key, r.agent, r.session_id, false)
 local reached, rows = 0, 0
 for d = 1, derived do
-  local rk, vk = KEYS[13 + 2 * d], KEYS[14 + 2 * d]
+  local rk, vk = KEYS[SHARED_KEYS - 1 + 2 * d], KEYS[SHARED_KEYS + 2 * d]
   local touched = false
   local all = redis.call('HGETALL', vk)
   for i = 1, #all, 2 do

@@ -1,11 +1,11 @@
 -- KEYS: see memory_write. ARGV: 1 now, 2 memory_id for a new row, 3 rows-set member,
 -- 4 expected version ('' none, '-' no live row), 5 if_match sha ('' none), 6 default char_limit
 -- ('' none), 7 char_limit ('' keeps the row's), 8 written_by, 9 required type of a live row
--- ('' any), 10 refuse pinned/high ('1'), 11 a lease's fencing token ('' none; KEYS[15] is
+-- ('' any), 10 refuse pinned/high ('1'), 11 a lease's fencing token ('' none; the last key is
 -- then its fence, in the user's slot), 12.. field/value pairs of the new content.
 --#include memory_write
 if redis.call('EXISTS', KEYS[10]) == 1 then return {'ERASING'} end
-if ARGV[11] ~= '' and redis.call('GET', KEYS[15]) ~= ARGV[11] then return {'FENCED'} end
+if ARGV[11] ~= '' and redis.call('GET', KEYS[#KEYS]) ~= ARGV[11] then return {'FENCED'} end
 local r = load_row()
 local live = r and r.deleted ~= '1'
 if r and r.locked == '1' then return {'LOCKED', r.memory_id} end

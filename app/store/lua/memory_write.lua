@@ -1,11 +1,14 @@
 -- The shared part of every memory write script. KEYS: 1 row, 2 versions, 3 version order,
 -- 4 the user's rows, 5 memory_id -> row key, 6 renderable profile sections, 7 sources,
 -- 8 digest, 9 source expiry, 10 the user's erasure marker, 11 live rows, 12 recall docs,
--- 13 recall postings, 14 recall stats.
+-- 13 recall postings, 14 recall stats, 15 recall vectors, 16 rows due for a vector, 17 the
+-- vectors' generation. A script that takes more keys takes them after these
+-- (KEYS[SHARED_KEYS + 1] on).
 --#include version
 --#include memory_digest
 local SOURCE_TYPES = {semantic = true, preference = true, decision = true}
 local NUL = string.char(0)
+local SHARED_KEYS = 17
 
 -- The section's three entries in the user's section index (keys.profile_sections).
 local function section_members(key, agent, session_id)
@@ -38,6 +41,14 @@ local function index_live(r, old_type, member)
   end
 end
 
+-- A change to the user's vectors: a search process drops its decoded copy. The birth time
+-- makes a generation of vectors written after an erasure never equal one from before it.
+local function bump_vector_generation(key)
+  local t = redis.call('TIME')
+  redis.call('HSETNX', key, 'born', t[1] .. '.' .. t[2])
+  redis.call('HINCRBY', key, 'n', 1)
+end
+
 -- The row's entries in the user's lexical recall index (keys.recall_*): its current terms
 -- when it is a live, unredacted fact with terms, none otherwise. A write that leaves the terms
 -- as they were (a lock, a pin) touches nothing but one HGET.
@@ -50,6 +61,13 @@ local function index_recall(r)
     new = nil
   end
   if old == new then return end
+  -- The vector described the old text: it goes, and the row waits for the embeddings job.
+  if redis.call('HDEL', KEYS[15], mid) == 1 then bump_vector_generation(KEYS[17]) end
+  if new then
+    redis.call('ZADD', KEYS[16], 0, mid)
+  else
+    redis.call('ZREM', KEYS[16], mid)
+  end
   -- The postings of a stored term list, and its length: one ZREM or ZADD moves them all.
   local function postings(stored, with_scores)
     local pairs_, len = {}, 0

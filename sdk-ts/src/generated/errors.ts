@@ -106,6 +106,30 @@ export class MemoryTypeMismatch extends Conflict {
   static readonly status = 409;
 }
 
+/** The call would pass the namespace's or the org's model-call budget (budget.set); */
+export class ModelBudgetExceeded extends TooManyRequests {
+  static override readonly code: string = "MODEL_BUDGET_EXCEEDED";
+  static readonly status = 429;
+}
+
+/** No model is configured (LOOM_LLM_BASE_URL, LOOM_LLM_MODEL), or the org switched model */
+export class ModelCallsOff extends Conflict {
+  static override readonly code: string = "MODEL_CALLS_OFF";
+  static readonly status = 409;
+}
+
+/** The model server failed, refused the request, or gave no usable answer. */
+export class ModelCallFailed extends ServerError {
+  static override readonly code: string = "MODEL_CALL_FAILED";
+  static readonly status = 502;
+}
+
+/** The model server did not answer within the request's model timeout. */
+export class ModelTimeout extends ServerError {
+  static override readonly code: string = "MODEL_TIMEOUT";
+  static readonly status = 504;
+}
+
 export class ProfileSectionNotFound extends NotFound {
   static override readonly code: string = "PROFILE_SECTION_NOT_FOUND";
   static readonly status = 404;
@@ -202,6 +226,10 @@ export const BY_CODE: Readonly<Record<string, ErrorClass>> = {
   "MEMORY_PINNED": MemoryPinned,
   "MEMORY_TYPE_MISMATCH": MemoryTypeMismatch,
   "METHOD_NOT_ALLOWED": MethodNotAllowed,
+  "MODEL_BUDGET_EXCEEDED": ModelBudgetExceeded,
+  "MODEL_CALLS_OFF": ModelCallsOff,
+  "MODEL_CALL_FAILED": ModelCallFailed,
+  "MODEL_TIMEOUT": ModelTimeout,
   "NOT_FOUND": NotFound,
   "PROFILE_SECTION_NOT_FOUND": ProfileSectionNotFound,
   "RATE_LIMITED": RateLimited,
@@ -241,6 +269,10 @@ export const ERROR_STATUS: Readonly<Record<string, number>> = {
   "MEMORY_PINNED": 409,
   "MEMORY_TYPE_MISMATCH": 409,
   "METHOD_NOT_ALLOWED": 405,
+  "MODEL_BUDGET_EXCEEDED": 429,
+  "MODEL_CALLS_OFF": 409,
+  "MODEL_CALL_FAILED": 502,
+  "MODEL_TIMEOUT": 504,
   "NOT_FOUND": 404,
   "PROFILE_SECTION_NOT_FOUND": 404,
   "RATE_LIMITED": 429,

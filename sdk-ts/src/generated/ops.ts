@@ -13,6 +13,7 @@ export const OPS = {
   "erasure.status": {"kind": "read", "role": "admin", "method": "POST", "path": "/v1/erasure.status"},
   "features.get": {"kind": "read", "role": "admin", "method": "POST", "path": "/v1/features.get"},
   "features.set": {"kind": "idempotent", "role": "admin", "method": "POST", "path": "/v1/features.set"},
+  "memory.ask": {"kind": "read", "role": "viewer", "method": "POST", "path": "/v1/memory.ask"},
   "memory.delete": {"kind": "idempotent", "role": "writer", "method": "POST", "path": "/v1/memory.delete"},
   "memory.delete_version": {"kind": "write", "role": "admin", "method": "POST", "path": "/v1/memory.delete_version"},
   "memory.get": {"kind": "read", "role": "viewer", "method": "POST", "path": "/v1/memory.get"},
@@ -23,6 +24,7 @@ export const OPS = {
   "memory.redact": {"kind": "idempotent", "role": "admin", "method": "POST", "path": "/v1/memory.redact"},
   "memory.search": {"kind": "read", "role": "viewer", "method": "POST", "path": "/v1/memory.search"},
   "memory.set": {"kind": "idempotent", "role": "writer", "method": "POST", "path": "/v1/memory.set"},
+  "memory.unified_search": {"kind": "read", "role": "viewer", "method": "POST", "path": "/v1/memory.unified_search"},
   "memory.unlock": {"kind": "idempotent", "role": "writer", "method": "POST", "path": "/v1/memory.unlock"},
   "memory.unpin": {"kind": "idempotent", "role": "writer", "method": "POST", "path": "/v1/memory.unpin"},
   "object_types.get": {"kind": "read", "role": "admin", "method": "POST", "path": "/v1/object_types.get"},
@@ -207,6 +209,33 @@ export interface FeaturesSetInput {
   namespace?: string | null;
   /** The whole features document: {"agent_state": true|false, "pii_rules": [{"name", "pattern", "mask"?}]}; a key left out takes its default (agent_state false, no rules). */
   features: Record<string, unknown>;
+}
+
+export interface MemoryAskInput {
+  /** The tenant. */
+  org?: string | null;
+  /** The namespace the op reads or writes. Required (422 IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, and always with auth off. */
+  namespace?: string | null;
+  /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
+  agent?: string | null;
+  /** The end user; '-' for none. */
+  user_id?: string | null;
+  /** The session or conversation; '-' for none. */
+  session_id?: string | null;
+  /** The agent run (task scope); '-' for none. */
+  run_id?: string | null;
+  /** The question, in words. */
+  query: string;
+  /** How far the read reaches across users and session_ids; left out, the token's ceiling. */
+  read_scope?: "namespace" | "own_user" | "own_session" | null;
+  /** Only facts of this type (profile rows stay out of search). */
+  memory_type?: string | null;
+  /** Only facts holding every one of these tags. */
+  tags?: Array<string> | null;
+  /** Only facts true at this moment (valid_at <= it < valid_to). */
+  valid_at?: string | null;
+  /** How many hits at most (default 10, at most 100). */
+  limit?: number | null;
 }
 
 export interface MemoryDeleteInput {
@@ -455,6 +484,37 @@ export interface MemorySetInput {
   char_limit?: number | null;
   /** Write only over this content_sha256 (409 otherwise). */
   if_match_sha256?: string | null;
+}
+
+export interface MemoryUnifiedSearchInput {
+  /** The tenant. */
+  org?: string | null;
+  /** The namespace the op reads or writes. Required (422 IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, and always with auth off. */
+  namespace?: string | null;
+  /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
+  agent?: string | null;
+  /** The end user; '-' for none. */
+  user_id?: string | null;
+  /** The session or conversation; '-' for none. */
+  session_id?: string | null;
+  /** The agent run (task scope); '-' for none. */
+  run_id?: string | null;
+  /** The question, in words. */
+  query: string;
+  /** How far the read reaches across users and session_ids; left out, the token's ceiling. */
+  read_scope?: "namespace" | "own_user" | "own_session" | null;
+  /** Only facts of this type (profile rows stay out of search). */
+  memory_type?: string | null;
+  /** Only facts holding every one of these tags. */
+  tags?: Array<string> | null;
+  /** Only facts true at this moment (valid_at <= it < valid_to). */
+  valid_at?: string | null;
+  /** How many hits at most (default 10, at most 100). */
+  limit?: number | null;
+  /** auto (default): the profile leg runs when the question is about the user; always; never. */
+  profile?: "auto" | "always" | "never" | null;
+  /** How many profile sections at most (default 3, at most 20). */
+  profile_limit?: number | null;
 }
 
 export interface MemoryUnlockInput {
@@ -1139,6 +1199,60 @@ export interface FeaturesSetAnswer {
   updated_at?: string | null;
 }
 
+export interface MemoryAskAnswer {
+  /** Input fields the op did not use. */
+  ignored_args?: Array<string>;
+  /** The model's answer; null when nothing was found to answer from (no model call was made). */
+  answer?: string | null;
+  /** The memory ids the answer cites, each one of the hits given. */
+  citations?: Array<string>;
+  /** Ids the model cited that were not in its prompt: dropped from citations. */
+  uncited_ids?: Array<string>;
+  /** The facts the prompt carried, as memory.search answers them. */
+  hits?: Array<SearchHit>;
+  /** The named run's working-memory blocks the prompt carried. */
+  run_blocks?: Array<ScratchpadBlock>;
+  read_scope?: string;
+  model_called?: boolean;
+  /** The answer reached its output cap and may be incomplete. */
+  cut_off?: boolean;
+  usage?: MemoryAskUsage;
+}
+
+export interface SearchHit {
+  memory_id?: string;
+  key?: string;
+  value?: unknown;
+  memory_type?: string;
+  /** Higher is better; compares within a call. */
+  score?: number;
+  /** The legs that found it: lexical (its words), vector (its meaning). */
+  legs?: Array<string>;
+  /** The query's terms (stemmed) it holds. */
+  matched_terms?: Array<string>;
+  user_id?: string;
+  agent?: string;
+  session_id?: string;
+  tags?: Array<string>;
+  confidence?: number;
+  valid_at?: string | null;
+  valid_to?: string | null;
+  updated_at?: string;
+}
+
+export interface ScratchpadBlock {
+  /** run or session. */
+  layer?: string;
+  block_key?: string;
+  content?: string;
+  updated_at?: string;
+}
+
+export interface MemoryAskUsage {
+  prompt_tokens?: number | null;
+  completion_tokens?: number | null;
+}
+
 export interface MemoryDeleteAnswer {
   /** Input fields the op did not use. */
   ignored_args?: Array<string>;
@@ -1264,35 +1378,6 @@ export interface MemorySearchAnswer {
   scratchpad?: Array<ScratchpadBlock>;
 }
 
-export interface SearchHit {
-  memory_id?: string;
-  key?: string;
-  value?: unknown;
-  memory_type?: string;
-  /** Higher is better; compares within a call. */
-  score?: number;
-  /** The legs that found it. */
-  legs?: Array<string>;
-  /** The query's terms (stemmed) it holds. */
-  matched_terms?: Array<string>;
-  user_id?: string;
-  agent?: string;
-  session_id?: string;
-  tags?: Array<string>;
-  confidence?: number;
-  valid_at?: string | null;
-  valid_to?: string | null;
-  updated_at?: string;
-}
-
-export interface ScratchpadBlock {
-  /** run or session. */
-  layer?: string;
-  block_key?: string;
-  content?: string;
-  updated_at?: string;
-}
-
 export interface MemorySetAnswer {
   /** Input fields the op did not use. */
   ignored_args?: Array<string>;
@@ -1305,6 +1390,37 @@ export interface MemorySetAnswer {
   value_length?: number;
   char_limit?: number | null;
   created?: boolean;
+}
+
+export interface MemoryUnifiedSearchAnswer {
+  /** Input fields the op did not use. */
+  ignored_args?: Array<string>;
+  hits?: Array<SearchHit>;
+  count?: number;
+  /** The scope the search read at. */
+  read_scope?: string;
+  /** The named run's and session's working-memory blocks. */
+  scratchpad?: Array<ScratchpadBlock>;
+  /** Profile sections about the question, best first (profile leg). */
+  profile?: Array<ProfileHit>;
+  /** off (the question is not about the user), vector or lexical. */
+  profile_leg?: string;
+  /** Whether the question reads as one about the user. */
+  about_user?: boolean;
+}
+
+export interface ProfileHit {
+  memory_id?: string;
+  label?: string;
+  value?: unknown;
+  /** Higher is better; compares within a call. */
+  score?: number;
+  /** vector or lexical: how it was scored. */
+  leg?: string;
+  user_id?: string;
+  agent?: string;
+  session_id?: string;
+  updated_at?: string;
 }
 
 export interface MemoryUnlockAnswer {
@@ -1489,6 +1605,8 @@ export interface SubjectExportAnswer {
   /** Rows with versions. */
   memory_rows?: Array<Record<string, unknown>>;
   profile_sections?: Array<Record<string, unknown>>;
+  /** The vectors loom_search's profile leg keeps of the sections: memory_id, fingerprint and vector. */
+  profile_section_vectors?: Array<Record<string, unknown>>;
   structured_profile?: Record<string, unknown> | null;
   working_memory?: Array<Record<string, unknown>>;
   /** By declared field. */
@@ -1566,7 +1684,7 @@ export interface UsageGetAnswer {
   failures?: number;
   /** Builds and folds not made because they would pass the namespace's or the org's budget (budget.set), once per pass that deferred them; each is made in a later pass once the window has room. */
   deferred_for_budget?: number;
-  /** The same counters for each worker apart: structured_profile (structured-profile builds) and profile_consolidation (folds). */
+  /** The same counters for each worker apart: structured_profile (structured-profile builds), profile_consolidation (folds) and recall_embeddings (the embeddings of facts and of search queries). */
   by_worker?: Record<string, Record<string, number>>;
 }
 
@@ -1732,6 +1850,8 @@ export class OpsClient {
     set(input: FeaturesSetInput, options?: CallOptions): Promise<FeaturesSetAnswer>;
   };
   readonly memory: {
+    /** Answer a question from the facts memory.search finds, with one model call that cites them. */
+    ask(input: MemoryAskInput, options?: CallOptions): Promise<MemoryAskAnswer>;
     /** Delete a row: a tombstone version; its history stays readable. */
     delete(input?: MemoryDeleteInput, options?: CallOptions): Promise<MemoryDeleteAnswer>;
     /** Remove one version of a row (by version or version_text); the row records the removal. */
@@ -1752,6 +1872,8 @@ export class OpsClient {
     search(input: MemorySearchInput, options?: CallOptions): Promise<MemorySearchAnswer>;
     /** Write a memory row; every write is a new version. */
     set(input: MemorySetInput, options?: CallOptions): Promise<MemorySetAnswer>;
+    /** Find the facts that answer a question, and profile sections when it is about the user. */
+    unifiedSearch(input: MemoryUnifiedSearchInput, options?: CallOptions): Promise<MemoryUnifiedSearchAnswer>;
     /** Unlock a row: a new version with the same content. */
     unlock(input?: MemoryUnlockInput, options?: CallOptions): Promise<MemoryUnlockAnswer>;
     /** Unpin a row: workers may rebuild it again; a new version with the same content. */
@@ -1855,6 +1977,7 @@ export class OpsClient {
       set: (input, options) => send("features.set", input ?? {}, options),
     };
     this.memory = {
+      ask: (input, options) => send("memory.ask", input ?? {}, options),
       delete: (input, options) => send("memory.delete", input ?? {}, options),
       deleteVersion: (input, options) => send("memory.delete_version", input ?? {}, options),
       get: (input, options) => send("memory.get", input ?? {}, options),
@@ -1865,6 +1988,7 @@ export class OpsClient {
       redact: (input, options) => send("memory.redact", input ?? {}, options),
       search: (input, options) => send("memory.search", input ?? {}, options),
       set: (input, options) => send("memory.set", input ?? {}, options),
+      unifiedSearch: (input, options) => send("memory.unified_search", input ?? {}, options),
       unlock: (input, options) => send("memory.unlock", input ?? {}, options),
       unpin: (input, options) => send("memory.unpin", input ?? {}, options),
     };

@@ -1,0 +1,168 @@
+"""The vectors of profile sections: what loom_search's profile leg scores by meaning.
+
+Per user (the user's slot): ``keys.profile_vectors`` (memory_id -> ``fingerprint:vector``) and
+``keys.profile_vectors_queued`` (a marker that a refresh is queued). Every write of a profile
+row (``MemoryStore._after_write``) asks for a refresh of the user's section vectors: with an
+embeddings endpoint configured, the section-vector job (``jobs.profile_vectors``) is enqueued,
+once for a burst of writes, and computes the vectors off the request path. A redact drops the
+vectors of the rows it scrubbed at once, beside the write.
+
+A vector is stored with its fingerprint: the model, the asked length and the section's
+``content_sha256``. The search uses a vector only when its fingerprint is the one the section
+holds now, so a vector of text a later write replaced is never scored, whether or not its
+refresh has run yet. ``profile_vector_store.lua`` stores a vector only while the row still
+holds the content it was made from, is live, unredacted and a profile row, and the user is not
+being erased, so a job that raced a redact, a delete or an erasure lands nothing.
+
+Vectors are unit length, float32, base64: a few sections a user, so their size is small and
+the scoring exact (a dot product in Python). The keys sit under the user's hash tag, so the
+erasure's sweep takes them with the user's rows and its census looks for them.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import math
+from array import array
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+import redis
+
+from app.queue_names import BUILDS
+from app.store import keys
+from app.store.lua import script
+from app.store.replies import text_map
+
+if TYPE_CHECKING:
+    from app.store.memory_row import Location
+    from app.store.services import StoreServices
+
+log = logging.getLogger("loom.store.profile_vectors")
+
+REFRESH_FUNC = "jobs.profile_vectors.refresh_sections"
+FINGERPRINT_CHARS = 16
+# A queued marker outlives a job that never started (the queue was down) by this long; the
+# user's next write after it enqueues again.
+QUEUED_MARKER_SECONDS = 600
+JOB_TIMEOUT_SECONDS = 300
+
+
+def fingerprint(model: str, dimensions: int | None, content_sha256: str) -> str:
+    """What a stored vector was made from: the model, the asked length, the section's content."""
+    made_from = f"{model}\x00{dimensions or 0}\x00{content_sha256}".encode()
+    return hashlib.sha1(made_from, usedforsecurity=False).hexdigest()[:FINGERPRINT_CHARS]
+
+
+def unit(vector: Sequence[float]) -> list[float]:
+    norm = math.sqrt(sum(value * value for value in vector))
+    return [value / norm for value in vector] if norm > 0 else [0.0 for _ in vector]
+
+
+def encode_vector(vector: Sequence[float], made_from: str) -> str:
+    packed = array("f", unit(vector)).tobytes()
+    return made_from + ":" + base64.b64encode(packed).decode("ascii")
+
+
+def decode_vector(stored: str) -> tuple[str, list[float]]:
+    """The fingerprint and the unit vector of a stored value."""
+    made_from, _, packed = stored.partition(":")
+    values = array("f")
+    values.frombytes(base64.b64decode(packed))
+    return made_from, values.tolist()
+
+
+def cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    """Of two unit vectors (0 when their lengths differ: another model made one of them)."""
+    if len(a) != len(b):
+        return 0.0
+    return sum(x * y for x, y in zip(a, b, strict=True))
+
+
+class ProfileVectorStore:
+    def __init__(self, services: StoreServices) -> None:
+        self.services = services
+        self.redis = services.redis
+        self._store = script(self.redis, "profile_vector_store")
+        self._clustered = isinstance(self.redis, redis.RedisCluster)
+
+    # --- the search's side -------------------------------------------------------------------
+
+    def vectors(self, org: str, namespace: str,
+                user_ids: Iterable[str]) -> dict[str, tuple[str, list[float]]]:
+        """memory_id -> (fingerprint, unit vector) of these users' sections."""
+        users = list(dict.fromkeys(user_ids))
+        if not users:
+            return {}
+        if self._clustered:
+            replies = [self.redis.hgetall(keys.profile_vectors(org, namespace, user_id))
+                       for user_id in users]
+        else:
+            pipe = self.redis.pipeline(transaction=False)
+            for user_id in users:
+                pipe.hgetall(keys.profile_vectors(org, namespace, user_id))
+            replies = pipe.execute()
+        found: dict[str, tuple[str, list[float]]] = {}
+        for reply in replies:
+            for memory_id, stored in text_map(reply).items():
+                found[memory_id] = decode_vector(stored)
+        return found
+
+    # --- the job's side ----------------------------------------------------------------------
+
+    def fingerprints(self, org: str, namespace: str, user_id: str) -> dict[str, str]:
+        """memory_id -> fingerprint of every vector the user has."""
+        stored = text_map(self.redis.hgetall(keys.profile_vectors(org, namespace, user_id)))
+        return {memory_id: value.partition(":")[0] for memory_id, value in stored.items()}
+
+    def store(self, location: Location, memory_id: str, content_sha256: str,
+              vector: Sequence[float], made_from: str) -> bool:
+        """Store a section's vector unless its row moved on since it was read (see module)."""
+        org, namespace, user_id = location.org, location.namespace, location.user_id
+        stored = self._store(
+            keys=[location.row_key(), keys.profile_vectors(org, namespace, user_id),
+                  keys.user_erasing(org, namespace, user_id)],
+            args=[memory_id, content_sha256, encode_vector(vector, made_from)],
+        )
+        return bool(int(stored))
+
+    def drop(self, org: str, namespace: str, user_id: str, memory_ids: Iterable[str]) -> int:
+        ids = list(memory_ids)
+        if not ids:
+            return 0
+        return int(self.redis.hdel(keys.profile_vectors(org, namespace, user_id), *ids))
+
+    def claim_queued(self, org: str, namespace: str, user_id: str) -> None:
+        """Take the queued marker down as a job starts: a write from now on enqueues again."""
+        self.redis.delete(keys.profile_vectors_queued(org, namespace, user_id))
+
+    # --- the writes' side --------------------------------------------------------------------
+
+    def embeddings_on(self) -> bool:
+        settings = self.services.settings
+        return bool(settings.embed_base_url.strip() and settings.embed_model.strip())
+
+    def section_written(self, org: str, namespace: str, user_id: str) -> None:
+        """A profile row of the user was written: enqueue a refresh of the user's section
+        vectors, unless one is queued already or no embeddings endpoint is configured. A queue
+        that cannot be reached costs the write nothing: the marker goes, and the next write
+        enqueues again (until then the search scores the sections lexically)."""
+        if not self.embeddings_on():
+            return
+        marker = keys.profile_vectors_queued(org, namespace, user_id)
+        if not self.redis.set(marker, "1", nx=True, ex=QUEUED_MARKER_SECONDS):
+            return
+        try:
+            from rq import Queue
+
+            Queue(BUILDS, connection=self.services.queue_redis).enqueue(
+                REFRESH_FUNC, org, namespace, user_id, job_timeout=JOB_TIMEOUT_SECONDS,
+                result_ttl=600, failure_ttl=24 * 3600,
+                description="profile section vectors",
+            )
+        except redis.RedisError as error:
+            self.redis.delete(marker)
+            log.warning("profile vectors: could not enqueue a refresh for %s/%s: %s",
+                        org, namespace, error)

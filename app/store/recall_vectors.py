@@ -1,0 +1,333 @@
+"""The vector leg of recall: each fact's embedding in its user's slot, and exact cosine over them.
+
+Per user (the user's slot, beside the lexical index): ``keys.recall_vectors`` (memory_id ->
+``fingerprint:vector``) and ``keys.recall_vectors_due`` (the memory_ids whose text changed since
+their vector was stored). The memory write scripts keep both atomically with the row
+(``index_recall`` in app/store/lua/memory_write.lua): a write that changes a fact's indexed text
+drops its vector and lists it as due; a delete, a redact, a ``forget`` tag or a profile type drops
+the vector and the listing. A lock or pin leaves both as they were, so it costs no call.
+
+The embeddings job (jobs/recall_embed.py) reads the due rows, embeds their text and stores each
+vector with ``recall_vector_store.lua``, which checks the row's version first: a vector of a text
+that a later write replaced, or of a row deleted or redacted meanwhile, never lands.
+
+A vector is stored L2-normalised and quantised to int8 (127 steps a unit), base64 encoded: 384
+bytes for a 384-dimension model instead of 1,536 as float32; the ranking it gives matches the
+float ranking to the third decimal of cosine. The fingerprint (sha1 of model, dimensions and
+text, 16 hex) tells the job a row whose text and model are those of its vector, which costs no
+call.
+
+Search is exact cosine over the vectors of the users in scope, read in one pipeline (one
+HGETALL a user, each in its own slot on Redis Cluster) and scored with numpy. No approximate
+index is involved; ``detect_engine`` reports whether the server has one (Redis 8 vector sets or
+a search module) for the operator, see docs/decisions.md.
+"""
+
+from __future__ import annotations
+
+import binascii
+import hashlib
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+import redis
+
+from app.store import keys
+from app.store.lua import script
+from app.store.replies import optional_texts
+
+if TYPE_CHECKING:
+    from app.store.services import StoreServices
+
+log = logging.getLogger("loom.store.recall_vectors")
+
+FINGERPRINT_CHARS = 16
+QUANT_STEPS = 127
+# A queued-job marker outlives a job that never started (a queue that was down) by this long,
+# after which the user's next write enqueues again.
+QUEUED_MARKER_SECONDS = 600
+# The job's entry point, named without importing the jobs (the store is below them).
+EMBED_FUNC = "jobs.recall_embed.embed_user"
+JOB_TIMEOUT_SECONDS = 900
+# What recall_vector_store.lua answers: outcomes the job counts, never refusals of a caller.
+STORE_OUTCOMES = ("OK", "MOVED", "GONE", "ERASING")
+# Most decoded vectors one process keeps between searches (float32: 1.5 KiB each at 384
+# dimensions, so about 150 MiB at most).
+CACHE_VECTORS_MAX = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class VectorHit:
+    """One fact the vector leg found: where, and its cosine to the query."""
+
+    user_id: str
+    memory_id: str
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class DueRow:
+    """A row listed as due for a vector: its memory_id and its row key (None: gone)."""
+
+    memory_id: str
+    row_key: str | None
+
+
+def fingerprint(model: str, dimensions: int | None, text: str) -> str:
+    """What a stored vector was made from: the model, the asked length and the text."""
+    digest = hashlib.sha1(f"{model}\x00{dimensions or 0}\x00{text}".encode(), usedforsecurity=False)
+    return digest.hexdigest()[:FINGERPRINT_CHARS]
+
+
+def encode_vector(vector: Sequence[float], made_from: str) -> str:
+    """The stored form: ``fingerprint:`` then the unit vector as int8, base64."""
+    values = np.asarray(vector, dtype=np.float32)
+    norm = float(np.linalg.norm(values))
+    if norm > 0:
+        values = values / norm
+    quantised = np.clip(np.rint(values * QUANT_STEPS), -QUANT_STEPS, QUANT_STEPS).astype(np.int8)
+    return made_from + ":" + binascii.b2a_base64(quantised.tobytes(), newline=False).decode()
+
+
+def decode_vector(stored: str) -> np.ndarray:
+    """The int8 vector of a stored value (as float32, not normalised back)."""
+    raw = binascii.a2b_base64(stored[FINGERPRINT_CHARS + 1:])
+    return np.frombuffer(raw, dtype=np.int8).astype(np.float32)
+
+
+def detect_engine(client: redis.Redis) -> str:
+    """The vector engine the server offers: ``vectorset`` (Redis 8's VADD/VSIM), ``search``
+    (RediSearch or valkey-search's FT.*) or ``none``."""
+    # Each command is sent without arguments: a server that has it answers "wrong number of
+    # arguments", one that has not "unknown command" (COMMAND INFO's reply for an unknown
+    # name is not one redis-py parses).
+    # A cluster sends a command without a key to one node of its choosing: every node runs
+    # the same server.
+    where: dict[str, Any] = ({"target_nodes": redis.RedisCluster.RANDOM}
+                             if isinstance(client, redis.RedisCluster) else {})
+    for command, engine in (("VSIM", "vectorset"), ("FT.SEARCH", "search")):
+        try:
+            cast(Any, client).execute_command(command, **where)
+        except redis.ResponseError as error:
+            if "unknown command" in str(error).lower():
+                continue
+            return engine
+        except (redis.RedisError, redis.exceptions.RedisClusterException):
+            continue
+        return engine
+    return "none"
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """One user's vectors of one length, decoded: ids, int8 rows as float32, their norms."""
+
+    generation: str
+    ids: list[str]
+    matrix: np.ndarray
+    norms: np.ndarray
+
+
+def _generation(reply: Sequence[object]) -> str:
+    born, count = reply
+    return f"{born or ''}:{count or 0}"
+
+
+def _decode_block(generation: str, stored: dict[str, str], width: int) -> _Block:
+    # One decode and one array for every vector: per-vector numpy calls would cost more than
+    # the scoring.
+    ids: list[str] = []
+    payloads: list[bytes] = []
+    for memory_id, value in stored.items():
+        raw = binascii.a2b_base64(value[FINGERPRINT_CHARS + 1:])
+        if len(raw) == width:
+            ids.append(memory_id)
+            payloads.append(raw)
+    matrix = np.frombuffer(b"".join(payloads), dtype=np.int8).reshape(-1, width)
+    matrix = matrix.astype(np.float32)
+    norms = np.sqrt(np.einsum("ij,ij->i", matrix, matrix))
+    norms[norms == 0] = 1.0
+    return _Block(generation, ids, matrix, norms)
+
+
+class RecallVectorStore:
+    def __init__(self, services: StoreServices) -> None:
+        self.redis = services.redis
+        self.queue_redis = services.queue_redis
+        self._store = script(self.redis, "recall_vector_store")
+        self._queue = script(self.redis, "recall_vector_queue")
+        # Users' decoded vectors, least recently searched first, at most CACHE_VECTORS_MAX.
+        self._cache: OrderedDict[tuple[str, str, str, int], _Block] = OrderedDict()
+        self._cached_vectors = 0
+        self._cache_lock = threading.Lock()
+        settings = services.settings
+        self.enabled = bool(settings.embed_base_url and settings.embed_model)
+        # Reported once per process, when the vector leg is on: which engine the server has.
+        # Scoring is exact cosine either way (docs/decisions.md, Recall).
+        self.engine = detect_engine(self.redis) if self.enabled else "none"
+        if self.enabled:
+            log.info("recall: vector leg on; the server's vector engine: %s (exact cosine "
+                     "over the vectors in scope)", self.engine)
+
+    # --- the job's side ------------------------------------------------------------------
+
+    def claim_queued(self, org: str, namespace: str, user_id: str) -> None:
+        """Take down the queued marker as a job starts: a write from now on enqueues again."""
+        self.redis.delete(keys.recall_vectors_queued(org, namespace, user_id))
+
+    def mark_queued(self, org: str, namespace: str, user_id: str) -> bool:
+        """Set the queued marker; True when it was not set (the caller enqueues a job). Never
+        while the user is being erased: no job, and no marker, is left behind for the census."""
+        reply = self._queue(keys=[keys.recall_vectors_queued(org, namespace, user_id),
+                                  keys.user_erasing(org, namespace, user_id)],
+                            args=[QUEUED_MARKER_SECONDS])
+        return int(reply) == 1
+
+    def request(self, org: str, namespace: str, user_id: str) -> bool:
+        """After a write of a user's fact: enqueue the user's embeddings job unless one is
+        queued already or embeddings are off; True when a job was enqueued. Computes nothing."""
+        if not self.enabled or not self.mark_queued(org, namespace, user_id):
+            return False
+        from rq import Queue
+
+        from app.queue_names import BUILDS
+
+        try:
+            Queue(BUILDS, connection=self.queue_redis).enqueue(
+                EMBED_FUNC, org, namespace, user_id, job_timeout=JOB_TIMEOUT_SECONDS,
+                result_ttl=600, failure_ttl=24 * 3600, description="recall embeddings")
+        except redis.RedisError:
+            # The row is written and listed as due; the marker lapses and a later write
+            # enqueues again. A write does not fail for want of its vector.
+            log.warning("recall_embeddings: could not enqueue a job; the rows stay due")
+            self.redis.delete(keys.recall_vectors_queued(org, namespace, user_id))
+            return False
+        return True
+
+    def due(self, org: str, namespace: str, user_id: str, limit: int) -> list[DueRow]:
+        """Up to ``limit`` rows due for a vector, each with its row key."""
+        ids = [str(m) for m in self.redis.zrange(
+            keys.recall_vectors_due(org, namespace, user_id), 0, limit - 1)]
+        if not ids:
+            return []
+        row_keys = optional_texts(self.redis.hmget(keys.memory_ids(org, namespace, user_id), ids))
+        return [DueRow(mid, row_key) for mid, row_key in zip(ids, row_keys, strict=True)]
+
+    def due_count(self, org: str, namespace: str, user_id: str) -> int:
+        return int(self.redis.zcard(keys.recall_vectors_due(org, namespace, user_id)))
+
+    def fingerprints(self, org: str, namespace: str, user_id: str,
+                     memory_ids: Sequence[str]) -> list[str | None]:
+        """The fingerprint of each row's stored vector (None where it has none)."""
+        if not memory_ids:
+            return []
+        stored = optional_texts(self.redis.hmget(
+            keys.recall_vectors(org, namespace, user_id), list(memory_ids)))
+        return [None if value is None else value[:FINGERPRINT_CHARS] for value in stored]
+
+    def store(self, org: str, namespace: str, user_id: str, row_key: str, memory_id: str,
+              version: int, stored: str) -> str:
+        """Store one row's vector (``stored`` '' keeps the one there) if the row is still at
+        ``version``; answers OK, MOVED, GONE or ERASING (recall_vector_store.lua)."""
+        reply = self._store(
+            keys=[row_key, keys.recall_vectors(org, namespace, user_id),
+                  keys.recall_vectors_due(org, namespace, user_id),
+                  keys.user_erasing(org, namespace, user_id),
+                  keys.recall_vectors_generation(org, namespace, user_id)],
+            args=[memory_id, str(version), stored],
+        )
+        return str(reply[0])
+
+    def drop_due(self, org: str, namespace: str, user_id: str, memory_id: str) -> None:
+        """Take a row whose key is gone off the due list."""
+        self.redis.zrem(keys.recall_vectors_due(org, namespace, user_id), memory_id)
+
+    # --- the search's side -------------------------------------------------------------------
+
+    def _vectors_of(self, org: str, namespace: str, users: Sequence[str],
+                    width: int) -> list[tuple[str, _Block]]:
+        """Each user's vectors of this length, decoded: from this process's cache while the
+        user's generation is the one it was read at, else read again (generation first, so a
+        change made between the two reads only makes the cached copy look older than it is)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for user_id in users:
+            pipe.hmget(keys.recall_vectors_generation(org, namespace, user_id), ["born", "n"])
+        generations = [_generation(g) for g in pipe.execute()]
+        found: dict[str, _Block] = {}
+        stale: list[tuple[str, str]] = []
+        with self._cache_lock:
+            for user_id, generation in zip(users, generations, strict=True):
+                cached = self._cache.get((org, namespace, user_id, width))
+                if cached is not None and cached.generation == generation:
+                    self._cache.move_to_end((org, namespace, user_id, width))
+                    found[user_id] = cached
+                else:
+                    stale.append((user_id, generation))
+        if stale:
+            pipe = self.redis.pipeline(transaction=False)
+            for user_id, _seen in stale:
+                pipe.hmget(keys.recall_vectors_generation(org, namespace, user_id),
+                           ["born", "n"])
+                pipe.hgetall(keys.recall_vectors(org, namespace, user_id))
+            replies = pipe.execute()
+            for i, (user_id, _seen) in enumerate(stale):
+                generation, stored = _generation(replies[2 * i]), replies[2 * i + 1]
+                block = _decode_block(generation, stored, width)
+                found[user_id] = block
+                self._remember((org, namespace, user_id, width), block)
+        return [(user_id, found[user_id]) for user_id in users
+                if user_id in found and found[user_id].ids]
+
+    def _remember(self, where: tuple[str, str, str, int], block: _Block) -> None:
+        with self._cache_lock:
+            old = self._cache.pop(where, None)
+            if old is not None:
+                self._cached_vectors -= len(old.ids)
+            if len(block.ids) > CACHE_VECTORS_MAX:
+                return
+            self._cache[where] = block
+            self._cached_vectors += len(block.ids)
+            while self._cached_vectors > CACHE_VECTORS_MAX:
+                _, evicted = self._cache.popitem(last=False)
+                self._cached_vectors -= len(evicted.ids)
+
+    def counts(self, org: str, namespace: str, user_ids: Sequence[str]) -> dict[str, int]:
+        """How many vectors each user has (to skip embedding a query nobody can match)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for user_id in user_ids:
+            pipe.hlen(keys.recall_vectors(org, namespace, user_id))
+        return {user_id: int(n) for user_id, n in zip(user_ids, pipe.execute(), strict=True)}
+
+    def nearest(self, org: str, namespace: str, user_ids: Sequence[str],
+                query: Sequence[float], top: int) -> list[VectorHit]:
+        """The ``top`` facts of these users closest to ``query`` by cosine, best first; only
+        vectors of the query's length count (a model change leaves old ones until re-embedded),
+        and only those pointing the query's way (cosine above 0)."""
+        users = [u for u in dict.fromkeys(user_ids)]
+        if not users or top <= 0:
+            return []
+        wanted = np.asarray(query, dtype=np.float32)
+        norm = float(np.linalg.norm(wanted))
+        if norm == 0:
+            return []
+        wanted = wanted / norm
+        width = wanted.shape[0]
+        blocks = self._vectors_of(org, namespace, users, width)
+        if not blocks:
+            return []
+        hits: list[VectorHit] = []
+        for user_id, block in blocks:
+            # Each user's own best ``top`` first, so no list of every vector in scope is built.
+            scores = (block.matrix @ wanted) / block.norms
+            count = min(top, len(block.ids))
+            best = (np.argpartition(-scores, count - 1)[:count] if count < len(block.ids)
+                    else np.arange(len(block.ids)))
+            hits += [VectorHit(user_id, block.ids[i], float(scores[i]))
+                     for i in best if scores[i] > 0]
+        hits.sort(key=lambda hit: (-hit.score, hit.memory_id))
+        return hits[:top]

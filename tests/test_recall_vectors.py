@@ -1,0 +1,468 @@
+"""memory.search's vector leg and its fusion, through the Flask app against a real server and
+the scripted embeddings server over HTTP.
+
+The scripted server's vectors are hashed bags of words with a synonym map ("automobile" means
+"car", "beverage" means "drink"), so a test can ask for a fact by a word it does not hold:
+only the vector leg can find it. Facts are embedded by the RQ job the write enqueues, run here
+by RQ's SimpleWorker; the request itself never calls the endpoint for a fact.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from rq import Queue, SimpleWorker
+from rq.timeouts import TimerDeathPenalty
+
+from app.queue_names import BUILDS
+from app.store import keys
+from app.store.recall_terms import row_text
+from app.store.recall_vectors import FINGERPRINT_CHARS, RecallVectorStore, fingerprint
+from jobs import context
+from jobs.recall_embed import embed_due
+from tests.support.model_server import ScriptedModelServer
+
+NS = {"namespace": "support", "agent": "triage-bot", "user_id": "u-42"}
+SYNONYMS = {"automobile": "car", "vehicle": "car", "beverage": "drink", "cuppa": "tea"}
+MODEL = "embed-test"
+
+
+class _Worker(SimpleWorker):
+    death_penalty_class = TimerDeathPenalty
+
+    def _install_signal_handlers(self) -> None:
+        """Signal handlers belong to the main thread."""
+
+
+@pytest.fixture
+def srv() -> Iterator[ScriptedModelServer]:
+    with ScriptedModelServer(synonyms=SYNONYMS) as server:
+        yield server
+
+
+@pytest.fixture
+def app(app_factory, srv):
+    return app_factory(embed_base_url=srv.base_url, embed_model=MODEL, embed_batch_size=4)
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+def call(client, op, **body) -> tuple[int, Any]:
+    response = client.post(f"/v1/{op}", json={**NS, **body})
+    return response.status_code, response.get_json()
+
+
+def ok(client, op, **body) -> Any:
+    status, out = call(client, op, **body)
+    assert status == 200, out
+    return out
+
+
+def search(client, query, **body) -> list[tuple[str, list[str]]]:
+    out = ok(client, "memory.search", query=query, **body)
+    return [(hit["key"], hit["legs"]) for hit in out["hits"]]
+
+
+def run_jobs(app) -> None:
+    services = app.extensions["loom"]
+    context.use_services(services)
+    try:
+        _Worker([Queue(BUILDS, connection=services.queue_redis)],
+                connection=services.queue_redis).work(burst=True, logging_level="WARNING")
+    finally:
+        context.use_services(None)
+
+
+def org_of(app) -> str:
+    return app.extensions["loom"].settings.default_org
+
+
+def vectors_of(app, user_id: str = "u-42") -> dict[str, str]:
+    redis = app.extensions["loom"].redis
+    return dict(redis.hgetall(keys.recall_vectors(org_of(app), "support", user_id)))
+
+
+def due_of(app, user_id: str = "u-42") -> list[str]:
+    redis = app.extensions["loom"].redis
+    return list(redis.zrange(keys.recall_vectors_due(org_of(app), "support", user_id), 0, -1))
+
+
+def row_of(client, key: str, **body) -> dict[str, Any]:
+    out = ok(client, "memory.get", key=key, **body)
+    assert out["found"], key
+    return out["memory"]
+
+
+def id_of(client, key: str) -> str:
+    return row_of(client, key)["memory_id"]
+
+
+def ledger(client) -> dict[str, int]:
+    out = client.post("/v1/usage.get", json={"namespace": "support"}).get_json()
+    return out["by_worker"]["recall_embeddings"]
+
+
+def facts(client) -> None:
+    ok(client, "memory.set", key="commute", value="drives an automobile to the office")
+    ok(client, "memory.set", key="drink", value="likes green tea in the morning")
+    ok(client, "memory.set", key="pet", value="has a cat called Miso")
+
+
+# --- the job ---------------------------------------------------------------------------------
+
+
+def test_a_write_enqueues_one_job_and_the_vectors_land_when_it_runs(app, client, srv):
+    facts(client)
+    # The request computed nothing: no call, one job for the user however many writes.
+    assert srv.embedding_requests == []
+    assert Queue(BUILDS, connection=app.extensions["loom"].queue_redis).count == 1
+    assert len(due_of(app)) == 3 and vectors_of(app) == {}
+    run_jobs(app)
+    stored = vectors_of(app)
+    assert set(stored) == {id_of(client, k) for k in ("commute", "drink", "pet")}
+    assert due_of(app) == []
+    (request,) = srv.embedding_requests
+    assert request.body["model"] == MODEL
+    assert sorted(request.body["input"]) == sorted([
+        "commute: drives an automobile to the office",
+        "drink: likes green tea in the morning",
+        "pet: has a cat called Miso",
+    ])
+    # Each vector carries the fingerprint of the text and model it was made from.
+    commute = id_of(client, "commute")
+    assert stored[commute][:FINGERPRINT_CHARS] == fingerprint(
+        MODEL, None, row_text("commute", "drives an automobile to the office"))
+
+
+def test_batches_follow_the_batch_size(app, client, srv):
+    for i in range(9):
+        ok(client, "memory.set", key=f"fact_{i}", value=f"fact number {i}")
+    run_jobs(app)
+    assert [len(r.body["input"]) for r in srv.embedding_requests] == [4, 4, 1]
+    assert len(vectors_of(app)) == 9
+    assert ledger(client)["model_calls"] == 3
+
+
+def test_an_unchanged_row_costs_no_call(app, client, srv):
+    facts(client)
+    run_jobs(app)
+    calls = len(srv.embedding_requests)
+    ok(client, "memory.lock", key="pet")
+    ok(client, "memory.unlock", key="pet")
+    ok(client, "memory.pin", key="drink")
+    ok(client, "memory.set", key="commute", value="drives an automobile to the office",
+       confidence=0.5)
+    run_jobs(app)
+    assert len(srv.embedding_requests) == calls
+    assert len(vectors_of(app)) == 3 and due_of(app) == []
+    # A changed text is embedded again, alone.
+    ok(client, "memory.set", key="pet", value="has a dog called Miso")
+    assert id_of(client, "pet") not in vectors_of(app)  # the old vector went with the write
+    run_jobs(app)
+    assert srv.embedding_requests[-1].body["input"] == ["pet: has a dog called Miso"]
+    assert len(srv.embedding_requests) == calls + 1
+
+
+def test_a_row_rewritten_while_its_text_is_embedded_gets_no_stale_vector(app, client, srv):
+    ok(client, "memory.set", key="pet", value="has a cat called Miso")
+    gate = threading.Event()
+    srv.script_embedding(gate=gate)
+    services = app.extensions["loom"]
+    job = threading.Thread(target=embed_due, args=(services, org_of(app), "support", "u-42"))
+    job.start()
+    try:
+        while not srv.embedding_requests:
+            job.join(0.01)
+        ok(client, "memory.set", key="pet", value="has a parrot called Kiwi")
+    finally:
+        gate.set()
+        job.join(10)
+    pet = id_of(client, "pet")
+    assert pet not in vectors_of(app)  # the cat's vector never landed
+    assert due_of(app) == [pet]
+    run_jobs(app)  # the write's own job
+    assert vectors_of(app)[pet][:FINGERPRINT_CHARS] == fingerprint(
+        MODEL, None, row_text("pet", "has a parrot called Kiwi"))
+
+
+def test_concurrent_writers_leave_a_vector_of_the_current_text_or_none(app, client, srv):
+    services = app.extensions["loom"]
+    ok(client, "memory.set", key="note", value="version zero")
+    stop = threading.Event()
+    errors: list[Any] = []
+
+    def writer(n: int) -> None:
+        c = app.test_client()
+        for i in range(15):
+            status, out = call(c, "memory.set", key="note", value=f"writer {n} text {i}")
+            if status != 200:
+                errors.append(out)
+
+    def embedder() -> None:
+        while not stop.is_set():
+            embed_due(services, org_of(app), "support", "u-42")
+
+    jobs = threading.Thread(target=embedder)
+    jobs.start()
+    writers = [threading.Thread(target=writer, args=(n,)) for n in range(3)]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join(60)
+    stop.set()
+    jobs.join(60)
+    assert errors == []
+    row = row_of(client, "note")
+    stored = vectors_of(app).get(row["memory_id"])
+    if stored is None:
+        assert due_of(app) == [row["memory_id"]]
+    else:
+        assert stored[:FINGERPRINT_CHARS] == fingerprint(MODEL, None,
+                                                         row_text("note", row["value"]))
+    embed_due(services, org_of(app), "support", "u-42")
+    assert vectors_of(app)[row["memory_id"]][:FINGERPRINT_CHARS] == fingerprint(
+        MODEL, None, row_text("note", row["value"]))
+
+
+def test_a_failed_call_leaves_the_rows_due_and_is_counted(app, client, srv):
+    facts(client)
+    srv.script_embedding(status=500)
+    run_jobs(app)
+    assert vectors_of(app) == {} and len(due_of(app)) == 3
+    assert ledger(client)["failures"] == 1 and ledger(client)["model_calls"] == 1
+    ok(client, "memory.set", key="extra", value="one more fact")
+    run_jobs(app)
+    assert len(vectors_of(app)) == 4 and due_of(app) == []
+
+
+def test_profile_rows_and_forget_requests_get_no_vector(app, client, srv):
+    ok(client, "memory.set", key="tone", value="short answers", memory_type="profile")
+    ok(client, "memory.set", key="old", value="the old address", tags=["forget"])
+    run_jobs(app)
+    assert vectors_of(app) == {} and due_of(app) == []
+    # The only text embedded is the section's, by loom_search's section-vector job (kept
+    # apart: app/store/profile_vectors.py); the forgotten fact is never sent.
+    assert srv.embedded_texts() == ["tone: short answers"]
+
+
+# --- the search ------------------------------------------------------------------------------
+
+
+def test_search_ranks_by_meaning_and_fuses_the_legs(app, client, srv):
+    facts(client)
+    ok(client, "memory.set", key="car_colour", value="the car is blue")
+    run_jobs(app)
+    before = len(srv.embedding_requests)
+    # No fact holds "vehicle": only the vector leg finds the two about cars.
+    hits = search(client, "vehicle")
+    assert {key for key, _legs in hits[:2]} == {"commute", "car_colour"}
+    assert all(legs == ["vector"] for key, legs in hits[:2])
+    assert "pet" not in [key for key, _ in hits]  # shares no word, near orthogonal
+    # One query embedded in the request, counted as one call.
+    assert len(srv.embedding_requests) == before + 1
+    assert srv.embedding_requests[-1].body["input"] == ["vehicle"]
+    # A fact both legs find ranks first and says so.
+    hits = search(client, "car")
+    assert hits[0] == ("car_colour", ["lexical", "vector"])
+    assert ("commute", ["vector"]) in hits
+    out = ok(client, "memory.search", query="beverage")
+    assert out["hits"][0]["key"] == "drink" and out["hits"][0]["matched_terms"] == []
+
+
+def test_without_an_endpoint_search_is_lexical_alone(app_factory, srv):
+    client = app_factory().test_client()
+    facts(client)
+    assert search(client, "vehicle") == []
+    assert search(client, "automobile") == [("commute", ["lexical"])]
+    assert srv.embedding_requests == []
+
+
+def test_no_vector_in_scope_means_no_query_call(app, client, srv):
+    facts(client)  # not embedded yet: the job has not run
+    assert search(client, "automobile") == [("commute", ["lexical"])]
+    assert srv.embedding_requests == []
+
+
+def test_a_failed_query_embedding_falls_back_to_the_lexical_leg(app, client, srv):
+    facts(client)
+    run_jobs(app)
+    srv.script_embedding(status=503)
+    assert search(client, "automobile") == [("commute", ["lexical"])]
+    assert ledger(client)["failures"] == 1
+
+
+def test_filters_and_scope_hold_for_the_vector_leg(app, client, srv):
+    facts(client)
+    ok(client, "memory.set", key="car_wash", value="washes the automobile weekly",
+       memory_type="episodic", user_id="u-7")
+    run_jobs(app)
+    assert [key for key, _ in search(client, "vehicle", read_scope="own_user")] == ["commute"]
+    assert {key for key, _ in search(client, "vehicle", read_scope="namespace")} == {
+        "commute", "car_wash"}
+    assert [key for key, _ in search(client, "vehicle", read_scope="namespace",
+                                     memory_type="episodic")] == ["car_wash"]
+
+
+def test_a_searching_process_sees_every_change_to_the_vectors_it_keeps(app, client, srv):
+    facts(client)
+    run_jobs(app)
+    assert [key for key, _ in search(client, "vehicle")] == ["commute"]  # now kept decoded
+    ok(client, "memory.set", key="car_colour", value="the car is blue")
+    run_jobs(app)
+    assert {key for key, _ in search(client, "vehicle")} == {"commute", "car_colour"}
+    ok(client, "memory.delete", key="commute")
+    assert [key for key, _ in search(client, "vehicle")] == ["car_colour"]
+    ok(client, "memory.redact", key="car_colour")
+    assert search(client, "vehicle") == []
+    # An erased user written again starts a new generation, never equal to the kept one.
+    from tests.support.erasure_worker import run_erasure_jobs
+
+    started = ok(client, "user.erase", user_id="u-42")
+    run_erasure_jobs(app.extensions["loom"])
+    assert ok(client, "erasure.status", erasure_id=started["erasure_id"])["status"] == "done"
+    ok(client, "memory.set", key="bike", value="rides a vehicle with two wheels")
+    run_jobs(app)
+    assert [key for key, _ in search(client, "car")] == ["bike"]
+
+
+# --- ledger and budgets ----------------------------------------------------------------------
+
+
+def test_calls_are_counted_in_the_ledger_and_the_budget(app, client, srv):
+    facts(client)
+    run_jobs(app)
+    search(client, "vehicle")
+    counted = ledger(client)
+    assert counted["model_calls"] == 2
+    # The scripted server reports a token a word: 7 + 7 + 6 for the facts, 1 for the query.
+    assert counted["prompt_tokens"] == 7 + 7 + 6 + 1
+    budget = client.post("/v1/budget.get", json={"namespace": "support"}).get_json()
+    assert (budget["spent_calls"], budget["spent_tokens"]) == (2, 21)
+
+
+def test_out_of_budget_defers_the_job_and_the_query(app, client, srv):
+    status = client.post("/v1/budget.set", json={"namespace": "support", "calls": 0})
+    assert status.status_code == 200, status.get_json()
+    facts(client)
+    run_jobs(app)
+    assert srv.embedding_requests == []
+    assert vectors_of(app) == {} and len(due_of(app)) == 3
+    assert ledger(client)["deferred_for_budget"] == 1
+    client.post("/v1/budget.set", json={"namespace": "support", "calls": 1})
+    ok(client, "memory.set", key="extra", value="one more fact")
+    run_jobs(app)  # four rows in one call: the one call the budget has
+    assert len(vectors_of(app)) == 4
+    # The query's call would pass the budget: the lexical leg answers alone, no call made.
+    calls = len(srv.embedding_requests)
+    assert search(client, "automobile") == [("commute", ["lexical"])]
+    assert len(srv.embedding_requests) == calls
+    assert ledger(client)["deferred_for_budget"] == 2
+
+
+def test_model_calls_off_for_the_org_means_no_call(app, client, srv):
+    facts(client)
+    run_jobs(app)
+    calls = len(srv.embedding_requests)
+    admin = client.post("/v1/org.set_model_calls", json={"enabled": False})
+    assert admin.status_code == 200, admin.get_json()
+    ok(client, "memory.set", key="extra", value="one more fact")
+    run_jobs(app)
+    assert search(client, "automobile") == [("commute", ["lexical"])]
+    assert len(srv.embedding_requests) == calls
+    assert len(due_of(app)) == 1
+
+
+# --- delete, redact, forget, erasure, export -------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["delete", "redact", "forget_tag", "profile_type"])
+def test_a_fact_taken_out_loses_its_vector_in_the_same_write(app, client, srv, how):
+    facts(client)
+    run_jobs(app)
+    commute = id_of(client, "commute")
+    assert commute in vectors_of(app)
+    if how == "delete":
+        ok(client, "memory.delete", key="commute")
+    elif how == "redact":
+        ok(client, "memory.redact", key="commute")
+    elif how == "forget_tag":
+        ok(client, "memory.set", key="commute", value="drives an automobile to the office",
+           tags=["forget"])
+    else:
+        ok(client, "memory.set", key="commute", value="drives an automobile to the office",
+           memory_type="profile")
+    assert commute not in vectors_of(app) and commute not in due_of(app)
+    run_jobs(app)
+    assert commute not in vectors_of(app)
+    # Neither leg finds it again.
+    assert "commute" not in [key for key, _ in search(client, "vehicle")]
+    assert "commute" not in [key for key, _ in search(client, "automobile office")]
+
+
+def test_erasure_takes_the_vector_keys_and_the_census_is_clean(app, client, srv):
+    from tests.support.erasure_worker import run_erasure_jobs
+
+    facts(client)
+    ok(client, "memory.set", key="ride", value="a vehicle of their own", user_id="u-7")
+    ok(client, "memory.set", key="later", value="a fact never embedded")
+    run_jobs(app)
+    ok(client, "memory.set", key="pending", value="waits for the embeddings job")
+    services = app.extensions["loom"]
+    redis = services.redis
+    org = org_of(app)
+    vector_keys = [keys.recall_vectors(org, "support", "u-42"),
+                   keys.recall_vectors_due(org, "support", "u-42"),
+                   keys.recall_vectors_queued(org, "support", "u-42"),
+                   keys.recall_vectors_generation(org, "support", "u-42")]
+    assert all(redis.exists(key) for key in vector_keys)
+    started = ok(client, "user.erase", user_id="u-42")
+    run_erasure_jobs(services)
+    receipt = ok(client, "erasure.status", erasure_id=started["erasure_id"])
+    assert receipt["status"] == "done" and receipt["census"]["clean"] is True
+    assert not any(redis.exists(key) for key in vector_keys)
+    run_jobs(app)  # a job queued before the erasure finds nothing to write
+    assert not any(redis.exists(key) for key in vector_keys)
+    assert vectors_of(app, "u-7") != {}
+    assert [key for key, _ in search(client, "car", read_scope="namespace")] == ["ride"]
+
+
+def test_export_carries_no_vector(app, client, srv):
+    facts(client)
+    run_jobs(app)
+    stored = next(iter(vectors_of(app).values()))
+    out = ok(client, "subject.export", user_id="u-42")
+    assert "drives an automobile" in str(out)
+    assert stored[FINGERPRINT_CHARS + 1:][:24] not in str(out)
+
+
+def test_the_store_refuses_a_vector_for_a_moved_or_gone_row(app, client, srv):
+    ok(client, "memory.set", key="pet", value="has a cat")
+    services = app.extensions["loom"]
+    vectors = services.store(RecallVectorStore)
+    org = org_of(app)
+    row = row_of(client, "pet")
+    (due,) = vectors.due(org, "support", "u-42", 10)
+    assert due.row_key is not None
+    old_version = int(services.redis.hget(due.row_key, "version"))
+    ok(client, "memory.set", key="pet", value="has a dog")
+    assert vectors.store(org, "support", "u-42", due.row_key, row["memory_id"], old_version,
+                         "x" * 17) == "MOVED"
+    ok(client, "memory.delete", key="pet")
+    new_version = int(services.redis.hget(due.row_key, "version"))
+    assert vectors.store(org, "support", "u-42", due.row_key, row["memory_id"], new_version,
+                         "x" * 17) == "GONE"
+    assert vectors_of(app) == {} and due_of(app) == []
+
+
+def test_the_engine_is_detected_and_none_on_a_server_without_modules(app, redis_client):
+    from app.store.recall_vectors import detect_engine
+
+    # The suite's Valkey has no vector sets and no search module: exact cosine it is.
+    assert detect_engine(redis_client) == "none"
+    assert app.extensions["loom"].store(RecallVectorStore).engine == "none"

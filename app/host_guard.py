@@ -96,7 +96,11 @@ def install(app: LoomFlask, settings: Settings) -> None:
 
     @app.after_request
     def no_store_unless_chosen(response: Response) -> Response:
+        # A scan, not ``in``: werkzeug's headers answer a missing name by raising a
+        # BadRequestKeyError, and the header is missing from nearly every answer.
         headers = response.headers
-        if CACHE_CONTROL not in headers:
-            headers[CACHE_CONTROL] = NO_STORE
+        for name, _value in headers:
+            if name.lower() == "cache-control":
+                return response
+        headers.add(CACHE_CONTROL, NO_STORE)
         return response

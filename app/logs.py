@@ -175,7 +175,7 @@ def _sole_json_handler(logger: logging.Logger) -> logging.StreamHandler | None: 
 
 
 _encode_text = encode_basestring  # a str as JSON, non-ASCII kept: as _encode_line
-_FINITE = (float("-inf"), float("inf"))
+_INFINITE = (float("-inf"), float("inf"))
 
 
 def _json_value(value: Any) -> str:
@@ -183,10 +183,8 @@ def _json_value(value: Any) -> str:
     kind = type(value)
     if kind is str:
         return _encode_text(value)
-    if kind is int:
-        return int.__repr__(value)
-    if kind is float and value == value and value not in _FINITE:
-        return float.__repr__(value)
+    if kind is int or (kind is float and value == value and value not in _INFINITE):
+        return repr(value)
     return _encode_line(value)
 
 
@@ -252,8 +250,15 @@ class _LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
         with self.lock:  # type: ignore[union-attr]
             stream = self.stream
             stream.write(line + self.terminator)
-            if not _flushes_itself(stream):
+            if self._flushing_checked is not stream:
+                # The stream's buffering is read once per stream (an ABC isinstance check
+                # costs more than the line's write).
+                self._flushing_checked, self._needs_flush = stream, not _flushes_itself(stream)
+            if self._needs_flush:
                 stream.flush()
+
+    _flushing_checked: Any = None
+    _needs_flush = True
 
 
 def _flushes_itself(stream: Any) -> bool:

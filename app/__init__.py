@@ -6,7 +6,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from types import FunctionType
+from types import FunctionType, MethodType
 from typing import Any
 
 import swagger_ui_bundle
@@ -78,7 +78,8 @@ class LoomFlask(Flask):
 
     Flask asks ``ensure_sync`` about the view and every request hook on every request, and
     each answer inspects the function's code flags again. Loom declares no ``async def`` view
-    or hook; the answer per function is kept, so a request pays one dictionary lookup each.
+    or hook; the answer per function or bound method is kept, so a request pays one lookup
+    each.
     """
 
     json_provider_class = LoomJSONProvider
@@ -110,7 +111,7 @@ class LoomFlask(Flask):
             self._guards_placed = True
 
     def ensure_sync(self, func: Callable[..., Any]) -> Callable[..., Any]:
-        if type(func) is not FunctionType:
+        if type(func) is not FunctionType and type(func) is not MethodType:
             return super().ensure_sync(func)
         if func in self._plain_functions:
             return func

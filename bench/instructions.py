@@ -119,7 +119,9 @@ def child(args: argparse.Namespace) -> int:
         from gevent import monkey
 
         monkey.patch_all()
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="loom-ir-metrics-")
+    metrics_dir = Path(args.out) / f"{args.child}-metrics"
+    metrics_dir.mkdir(exist_ok=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir)
     os.environ["REDIS_URL"] = args.redis_url
     # Loom's lines go where gunicorn's stderr goes: a file.
     log = open(Path(args.out) / f"{args.child}.stderr", "w")

@@ -20,16 +20,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flask import Response, jsonify, request
 
 from app.services import Services
 from app.store.connection import UNAVAILABLE_ERRORS
 from app.store.ratelimit import BadCredentialBudget
-
-if TYPE_CHECKING:
-    from app import LoomFlask
 
 SIGN_IN_PATH = "/console/sign-in"
 # Most addresses this process remembers as over budget; past it the oldest are forgotten.
@@ -110,7 +107,9 @@ class BadTokenGuard:
         return response
 
 
-def install(app: LoomFlask, services: Services) -> BadTokenGuard:
+def install(app: Any, services: Services) -> BadTokenGuard:
+    """The guard's two hooks on ``app``, a ``LoomFlask`` (typed loosely: ``app`` imports this
+    module)."""
     guard = BadTokenGuard(services)
     app.add_request_guard(guard.refuse_blocked)
     app.after_request(guard.spend_on_refusal)

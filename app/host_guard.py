@@ -17,14 +17,11 @@ hook): a deployer's hooks, error tracker and tracing see a 421 like any other an
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from flask import Response, jsonify, request
 
 from app.settings import Settings
-
-if TYPE_CHECKING:
-    from app import LoomFlask
 
 LOOPBACK_NAMES = frozenset(("127.0.0.1", "localhost", "[::1]", "::1"))
 CACHE_CONTROL = "Cache-Control"
@@ -73,8 +70,9 @@ def refusal() -> Response:
     return response
 
 
-def install(app: LoomFlask, settings: Settings) -> None:
-    """The Host check (when ``allowed_names`` gives names) and ``no-store`` on every answer."""
+def install(app: Any, settings: Settings) -> None:
+    """The Host check (when ``allowed_names`` gives names) and ``no-store`` on every answer, on
+    ``app``, a ``LoomFlask`` (typed loosely: ``app`` imports this module)."""
     names = allowed_names(settings)
     if names is not None:
         # The Host headers already answered, as sent: clients repeat one or two, so most

@@ -58,7 +58,8 @@ if str(ROOT) not in sys.path:
 
 OPS = ("get", "set", "append")
 APPS = ("loom", "baseline")
-TARGETS = {"get": 0.8, "set": 1.2, "append": 1.2}
+# Only get does the same Redis work in both apps (see ``report``).
+TARGETS = {"get": 0.8}
 ORG = "default"
 NAMESPACE = "bench"
 
@@ -244,15 +245,21 @@ def report(per_request: dict[str, dict[str, float]], gunicorn_ir: float) -> bool
     for op in per_request["loom"]:
         loom, base = per_request["loom"][op], per_request["baseline"][op]
         ratio = base / loom if loom else 0.0
-        verdict = "ok" if ratio >= TARGETS[op] else "BELOW"
-        met &= ratio >= TARGETS[op]
+        if op in TARGETS:
+            verdict = f">= {TARGETS[op]} " + ("ok" if ratio >= TARGETS[op] else "BELOW")
+            met &= ratio >= TARGETS[op]
+        else:
+            verdict = "(req/s target; see below)"
         line = (f"  {op:<8}{loom:>10.0f}{base:>10.0f}{loom - base:>12.0f}{ratio:>8.3f}  "
-                f">= {TARGETS[op]} {verdict}")
+                f"{verdict}")
         if gunicorn_ir:
             line += f"   {(base + gunicorn_ir) / (loom + gunicorn_ir):.3f}"
         print(line)
-    print("  set and append: the baseline's WATCH/HGET/MULTI/EXEC is three round trips of")
-    print("  client work where Loom sends one script; Redis's own work is not in these counts.")
+    print("  get: both apps send one HGET, so the ratio is Loom's own work; target >= "
+          f"{TARGETS['get']}.")
+    print("  set and append: the baseline's WATCH/HGET/MULTI/EXEC is three round trips where")
+    print("  Loom sends one script; the waits and Redis's own work are not in these counts, so")
+    print("  their >= 1.2 target is for req/s (bench/working_memory.py), not for this ratio.")
     return met
 
 

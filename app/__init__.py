@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable, Mapping
-from types import FunctionType
+from types import FunctionType, MethodType
 from typing import Any
 
 import swagger_ui_bundle
-from flask import Blueprint, Flask
+from flask import Blueprint, Flask, Response
 from flask.json.provider import DefaultJSONProvider
 from flask_smorest import Api
 from werkzeug.middleware.proxy_fix import ProxyFix
@@ -66,11 +67,19 @@ class LoomJSONProvider(DefaultJSONProvider):
 
 
 class LoomFlask(Flask):
-    """Flask, remembering which views and hooks are plain functions.
+    """Flask, with request guards, and remembering which views and hooks are plain functions.
+
+    A request guard (``add_request_guard``) is a ``before_request`` hook that refuses a request
+    by returning an answer (the Host check, the refused-token budget). At the first request the
+    guards are moved behind every other app-level ``before_request`` hook, a deployer's too
+    (Flask takes no new hook once a request has been handled): the deployer's hooks and
+    tracing see the refused request start and its answer leave, and no blueprint's hook or
+    view, where credentials are checked, runs before a guard.
 
     Flask asks ``ensure_sync`` about the view and every request hook on every request, and
     each answer inspects the function's code flags again. Loom declares no ``async def`` view
-    or hook; the answer per function is kept, so a request pays one dictionary lookup each.
+    or hook; the answer per function or bound method is kept, so a request pays one lookup
+    each.
     """
 
     json_provider_class = LoomJSONProvider
@@ -78,9 +87,38 @@ class LoomFlask(Flask):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._plain_functions: set[Callable[..., Any]] = set()
+        self.request_guards: list[Callable[[], Any]] = []
+        self._guards_placed = False
+        self._guards_lock = threading.Lock()
+
+    def add_request_guard(self, guard: Callable[[], Any]) -> None:
+        """Run ``guard`` before every request's view: an answer it returns is the answer."""
+        self.request_guards.append(guard)
+        self.before_request(guard)
+
+    def make_response(self, rv: Any) -> Response:
+        # An op's answer, a plain dict: what Flask makes of one, without its tests of the
+        # value's type on the way (an Iterator ABC check among them).
+        if type(rv) is dict:
+            return self.json.response(rv)  # type: ignore[return-value]
+        return super().make_response(rv)
+
+    def preprocess_request(self) -> Any:
+        if not self._guards_placed:
+            self._place_guards()
+        return super().preprocess_request()
+
+    def _place_guards(self) -> None:
+        with self._guards_lock:
+            if self._guards_placed:
+                return
+            hooks = self.before_request_funcs.setdefault(None, [])
+            guards = [hook for hook in hooks if hook in self.request_guards]
+            hooks[:] = [hook for hook in hooks if hook not in self.request_guards] + guards
+            self._guards_placed = True
 
     def ensure_sync(self, func: Callable[..., Any]) -> Callable[..., Any]:
-        if type(func) is not FunctionType:
+        if type(func) is not FunctionType and type(func) is not MethodType:
             return super().ensure_sync(func)
         if func in self._plain_functions:
             return func
@@ -145,11 +183,12 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         contract.install(app, api)
     register_console(app)
     register_operations(app, services)
-    # Outermost of all, so they see every request whoever serves it: the refused-token
-    # budget, then the Host check and no-store, then (behind proxies) the client's address and
-    # scheme from the proxies' headers, which the two inner layers read.
-    bad_tokens.install(app, services)
+    # The Host check, then the refused-token budget, after every app-level hook and before any
+    # blueprint's or view (LoomFlask.add_request_guard); and no-store on every answer.
     host_guard.install(app, settings)
+    bad_tokens.install(app, services)
+    # Around Flask only the proxies' headers, read into the client's address and scheme before
+    # any hook reads them.
     if settings.trusted_proxies:
         app.wsgi_app = ProxyFix(  # type: ignore[method-assign]
             app.wsgi_app, x_for=settings.trusted_proxies, x_proto=settings.trusted_proxies)

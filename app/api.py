@@ -223,6 +223,10 @@ def _known_fields(schema_class: type[Schema]) -> frozenset[str]:
     return frozenset(field.data_key or name for name, field in fields.items())
 
 
+_NO_HEADERS: dict[str, str] = {}
+_IDEMPOTENCY_KEY = "HTTP_" + idempotency.HEADER.upper().replace("-", "_")
+
+
 def make_view(op: Op, services: Services) -> Callable[..., Any]:
     """The op's Flask view: from the request to its answer (or a LoomError for the handlers).
 
@@ -235,15 +239,19 @@ def make_view(op: Op, services: Services) -> Callable[..., Any]:
 
     def view(**path_args: Any) -> dict[str, Any]:
         headers = request.headers
-        principal: Principal = authenticate(headers)
+        environ = request.environ
+        # A header the request lacks costs werkzeug's headers a raised KeyError: the two that
+        # are often absent are read from the environ (authenticate reads only Authorization).
+        principal: Principal = authenticate(
+            headers if "HTTP_AUTHORIZATION" in environ else _NO_HEADERS)
         check_budget(principal)
-        body = read_json_body(request.environ, max_bytes)
+        body = read_json_body(environ, max_bytes)
         if path_args:
             body = {**body, **path_args}
         if is_get and request.args:
             body = {**request.args.to_dict(), **body}
         return run_op(op, body, principal, services, lambda: _client_name(headers),
-                      idempotency_key=headers.get(idempotency.HEADER))
+                      idempotency_key=environ.get(_IDEMPOTENCY_KEY))
 
     view.__name__ = op.name.replace(".", "_")
     view.__doc__ = op.summary

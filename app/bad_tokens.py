@@ -1,12 +1,16 @@
-"""The per-address budget of refused tokens: a WSGI layer around the whole web app.
+"""The per-address budget of refused tokens: two request hooks of the Flask app.
 
 A request that carries a credential (an ``Authorization`` header, or the console's sign-in
 form) and is answered 401 spends one unit of its client address's budget
 (``LOOM_BAD_TOKEN_LIMIT``, counted in Redis by ``BadCredentialBudget`` and shared by every
 process). Once an address is over it, this process answers its requests that carry a
-credential 429 with ``Retry-After`` until the window ends, before any route runs; requests
-without one (``/healthz``) still pass. A good request costs nothing here: only a refusal
-reaches Redis, and the over-budget addresses are kept in this process's memory.
+credential 429 with ``Retry-After`` until the window ends, before any view or blueprint hook
+checks a credential; requests without one (``/healthz``) still pass. A good request costs
+nothing here: only a refusal reaches Redis, and the over-budget addresses are kept in this
+process's memory.
+
+Both live inside Flask's request cycle (``LoomFlask.add_request_guard``, an ``after_request``
+hook): a deployer's hooks, error tracker and tracing see the 429 like any other answer.
 
 The address is ``REMOTE_ADDR``: behind proxies, ``LOOM_TRUSTED_PROXIES`` has werkzeug's
 ``ProxyFix`` set it from ``X-Forwarded-For`` first.
@@ -14,17 +18,16 @@ The address is ``REMOTE_ADDR``: behind proxies, ``LOOM_TRUSTED_PROXIES`` has wer
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-from collections.abc import Callable, Iterable
 from typing import Any
+
+from flask import Response, jsonify, request
 
 from app.services import Services
 from app.store.connection import UNAVAILABLE_ERRORS
 from app.store.ratelimit import BadCredentialBudget
 
-WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 SIGN_IN_PATH = "/console/sign-in"
 # Most addresses this process remembers as over budget; past it the oldest are forgotten.
 MAX_BLOCKED = 10_000
@@ -38,28 +41,34 @@ def carries_credential(environ: dict[str, Any]) -> bool:
     return environ.get("REQUEST_METHOD") == "POST" and environ.get("PATH_INFO") == SIGN_IN_PATH
 
 
+def _address(environ: dict[str, Any]) -> str:
+    return str(environ.get("REMOTE_ADDR") or "-")
+
+
 class BadTokenGuard:
-    def __init__(self, app: WSGIApp, services: Services) -> None:
-        self.app = app
+    """Refuses a credential from an address over its budget; counts each 401 against it."""
+
+    def __init__(self, services: Services) -> None:
         self.services = services
         self.blocked_until: dict[str, float] = {}
         self.lock = threading.Lock()
 
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]
-                 ) -> Iterable[bytes]:
+    def refuse_blocked(self) -> Response | None:
+        """The 429 for a credential from an address over its budget, else None."""
+        if not self.blocked_until:  # the common case: no address is held off
+            return None
+        environ = request.environ
         if not carries_credential(environ) or self.services.settings.bad_token_limit is None:
-            return self.app(environ, start_response)
-        address = str(environ.get("REMOTE_ADDR") or "-")
-        wait = self._wait(address)
-        if wait is not None:
-            return self._refuse(start_response, wait)
+            return None
+        wait = self._wait(_address(environ))
+        return None if wait is None else self._refusal(wait)
 
-        def start(status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
-            if status.startswith("401"):
-                self._spend(address)
-            return start_response(status, headers, *exc_info)
-
-        return self.app(environ, start)
+    def spend_on_refusal(self, response: Response) -> Response:
+        if response.status_code == 401:
+            environ = request.environ
+            if carries_credential(environ) and self.services.settings.bad_token_limit is not None:
+                self._spend(_address(environ))
+        return response
 
     def _wait(self, address: str) -> int | None:
         until = self.blocked_until.get(address)
@@ -87,20 +96,21 @@ class BadTokenGuard:
                     retry_after)
 
     @staticmethod
-    def _refuse(start_response: Callable[..., Any], wait: int) -> Iterable[bytes]:
-        body = json.dumps({"error": {
+    def _refusal(wait: int) -> Response:
+        response = jsonify({"error": {
             "code": "RATE_LIMITED",
             "message": "too many refused tokens from this address; wait before trying again",
             "retry_after": wait,
-        }}, separators=(",", ":")).encode() + b"\n"
-        start_response("429 TOO MANY REQUESTS", [
-            ("Content-Type", "application/json"), ("Content-Length", str(len(body))),
-            ("Retry-After", str(wait)),
-        ])
-        return [body]
+        }})
+        response.status_code = 429
+        response.headers["Retry-After"] = str(wait)
+        return response
 
 
 def install(app: Any, services: Services) -> BadTokenGuard:
-    guard = BadTokenGuard(app.wsgi_app, services)
-    app.wsgi_app = guard
+    """The guard's two hooks on ``app``, a ``LoomFlask`` (typed loosely: ``app`` imports this
+    module)."""
+    guard = BadTokenGuard(services)
+    app.add_request_guard(guard.refuse_blocked)
+    app.after_request(guard.spend_on_refusal)
     return guard

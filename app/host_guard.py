@@ -1,31 +1,32 @@
-"""The outermost WSGI layer of the web process: which ``Host`` it answers, and no caching.
+"""Which ``Host`` the web process answers, and no caching: two request hooks of the Flask app.
 
 A page on any web site can make a browser send requests to ``127.0.0.1`` by rebinding its own
 name to that address (DNS rebinding); the browser then treats the answers as that site's. With
 auth off nothing else stands between such a page and every user's data, so on a loopback bind
 (or whenever ``LOOM_ALLOWED_HOSTS`` is set) a request whose ``Host`` is not a loopback name or
-an allowed one is refused with 421 before any route runs. The MCP server applies the same
-names to its own port (``loom.mcp_server.allowed_host_names``).
+an allowed one is refused with 421 before any view or blueprint hook runs. The MCP server
+applies the same names to its own port (``loom.mcp_server.allowed_host_names``).
 
 Every answer also carries ``Cache-Control: no-store`` unless its route chose a policy (the
 static files of the console and the docs do): answers hold users' data, and no browser or
 proxy cache should keep a copy.
 
-It wraps ``app.wsgi_app`` last, so it sees every request whichever layer serves it.
+Both live inside Flask's request cycle (``LoomFlask.add_request_guard``, an ``after_request``
+hook): a deployer's hooks, error tracker and tracing see a 421 like any other answer.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable
 from typing import Any
+
+from flask import Response, jsonify, request
 
 from app.settings import Settings
 
 LOOPBACK_NAMES = frozenset(("127.0.0.1", "localhost", "[::1]", "::1"))
-NO_STORE = ("Cache-Control", "no-store")
-
-WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+CACHE_CONTROL = "Cache-Control"
+NO_STORE = "no-store"
+MAX_ANSWERED_HOSTS = 64
 
 
 def is_loopback(address: str) -> bool:
@@ -57,42 +58,47 @@ def allowed_names(settings: Settings) -> frozenset[str] | None:
     return LOOPBACK_NAMES | frozenset(extra)
 
 
-class HostGuard:
-    """WSGI: refuses a ``Host`` outside ``names`` (when given) and adds ``no-store``."""
+def refusal() -> Response:
+    """The 421 for a Host this process does not answer."""
+    response = jsonify({"error": {
+        "code": "HOST_NOT_ALLOWED",
+        "message": "this server does not answer that Host name; add it to LOOM_ALLOWED_HOSTS",
+        "field": "Host",
+    }})
+    response.status_code = 421
+    response.headers[CACHE_CONTROL] = NO_STORE
+    return response
 
-    def __init__(self, app: WSGIApp, names: frozenset[str] | None) -> None:
-        self.app = app
-        self.names = names
 
-    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]
-                 ) -> Iterable[bytes]:
-        if self.names is not None:
+def install(app: Any, settings: Settings) -> None:
+    """The Host check (when ``allowed_names`` gives names) and ``no-store`` on every answer, on
+    ``app``, a ``LoomFlask`` (typed loosely: ``app`` imports this module)."""
+    names = allowed_names(settings)
+    if names is not None:
+        # The Host headers already answered, as sent: clients repeat one or two, so most
+        # requests cost a set lookup; a refused one is never kept, and the set stays small.
+        answered: set[str] = set()
+
+        def refuse_unknown_host() -> Response | None:
+            environ = request.environ
             host = environ.get("HTTP_HOST") or environ.get("SERVER_NAME", "")
-            if host_name(host) not in self.names:
-                return self._refuse(start_response)
+            if host in answered:
+                return None
+            if host_name(host) not in names:
+                return refusal()
+            if len(answered) < MAX_ANSWERED_HOSTS:
+                answered.add(host)
+            return None
 
-        def start(status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
-            if not any(name.lower() == "cache-control" for name, _ in headers):
-                headers.append(NO_STORE)
-            return start_response(status, headers, *exc_info)
+        app.add_request_guard(refuse_unknown_host)
 
-        return self.app(environ, start)
-
-    @staticmethod
-    def _refuse(start_response: Callable[..., Any]) -> Iterable[bytes]:
-        body = json.dumps({"error": {
-            "code": "HOST_NOT_ALLOWED",
-            "message": "this server does not answer that Host name; add it to "
-                       "LOOM_ALLOWED_HOSTS",
-            "field": "Host",
-        }}, separators=(",", ":")).encode() + b"\n"
-        start_response("421 MISDIRECTED REQUEST", [
-            ("Content-Type", "application/json"), ("Content-Length", str(len(body))), NO_STORE,
-        ])
-        return [body]
-
-
-def install(app: Any, settings: Settings) -> HostGuard:
-    guard = HostGuard(app.wsgi_app, allowed_names(settings))
-    app.wsgi_app = guard
-    return guard
+    @app.after_request
+    def no_store_unless_chosen(response: Response) -> Response:
+        # A scan, not ``in``: werkzeug's headers answer a missing name by raising a
+        # BadRequestKeyError, and the header is missing from nearly every answer.
+        headers = response.headers
+        for name, _value in headers:
+            if name.lower() == "cache-control":
+                return response
+        headers.add(CACHE_CONTROL, NO_STORE)
+        return response

@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextvars import ContextVar
+from json.encoder import encode_basestring
 from typing import Any
 
 from app.keyed import keyed_digest
@@ -173,36 +174,47 @@ def _sole_json_handler(logger: logging.Logger) -> logging.StreamHandler | None: 
     return None
 
 
+_encode_text = encode_basestring  # a str as JSON, non-ASCII kept: as _encode_line
+_INFINITE = (float("-inf"), float("inf"))
+
+
+def _json_value(value: Any) -> str:
+    """``value`` as ``_encode_line`` writes it, without an encoder for the common types."""
+    kind = type(value)
+    if kind is str:
+        return _encode_text(value)
+    if kind is int or (kind is float and value == value and value not in _INFINITE):
+        return repr(value)
+    return _encode_line(value)
+
+
 def info_line(logger: logging.Logger, message: str, **fields: Any) -> None:
     """``logger.info(message, extra=fields)`` for a line made of Loom's own values (no path, no
-    raw id): when Loom's JSON handler is the only one that would see it, the same line is
-    written without a LogRecord, the record factory and the handler chain."""
+    raw id): when Loom's JSON handler is the only one that would see it, the same line, byte
+    for byte, is written without a LogRecord, the record factory, the handler chain or a JSON
+    encoder (the access line runs once a request)."""
     if not logger.isEnabledFor(logging.INFO):
         return
     handler = _sole_json_handler(logger)
     if handler is None:
         logger.info(message, extra=fields)
         return
-    line: dict[str, Any] = {
-        "time": _iso_time(time.time()),
-        "level": "INFO",
-        "logger": logger.name,
-        "message": message,
-    }
-    # The bound fields hold no None (bind drops them); a given field that is None falls back
-    # to the bound one. Membership tests, not .get calls: this runs once a request.
-    merged = dict(_context.get() or _NOTHING)
-    for name, value in fields.items():
-        if value is not None:
-            merged[name] = value
+    # JsonFormatter's line: its four fields, then the context fields in their order, a given
+    # one first, else the bound one (bind keeps no None).
+    context = _context.get() or _NOTHING
+    line = (f'{{"time": "{_iso_time(time.time())}", "level": "INFO", "logger": '
+            f'{_encode_text(logger.name)}, "message": {_encode_text(message)}')
+    # Membership tests, not .get calls: ten fields a request.
     for name in CONTEXT_FIELDS:
-        if name in merged:
-            line[name] = merged[name]
+        if name in fields and fields[name] is not None:
+            value = fields[name]
+        elif name in context:
+            value = context[name]
+        else:
+            continue
+        line += f', "{name}": {_encode_text(value) if type(value) is str else _json_value(value)}'
     try:
-        text = _encode_line(line) + handler.terminator
-        with handler.lock:  # type: ignore[union-attr]
-            handler.stream.write(text)
-        handler.flush()
+        handler.write_line(line + "}")  # type: ignore[attr-defined]
     except Exception:  # as the handler would: a line that cannot be written stops no request
         handler.handleError(logger.makeRecord(logger.name, logging.INFO, "(unknown file)", 0,
                                               message, (), None, extra=fields))
@@ -232,13 +244,29 @@ class _LineHandler(logging.StreamHandler):  # type: ignore[type-arg]
     PYTHONUNBUFFERED, it has no buffer at all)."""
 
     def flush(self) -> None:
-        stream = self.stream
-        if getattr(stream, "line_buffering", False) or (
-            getattr(stream, "write_through", False)
-            and isinstance(getattr(stream, "buffer", None), io.RawIOBase)
-        ):
-            return
-        super().flush()
+        if not _flushes_itself(self.stream):
+            super().flush()
+
+    def write_line(self, line: str) -> None:
+        """One whole line and its flush, under one taking of the handler's lock."""
+        with self.lock:  # type: ignore[union-attr]
+            stream = self.stream
+            stream.write(line + self.terminator)
+            if self._flushing_checked is not stream:
+                # The stream's buffering is read once per stream (an ABC isinstance check
+                # costs more than the line's write).
+                self._flushing_checked, self._needs_flush = stream, not _flushes_itself(stream)
+            if self._needs_flush:
+                stream.flush()
+
+    _flushing_checked: Any = None
+    _needs_flush = True
+
+
+def _flushes_itself(stream: Any) -> bool:
+    return bool(getattr(stream, "line_buffering", False) or (
+        getattr(stream, "write_through", False)
+        and isinstance(getattr(stream, "buffer", None), io.RawIOBase)))
 
 
 def configure_logging(log_format: str | None = None, level: int = logging.INFO) -> None:

@@ -1,6 +1,7 @@
 """A mixed workload at 32 connections: Loom beside the bare baseline app doing the same Redis work.
 
-    .venv/bin/python bench/mixed.py [--requests 6000] [--rounds 3] [--connections 32]
+    .venv/bin/python bench/mixed.py [--seconds 10] [--rounds 3] [--connections 32]
+    .venv/bin/python bench/mixed.py --client python [--requests 6000]   (no wrk on PATH)
 
 What one run does:
 
@@ -13,28 +14,40 @@ What one run does:
    so the Redis work is the same and only Loom's request handling is missing.
 3. Before each run, writes the same data afresh: 1,000 working-memory blocks (100 users, ten
    blocks each) and each user's ``persona`` and ``notes`` sections.
-4. Sends a fixed count of requests from 32 connections (threads on raw HTTP/1.1 sockets in a
-   separate process), the n-th request taking its op from a fixed cycle: of every ten,
-   working_memory get x3, set x1, append x2, profile set x1, append x1, render x2 (own_user),
-   each on a user and block that follow from n. Alternates the two apps for several rounds.
+4. Loads each app from 32 connections, the n-th request taking its op from a fixed cycle:
+   of every ten, working_memory get x3, set x1, append x2, profile set x1, append x1,
+   render x2 (own_user), each on a user and block that follow from n. The load client is
+   ``wrk`` when it is on PATH (``apt-get install -y wrk``; one thread, a Lua script that
+   cycles through the first ``WRK_DISTINCT`` requests of that sequence, for ``--seconds``),
+   else a Python client in a separate process (threads on raw HTTP/1.1 sockets, a fixed
+   ``--requests`` count). Alternates the two apps for several rounds.
 5. Prints per run the throughput, p50 and p99 latency, and at the end the medians and the
    median of the per-round throughput ratios loom/baseline (target >= 0.8, and Loom's p99
-   under 50 ms).
+   under 50 ms), with the load average at the start and the end.
+
+Latency is measured by the load client, on the same cores as the servers: the Python client
+spends more CPU per request than either app, and its threads wait for the GIL, so its p99 is
+mostly its own (the baseline's p99 is then as high as Loom's). wrk's event loop in C costs a
+few microseconds a request; its p99 is the servers' queueing. Prefer wrk for the p99 target.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import secrets
+import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -99,15 +112,83 @@ class MixedResult:
     ok: int
     failed: int
     elapsed: float
-    latencies_ms: list[float]
+    latencies_ms: list[float] = field(default_factory=list)
+    # The load client's own percentiles (wrk's), when it keeps no list of latencies.
+    percentiles_ms: dict[float, float] = field(default_factory=dict)
+    client: str = "python"
+    client_cpu: float = 0.0  # seconds of CPU the load client spent
 
     @property
     def rate(self) -> float:
         return self.ok / self.elapsed if self.elapsed else 0.0
 
     def percentile(self, p: float) -> float:
+        if p in self.percentiles_ms:
+            return self.percentiles_ms[p]
         ordered = sorted(self.latencies_ms)
         return ordered[min(len(ordered) - 1, int(p * len(ordered)))] if ordered else 0.0
+
+
+# wrk cycles through this many requests of the sequence (each a distinct body); the appends
+# they repeat stay far below the blocks' and sections' limits within a run.
+WRK_DISTINCT = 2000
+
+WRK_SCRIPT = r"""
+local items = {
+%(items)s
+}
+local requests = {}
+local count = 0
+function init(args)
+  for i, item in ipairs(items) do
+    requests[i] = wrk.format("POST", item[1], {["Content-Type"] = "application/json"}, item[2])
+  end
+end
+function request()
+  count = count + 1
+  return requests[(count - 1) %% #requests + 1]
+end
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'WRKJSON {"requests":%%d,"duration_us":%%d,"connect":%%d,"read":%%d,"write":%%d,' ..
+    '"status":%%d,"timeout":%%d,"p50_us":%%d,"p99_us":%%d,"max_us":%%d}\n',
+    summary.requests, summary.duration, e.connect, e.read, e.write, e.status, e.timeout,
+    latency:percentile(50), latency:percentile(99), latency.max))
+end
+"""
+
+
+def wrk_script(paths: dict[str, str]) -> str:
+    """The Lua script that has wrk send the mixed sequence's first WRK_DISTINCT requests."""
+    items = []
+    for n in range(WRK_DISTINCT):
+        op, body = request_body(n)
+        items.append(f"  {{[==[{paths[op]}]==], [==[{body.decode()}]==]}},")
+    return WRK_SCRIPT % {"items": "\n".join(items)}
+
+
+def wrk_mixed_load(wrk: str, port: int, paths: dict[str, str], connections: int,
+                   seconds: int, workdir: Path) -> MixedResult:
+    script = workdir / f"mixed_{port}.lua"
+    script.write_text(wrk_script(paths))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out = subprocess.run(
+        [wrk, "-t1", f"-c{connections}", f"-d{seconds}s", "--timeout", "10s", "-s", str(script),
+         f"http://127.0.0.1:{port}/"],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    line = next(x for x in out.splitlines() if x.startswith("WRKJSON "))
+    summary = json.loads(line[len("WRKJSON "):])
+    errors = sum(summary[k] for k in ("connect", "read", "write", "timeout"))
+    return MixedResult(
+        ok=summary["requests"] - summary["status"], failed=summary["status"] + errors,
+        elapsed=summary["duration_us"] / 1e6,
+        percentiles_ms={0.5: summary["p50_us"] / 1000, 0.99: summary["p99_us"] / 1000},
+        client="wrk",
+        client_cpu=(after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+    )
 
 
 def mixed_load(port: int, paths: dict[str, str], connections: int, total: int) -> MixedResult:
@@ -187,17 +268,36 @@ def seed(redis_url: str, workdir: Path) -> None:
         client.post("/v1/profile.append", json={**who, "label": "notes", "addition": "New."})
 
 
+def _load_average() -> str:
+    one, five, _fifteen = os.getloadavg()
+    return f"{one:.2f} (1 min), {five:.2f} (5 min)"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=6000, help="requests per run (6000)")
+    parser.add_argument("--client", choices=("auto", "wrk", "python"), default="auto",
+                        help="load client: wrk when on PATH (auto), or the Python one")
+    parser.add_argument("--seconds", type=int, default=10, help="length of a wrk run (10)")
+    parser.add_argument("--requests", type=int, default=6000,
+                        help="requests per run of the Python client (6000)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds per app (3)")
     parser.add_argument("--connections", type=int, default=32, help="connections (32)")
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers per app (2)")
     parser.add_argument("--strict", action="store_true", help="exit 1 when a target is missed")
     args = parser.parse_args(argv)
+    wrk = shutil.which("wrk") if args.client != "python" else None
+    if args.client == "wrk" and wrk is None:
+        raise SystemExit("wrk is not on PATH: apt-get install -y wrk, or --client python")
     settings = gunicorn_settings(args.workers)
+    cores = os.cpu_count() or 1
+    run_size = f"{args.seconds}s per run" if wrk else f"{args.requests} requests per run"
     print(f"gunicorn (both apps): {' '.join(settings)}; {args.connections} connections, "
-          f"{args.requests} requests per run, {args.rounds} rounds")
+          f"{run_size}, {args.rounds} rounds; {cores} cores shared by redis-server, both apps' "
+          "workers and the load client")
+    print("load client: " + ("wrk (1 thread, C event loop; latency is the servers')" if wrk
+                             else "Python (threads in a separate process; its own CPU and GIL "
+                                  "waits are in every latency)"))
+    print(f"load average at start: {_load_average()}")
     results: dict[str, list[MixedResult]] = {"loom": [], "baseline": []}
     with tempfile.TemporaryDirectory(prefix="loom-mixed-") as tmp:
         workdir = Path(tmp)
@@ -211,24 +311,31 @@ def main(argv: list[str] | None = None) -> int:
                                       settings), BASELINE_PATHS),
             }
             pool = ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn"))
+
+            def run(port: int, paths: dict[str, str], warm: bool = False) -> MixedResult:
+                if wrk:
+                    return wrk_mixed_load(wrk, port, paths, args.connections,
+                                          1 if warm else args.seconds, workdir)
+                return pool.submit(mixed_load, port, paths, args.connections,
+                                   500 if warm else args.requests).result()
+
             try:
                 for server, _ in servers.values():
                     server.start()
                 for server, paths in servers.values():  # warm workers and scripts
                     seed(redis_url, workdir)
-                    pool.submit(mixed_load, server.port, paths, args.connections, 500).result()
+                    run(server.port, paths, warm=True)
                 for round_no in range(args.rounds):
                     order = ["loom", "baseline"] if round_no % 2 == 0 else ["baseline", "loom"]
                     for name in order:
                         server, paths = servers[name]
                         seed(redis_url, workdir)
-                        result = pool.submit(mixed_load, server.port, paths, args.connections,
-                                             args.requests).result()
+                        result = run(server.port, paths)
                         results[name].append(result)
                         print(f"  round {round_no + 1} {name:<8} {result.rate:6.0f} req/s  "
                               f"p50 {result.percentile(0.5):5.1f} ms  p99 "
-                              f"{result.percentile(0.99):5.1f} ms  ({result.failed} failed)",
-                              flush=True)
+                              f"{result.percentile(0.99):5.1f} ms  ({result.failed} failed) "
+                              f"[{result.client}]", flush=True)
             finally:
                 pool.shutdown()
                 for server, _ in servers.values():
@@ -236,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ratio = statistics.median(
         a.rate / b.rate for a, b in zip(results["loom"], results["baseline"], strict=True))
-    print(f"\nMixed workload, {args.connections} connections (medians of {args.rounds} rounds)")
+    print(f"\nMixed workload, {args.connections} connections, "
+          f"{'wrk' if wrk else 'Python client'} (medians of {args.rounds} rounds)")
     for name, runs in results.items():
         print(f"  {name:<8} {statistics.median(r.rate for r in runs):6.0f} req/s  p50 "
               f"{statistics.median(r.percentile(0.5) for r in runs):5.1f} ms  p99 "
@@ -246,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  ratio loom/baseline {ratio:4.2f} (target >= {TARGET_RATIO}); loom p99 "
           f"{p99:.1f} ms (target < {TARGET_P99_MS:.0f} ms): "
           + ("every target met" if met else "a target was missed"))
+    print(f"load average at end: {_load_average()}")
     return 1 if args.strict and not met else 0
 
 

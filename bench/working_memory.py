@@ -34,9 +34,12 @@ What one run does:
    and round trips per append.
 
 The load client, gunicorn and Redis all share the machine's cores; the script says how many
-there are. Absolute req/s therefore mean little; the ratios measured in the same run are the
-result. ``--profile N`` adds N in-process calls of each op straight into each WSGI app, timed
-(CPU and wall) and broken down by stage with cProfile.
+there are, and the load average at the start and the end. Absolute req/s therefore mean
+little; the ratios measured in the same run are the result, and they move by a tenth when
+other work shares the cores. ``bench/instructions.py`` counts the instructions each app spends
+per request instead, a figure a busy machine does not move. ``--profile N`` adds N in-process
+calls of each op straight into each WSGI app, timed (CPU and wall) and broken down by stage
+with cProfile.
 """
 
 from __future__ import annotations
@@ -892,6 +895,11 @@ def redis_for_bench(workdir: Path) -> Iterator[str]:
         server.stop()
 
 
+def _load_average() -> str:
+    one, five, _fifteen = os.getloadavg()
+    return f"{one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count() or 1} cores"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=int, default=5, help="length of one load run (5)")
@@ -926,6 +934,7 @@ def main(argv: list[str] | None = None) -> int:
           "contended appends always use the Python client (each addition is checked)")
     settings = gunicorn_settings(args.workers, args.worker_class)
     print(f"gunicorn (both apps): {' '.join(settings)}")
+    print(f"load average at start: {_load_average()}")
 
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="loom-bench-") as tmp:
@@ -978,6 +987,7 @@ def main(argv: list[str] | None = None) -> int:
             met = report(runs, trips, contended)
             if args.profile:
                 profile(redis_url, args.profile, workdir)
+    print(f"load average at end: {_load_average()}")
     print(f"\ntotal {time.monotonic() - started:.0f}s; "
           + ("every target met" if met else "a target was missed (see above)"))
     return 1 if args.strict and not met else 0

@@ -1,7 +1,9 @@
 """A deployer's Flask extensions see every op: hooks registered on the built app run for each
-op request, whatever its method and answer (200, 401, 404, 422, 429, 503, 500), and Flask's
-``got_request_exception`` signal is sent for the server's own failures (503, 500), as Flask
-sends it for an exception no handler takes, and not for a refusal of the caller's request."""
+op request, whatever its method and answer (200, 401, 404, 421, 422, 429, 503, 500), and
+Flask's ``got_request_exception`` signal is sent for the server's own failures (503, 500), as
+Flask sends it for an exception no handler takes, and not for a refusal of the caller's
+request. The Host check and the refused-token budget refuse inside Flask too, after the
+deployer's ``before_request`` hooks and before any view."""
 
 from __future__ import annotations
 
@@ -148,20 +150,71 @@ def test_a_bug_is_seen_answered_500_and_signalled(app_factory, monkeypatch, seen
         ("/v1/working_memory.get", "a bug in a store")]
 
 
-def test_no_op_route_is_served_outside_flask(app):
+def test_a_host_the_process_does_not_answer_is_seen_and_answered_421(app, seen_on):
+    seen = seen_on(app)
+    client = app.test_client()
+    refused = client.post("/v1/working_memory.get", json=WHO,
+                          headers={"Host": "rebound.attacker.example:8000"})
+    answered = client.post("/v1/working_memory.get", json=WHO, headers={"Host": "localhost"})
+    assert refused.status_code == 421
+    assert refused.get_json() == {"error": {
+        "code": "HOST_NOT_ALLOWED",
+        "message": "this server does not answer that Host name; add it to LOOM_ALLOWED_HOSTS",
+        "field": "Host"}}
+    assert refused.headers["Cache-Control"] == "no-store"
+    assert "X-Request-Id" in refused.headers
+    assert answered.status_code == 200
+    assert [path for _method, path, _endpoint in seen.before] == [
+        "/v1/working_memory.get", "/v1/working_memory.get"]
+    assert [status for _path, status in seen.after] == [421, 200]
+    assert seen.exceptions == []
+
+
+def test_an_address_past_its_refused_token_budget_is_seen_and_answered_429(
+        redis_url, tmp_path, seen_on):
+    app = make_app(redis_url, tmp_path, auth="on", admin_token=ADMIN,
+                   bad_token_limit=(2, 3600), clock=FrozenClock())
+    seen = seen_on(app)
+    client = app.test_client()
+    other = app.test_client()
+    guesses = [client.post("/v1/working_memory.get", json=WHO,
+                           headers=_bearer(f"guess-{n}")).status_code for n in range(3)]
+    # Over the budget, even the right token is refused, and the console's sign-in too.
+    held = client.post("/v1/working_memory.get", json=WHO, headers=_bearer(ADMIN))
+    signed = client.post("/console/sign-in", data={"token": ADMIN})
+    # Another address, and a request without a credential, pass.
+    elsewhere = other.post("/v1/working_memory.get", json=WHO, headers=_bearer(ADMIN),
+                           environ_base={"REMOTE_ADDR": "10.0.0.9"})
+    health = client.get("/healthz")
+    assert guesses == [401, 401, 401]
+    for refused in (held, signed):
+        assert refused.status_code == 429, refused.get_data(as_text=True)
+        assert refused.get_json()["error"]["code"] == "RATE_LIMITED"
+        assert 0 < int(refused.headers["Retry-After"]) <= 3600
+        assert refused.headers["Cache-Control"] == "no-store"
+    assert (elsewhere.status_code, health.status_code) == (200, 200)
+    assert [path for _method, path, _endpoint in seen.before] == [
+        *["/v1/working_memory.get"] * 4, "/console/sign-in", "/v1/working_memory.get",
+        "/healthz"]
+    assert [status for _path, status in seen.after] == [401, 401, 401, 429, 429, 200, 200]
+    assert seen.exceptions == []
+
+
+def test_no_op_route_is_served_outside_flask(redis_url, tmp_path):
     """Every op's route is in Flask's URL map, served by the view its blueprint registered, and
-    the layers around Flask's own WSGI callable are only the two guards, which refuse a request
-    (a Host not answered, an address past its refused-token budget) and never serve one."""
+    nothing wraps Flask's own WSGI callable but werkzeug's ProxyFix (behind proxies), which
+    reads the proxies' headers and serves no request."""
     from werkzeug.middleware.proxy_fix import ProxyFix
 
-    from app.bad_tokens import BadTokenGuard
-    from app.host_guard import HostGuard
     from app.registry import REGISTRY
 
+    app = make_app(redis_url, tmp_path, trusted_proxies=1)
+    layers = []
     layer = app.wsgi_app
     while not hasattr(layer, "__func__"):
-        assert isinstance(layer, HostGuard | BadTokenGuard | ProxyFix), type(layer)
+        layers.append(type(layer))
         layer = layer.app
+    assert layers == [ProxyFix]
     assert layer.__func__ is Flask.wsgi_app  # type: ignore[attr-defined]
     rules = {(rule.rule, method): rule.endpoint for rule in app.url_map.iter_rules()
              for method in rule.methods or ()}

@@ -11,6 +11,7 @@ import base64
 import io
 import json
 import logging
+import re
 import sys
 import uuid
 from collections.abc import Iterator
@@ -150,20 +151,24 @@ def test_the_access_line_written_straight_is_the_formatters_line(monkeypatch):
         logs.configure_logging("json")
         root.handlers = [h for h in root.handlers if getattr(h, "_loom_handler", False)]
         access = logging.getLogger("loom.access")
-        with logs.bound_to(request_id="r1", op="working_memory.get", org="default"):
+        with logs.bound_to(request_id="r1", op="working_memory.get", org="default",
+                           namespace='sh"op\\ é\u2028'):
             logs.info_line(access, "POST working_memory.get 200", status=200, duration_ms=1.5)
             root.addHandler(logging.NullHandler())  # a second handler: the ordinary path
             logs.info_line(access, "POST working_memory.get 200", status=200, duration_ms=1.5)
     finally:
         root.handlers = saved
         root.setLevel(level)
-    straight, ordinary = (json.loads(line) for line in stream.getvalue().splitlines())
+    lines = stream.getvalue().rstrip("\n").split("\n")
+    straight, ordinary = (json.loads(line) for line in lines)
     assert straight.pop("time")[-1] == "Z" and ordinary.pop("time")[-1] == "Z"
     assert straight == ordinary == {
         "level": "INFO", "logger": "loom.access", "message": "POST working_memory.get 200",
         "request_id": "r1", "op": "working_memory.get", "status": 200, "duration_ms": 1.5,
-        "org": "default"}
-    assert list(straight) == list(ordinary)
+        "org": "default", "namespace": 'sh"op\\ é\u2028'}
+    # Byte for byte the formatter's line, but for the instant it was written.
+    untimed = [re.sub(r'"time": "[^"]*"', '"time": ""', line) for line in lines]
+    assert untimed[0] == untimed[1]
 
 
 def test_an_unexpected_error_logs_the_route_not_the_raw_path(app, json_lines):

@@ -117,7 +117,10 @@ def compile_loader(schema: Schema) -> Loader:
                     raise _Slow
                 if bounds is not None and not bounds[0] <= len(value) <= bounds[1]:
                     raise _Slow
-                if control_free and _CONTROL_CHARACTER.search(value):
+                # A printable string holds no control character (they are all unprintable):
+                # one C call, and the regex only for a string with some unprintable one.
+                if control_free and not value.isprintable() and _CONTROL_CHARACTER.search(
+                        value):
                     raise _Slow
             elif kind == "int":
                 if type(value) is not int:

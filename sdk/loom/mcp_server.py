@@ -605,16 +605,44 @@ class CallerTokenRequired:
         await self.app(scope, receive, send)
 
 
+class NoEventStream:
+    """ASGI: ``GET`` on the MCP path answers 405 at once. The app is stateless with JSON
+    answers, so it never sends a server-initiated message, and the SDK's own GET handler would
+    hold an event stream open with nothing ever on it: a plain HTTP client waited forever.
+    The Streamable HTTP transport allows exactly this answer ("405 Method Not Allowed,
+    indicating that the server does not offer an SSE stream at this endpoint"), and clients
+    read it as "no stream" and go on with POST."""
+
+    def __init__(self, app: ASGIApp, path: str) -> None:
+        self.app = app
+        self.path = path.rstrip("/") or "/"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] == "http" and scope["method"] in ("GET", "HEAD")
+                and (scope["path"].rstrip("/") or "/") == self.path):
+            refusal = JSONResponse(
+                {"jsonrpc": "2.0", "id": None, "error": {
+                    "code": -32000,
+                    "message": "Method Not Allowed: this server offers no event stream; "
+                               "send each request with POST"}},
+                status_code=405, headers={"Allow": "POST"},
+            )
+            await refusal(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def http_app(loom: LoomMCP, *, host: str, path: str = "/mcp",
              environ: Mapping[str, str] | None = None) -> Any:
-    """The Streamable HTTP app: stateless, JSON answers (no SSE streams to keep open), Host
-    and Origin checked, and with auth on a caller token required unless the operator lends
-    the server's key (``LOOM_MCP_HTTP_SERVER_KEY``)."""
+    """The Streamable HTTP app: stateless, JSON answers (no SSE streams to keep open: a GET is
+    405 at once), Host and Origin checked, and with auth on a caller token required unless
+    the operator lends the server's key (``LOOM_MCP_HTTP_SERVER_KEY``)."""
     environ = os.environ if environ is None else environ
     app = loom.server().streamable_http_app(
         streamable_http_path=path, json_response=True, stateless_http=True, host=host,
         transport_security=transport_security(environ),
     )
+    app = NoEventStream(app, path)
     if auth_on(environ) and not sends_server_key_over_http(environ):
         return CallerTokenRequired(app)
     return app

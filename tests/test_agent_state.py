@@ -141,7 +141,8 @@ def test_agent_state_is_never_an_mcp_tool_and_never_takes_a_scope_in_its_url():
 def test_a_state_never_written_reads_empty_at_version_zero(on):
     status, out = read(on)
     assert status == 200
-    assert out == {"body": {}, "version": 0, "version_text": "0", "updated_at": None, "ignored_args": []}
+    assert out == {"body": {}, "version": 0,
+                   "version_text": "0", "updated_at": None, "ignored_args": []}
 
 
 # --- merge_by_key and cas ----------------------------------------------------------------------
@@ -248,7 +249,8 @@ def test_an_undeclared_field_refuses_the_whole_write(on):
     put(on, {"step": "sizes"})
     status, out = put(on, {"offer": "x", "colour": "blue"})
     assert status == 200
-    assert out == {"stored": False, "version": 1, "version_text": "1", "reason": "not_declared_field",
+    assert out == {"stored": False, "version": 1,
+                   "version_text": "1", "reason": "not_declared_field",
                    "ignored_args": []}
     assert read(on)[1]["body"] == {"step": "sizes"}
     # A delete marker for an undeclared field is refused the same way.
@@ -304,11 +306,13 @@ def test_check_order_is_version_then_declared_fields_then_cap(client):
 def test_the_cap_is_on_the_stored_json_bytes_and_keeps_the_previous_state(client, redis_client):
     enable(client, types=[guide_type(agent_state={"max_bytes": 30})])
     # {"offer":"<n chars>"} is 12 bytes of JSON around the value.
-    assert put(client, {"offer": "a" * 18})[1] == {"stored": True, "version": 1, "version_text": "1", "reason": None,
+    assert put(client, {"offer": "a" * 18})[1] == {"stored": True, "version": 1,
+                        "version_text": "1", "reason": None,
                                                   "ignored_args": []}
     assert int(stored_hash(redis_client)["size"]) == 30
     out = put(client, {"offer": "b" * 19})[1]
-    assert out == {"stored": False, "version": 1, "version_text": "1", "reason": "over_cap", "ignored_args": []}
+    assert out == {"stored": False, "version": 1,
+                   "version_text": "1", "reason": "over_cap", "ignored_args": []}
     # Bytes, not characters: 9 two-byte letters are 18 bytes.
     assert put(client, {"offer": "é" * 9})[1]["stored"] is True
     assert put(client, {"offer": "é" * 9 + "e"})[1]["reason"] == "over_cap"
@@ -537,7 +541,8 @@ def test_a_state_is_kept_retention_days_after_its_last_write(frozen, redis_clien
     assert expires_ms == (clock.now_ns() - 29 * DAY * 10**9) // 10**6 + 30 * DAY * 1000
     assert abs(redis_client.pttl(key) - (expires_ms - time.time() * 1000)) < 5000
     clock.advance(DAY)
-    assert read(client)[1] == {"body": {}, "version": 0, "version_text": "0", "updated_at": None, "ignored_args": []}
+    assert read(client)[1] == {"body": {}, "version": 0,
+                               "version_text": "0", "updated_at": None, "ignored_args": []}
     # A write after expiry starts a new state at version 1; cas at 0 works.
     assert put(client, {"step": "offer"}, mode="cas", if_version=0)[1]["version"] == 1
     assert read(client)[1]["body"] == {"step": "offer"}
@@ -700,7 +705,8 @@ def test_a_merge_racing_an_erasure_never_brings_erased_fields_back(client):
 
     store._store = erase_then_store
     try:
-        assert put(client, {"count": 3})[1] == {"stored": True, "version": 1, "version_text": "1", "reason": None,
+        assert put(client, {"count": 3})[1] == {"stored": True, "version": 1,
+                            "version_text": "1", "reason": None,
                                                "ignored_args": []}
     finally:
         store._store = real_store

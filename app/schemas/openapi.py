@@ -38,7 +38,6 @@ from app.schemas.common import (
     null_means_absent,
 )
 
-
 # Every JSON value but null, in OpenAPI 3.0's words (it has no "null" type to negate).
 ANY_VALUE_BUT_NULL = [{"type": kind} for kind in
                       ("string", "number", "boolean", "array", "object")]

@@ -638,11 +638,10 @@ def http_app(loom: LoomMCP, *, host: str, path: str = "/mcp",
     405 at once), Host and Origin checked, and with auth on a caller token required unless
     the operator lends the server's key (``LOOM_MCP_HTTP_SERVER_KEY``)."""
     environ = os.environ if environ is None else environ
-    app = loom.server().streamable_http_app(
+    app = NoEventStream(loom.server().streamable_http_app(
         streamable_http_path=path, json_response=True, stateless_http=True, host=host,
         transport_security=transport_security(environ),
-    )
-    app = NoEventStream(app, path)
+    ), path)
     if auth_on(environ) and not sends_server_key_over_http(environ):
         return CallerTokenRequired(app)
     return app

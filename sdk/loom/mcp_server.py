@@ -47,13 +47,17 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-import mcp_types as types
-from mcp.server.lowlevel import Server
-from mcp.server.stdio import stdio_server
-from mcp.server.transport_security import TransportSecuritySettings
-from starlette.datastructures import Headers
-from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+
+# The ``mcp`` extra brings these; ``pip install ./sdk`` alone does not, and ``mypy --strict -p
+# loom`` must pass there too (tests/test_sdk_distribution.py), so a missing module is no
+# error (and where the extra is installed the ignore is unused, which is no error either).
+import mcp_types as types  # type: ignore[import-not-found, unused-ignore]
+from mcp.server.lowlevel import Server  # type: ignore[import-not-found, unused-ignore]
+from mcp.server.stdio import stdio_server  # type: ignore[import-not-found, unused-ignore]
+from mcp.server.transport_security import TransportSecuritySettings  # type: ignore[import-not-found, unused-ignore]
+from starlette.datastructures import Headers  # type: ignore[import-not-found, unused-ignore]
+from starlette.responses import JSONResponse  # type: ignore[import-not-found, unused-ignore]
+from starlette.types import ASGIApp, Receive, Scope, Send  # type: ignore[import-not-found, unused-ignore]
 
 from loom._version import __version__
 from loom.calls import Call
@@ -675,7 +679,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.transport == "stdio":
         anyio.run(serve_stdio, loom)
         return 0
-    import uvicorn
+    import uvicorn  # type: ignore[import-not-found, unused-ignore]
 
     host = args.host or listen_host(os.environ)
     uvicorn.run(

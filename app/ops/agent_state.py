@@ -19,13 +19,14 @@ from app.clock import iso_from_ns
 from app.errors import AuthInsufficient, ValidationFailed
 from app.ops.namespace_config import NamespaceArgs
 from app.registry import Call, op
-from app.schemas.common import Answer, IdentityArgs, StrictInt, VersionText
+from app.schemas.common import Answer, IdentityArgs, IdentityText, StrictInt, VersionText
 from app.scope_ids import (
     HANDLE_PATTERN,
     MAX_SCOPE_ID_LENGTH,
     OBJECT_ID_PATTERN,
     SCOPE_KINDS,
     canonical_scope,
+    handle_pattern,
 )
 from app.store.agent_state import AgentStateStore
 from app.store.namespace_config import AuditLog
@@ -109,10 +110,12 @@ class AgentStatePutArgs(AgentStateArgs):
 
 
 class AgentStateProfileArgs(NamespaceArgs):
-    profile_id = fields.String(
+    # An identity text (1 to 256 characters, as a user id is): in a URL path, so that a GET
+    # with its identity at the documented limits fits gunicorn's request line.
+    profile_id = IdentityText(
         required=True,
         metadata={"description": "The subject: a user id or one of the customer's handles.",
-                  **_handle_schema()},
+                  "pattern": handle_pattern(control_free=True)},
     )
 
 

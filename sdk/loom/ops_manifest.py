@@ -60,6 +60,28 @@ OPS: dict[str, dict[str, Any]] = {
                             'pattern': '\\S',
                         },
                     },
+                    'oneOf': [
+                        {'properties': {'kind': {'enum': ['conversation', 'task']}}},
+                        {
+                            'properties': {
+                                'kind': {'enum': ['object']},
+                                'id': {'pattern': '^[a-z][a-z0-9_]{0,63}:[\\s\\S]+$'},
+                            },
+                        },
+                        {
+                            'properties': {
+                                'kind': {'enum': ['subject']},
+                                'id': {
+                                    'pattern': (
+                                        '^\\s*(?:[^@\\s]+@[^@\\s]+|(?:\\+|00)[ '
+                                        '.\\-()]*[1-9](?:[ .\\-()]*[0-9]){7,14}[ '
+                                        '.\\-()]*|(?!(?:\\+|00)[0-9 '
+                                        '.\\-()]*\\s*$)[^@\\s][^@]*)\\s*$'
+                                    ),
+                                },
+                            },
+                        },
+                    ],
                     'additionalProperties': {},
                 },
             },
@@ -106,7 +128,14 @@ OPS: dict[str, dict[str, Any]] = {
                 },
                 'profile_id': {
                     'type': 'string',
+                    'minLength': 1,
+                    'maxLength': 256,
                     'description': "The subject: a user id or one of the customer's handles.",
+                    'pattern': (
+                        '^[^\\S\\x00-\\x1f\\x7f]*(?:[^@\\s\\x00-\\x1f\\x7f]+@[^@\\s\\x00-\\x1f\\x7f]+|(?:\\+|00)[ '
+                        '.\\-()]*[1-9](?:[ .\\-()]*[0-9]){7,14}[ .\\-()]*|(?!(?:\\+|00)[0-9 '
+                        '.\\-()]*[^\\S\\x00-\\x1f\\x7f]*$)[^@\\s\\x00-\\x1f\\x7f][^@\\x00-\\x1f\\x7f]*)[^\\S\\x00-\\x1f\\x7f]*$'
+                    ),
                 },
             },
             'required': ['profile_id'],
@@ -182,6 +211,28 @@ OPS: dict[str, dict[str, Any]] = {
                             'pattern': '\\S',
                         },
                     },
+                    'oneOf': [
+                        {'properties': {'kind': {'enum': ['conversation', 'task']}}},
+                        {
+                            'properties': {
+                                'kind': {'enum': ['object']},
+                                'id': {'pattern': '^[a-z][a-z0-9_]{0,63}:[\\s\\S]+$'},
+                            },
+                        },
+                        {
+                            'properties': {
+                                'kind': {'enum': ['subject']},
+                                'id': {
+                                    'pattern': (
+                                        '^\\s*(?:[^@\\s]+@[^@\\s]+|(?:\\+|00)[ '
+                                        '.\\-()]*[1-9](?:[ .\\-()]*[0-9]){7,14}[ '
+                                        '.\\-()]*|(?!(?:\\+|00)[0-9 '
+                                        '.\\-()]*\\s*$)[^@\\s][^@]*)\\s*$'
+                                    ),
+                                },
+                            },
+                        },
+                    ],
                     'additionalProperties': {},
                 },
                 'mode': {
@@ -216,9 +267,20 @@ OPS: dict[str, dict[str, Any]] = {
                         'A handle of the customer the state is about, when the scope does not '
                         'name them (kept only as a keyed hash).'
                     ),
+                    'minLength': 1,
+                    'maxLength': 1024,
+                    'pattern': (
+                        '^\\s*(?:[^@\\s]+@[^@\\s]+|(?:\\+|00)[ .\\-()]*[1-9](?:[ '
+                        '.\\-()]*[0-9]){7,14}[ .\\-()]*|(?!(?:\\+|00)[0-9 '
+                        '.\\-()]*\\s*$)[^@\\s][^@]*)\\s*$'
+                    ),
                 },
             },
             'required': ['body', 'scope'],
+            'anyOf': [
+                {'properties': {'mode': {'enum': ['merge_by_key', None]}}},
+                {'required': ['if_version'], 'properties': {'if_version': {'type': 'integer'}}},
+            ],
         },
         'identity_required': ['namespace', 'agent'],
     },
@@ -290,6 +352,28 @@ OPS: dict[str, dict[str, Any]] = {
                             'pattern': '\\S',
                         },
                     },
+                    'oneOf': [
+                        {'properties': {'kind': {'enum': ['conversation', 'task']}}},
+                        {
+                            'properties': {
+                                'kind': {'enum': ['object']},
+                                'id': {'pattern': '^[a-z][a-z0-9_]{0,63}:[\\s\\S]+$'},
+                            },
+                        },
+                        {
+                            'properties': {
+                                'kind': {'enum': ['subject']},
+                                'id': {
+                                    'pattern': (
+                                        '^\\s*(?:[^@\\s]+@[^@\\s]+|(?:\\+|00)[ '
+                                        '.\\-()]*[1-9](?:[ .\\-()]*[0-9]){7,14}[ '
+                                        '.\\-()]*|(?!(?:\\+|00)[0-9 '
+                                        '.\\-()]*\\s*$)[^@\\s][^@]*)\\s*$'
+                                    ),
+                                },
+                            },
+                        },
+                    ],
                     'additionalProperties': {},
                 },
             },
@@ -3227,7 +3311,17 @@ OPS: dict[str, dict[str, Any]] = {
                         'id) whose agent states are theirs too; the user id is always one. '
                         'Never stored.'
                     ),
-                    'items': {'type': 'string', 'minLength': 1, 'maxLength': 256},
+                    'items': {
+                        'type': 'string',
+                        'minLength': 1,
+                        'maxLength': 256,
+                        'pattern': (
+                            '^[^\\S\\x00-\\x1f\\x7f]*(?:[^@\\s\\x00-\\x1f\\x7f]+@[^@\\s\\x00-\\x1f\\x7f]+|(?:\\+|00)[ '
+                            '.\\-()]*[1-9](?:[ .\\-()]*[0-9]){7,14}[ '
+                            '.\\-()]*|(?!(?:\\+|00)[0-9 '
+                            '.\\-()]*[^\\S\\x00-\\x1f\\x7f]*$)[^@\\s\\x00-\\x1f\\x7f][^@\\x00-\\x1f\\x7f]*)[^\\S\\x00-\\x1f\\x7f]*$'
+                        ),
+                    },
                 },
             },
         },
@@ -3607,7 +3701,17 @@ OPS: dict[str, dict[str, Any]] = {
                         'id) whose agent states are theirs too; the user id is always one. '
                         'Never stored.'
                     ),
-                    'items': {'type': 'string', 'minLength': 1, 'maxLength': 256},
+                    'items': {
+                        'type': 'string',
+                        'minLength': 1,
+                        'maxLength': 256,
+                        'pattern': (
+                            '^[^\\S\\x00-\\x1f\\x7f]*(?:[^@\\s\\x00-\\x1f\\x7f]+@[^@\\s\\x00-\\x1f\\x7f]+|(?:\\+|00)[ '
+                            '.\\-()]*[1-9](?:[ .\\-()]*[0-9]){7,14}[ '
+                            '.\\-()]*|(?!(?:\\+|00)[0-9 '
+                            '.\\-()]*[^\\S\\x00-\\x1f\\x7f]*$)[^@\\s\\x00-\\x1f\\x7f][^@\\x00-\\x1f\\x7f]*)[^\\S\\x00-\\x1f\\x7f]*$'
+                        ),
+                    },
                 },
             },
         },

@@ -68,8 +68,7 @@ export interface AgentStateEraseInput {
 }
 
 export interface AgentStateEraseInputScope {
-  kind: "conversation" | "task" | "object" | "subject";
-  id: string;
+  kind?: unknown;
 }
 
 export interface AgentStateOfProfileInput {
@@ -101,8 +100,7 @@ export interface AgentStatePutInput {
 }
 
 export interface AgentStatePutInputScope {
-  kind: "conversation" | "task" | "object" | "subject";
-  id: string;
+  kind?: unknown;
 }
 
 export interface AgentStateReadInput {
@@ -117,8 +115,7 @@ export interface AgentStateReadInput {
 }
 
 export interface AgentStateReadInputScope {
-  kind: "conversation" | "task" | "object" | "subject";
-  id: string;
+  kind?: unknown;
 }
 
 export interface AuditListInput {
@@ -956,6 +953,8 @@ export interface AgentStateSummary {
   type?: string;
   size_bytes?: number;
   version?: bigint;
+  /** The version beside it as decimal text: exact in every JSON reader. */
+  version_text?: string;
   created_at?: string;
   updated_at?: string;
 }
@@ -965,6 +964,8 @@ export interface AgentStatePutAnswer {
   ignored_args?: Array<string>;
   stored?: boolean;
   version?: bigint;
+  /** The version beside it as decimal text: exact in every JSON reader. */
+  version_text?: string;
   /** not_declared_field or over_cap when not stored; null when stored. */
   reason?: string | null;
 }
@@ -974,6 +975,8 @@ export interface AgentStateReadAnswer {
   ignored_args?: Array<string>;
   body?: Record<string, unknown>;
   version?: bigint;
+  /** The version beside it as decimal text: exact in every JSON reader. */
+  version_text?: string;
   updated_at?: string | null;
 }
 

@@ -826,6 +826,39 @@ OPS: dict[str, dict[str, Any]] = {
                 },
                 'features': {
                     'type': 'object',
+                    'properties': {
+                        'agent_state': {'type': 'boolean'},
+                        'pii_rules': {
+                            'type': 'array',
+                            'maxItems': 32,
+                            'items': {
+                                'type': 'object',
+                                'required': ['name', 'pattern'],
+                                'properties': {
+                                    'name': {
+                                        'type': 'string',
+                                        'pattern': (
+                                            '^(?!(?:card|email|iban|phone)$)[a-z][a-z0-9_]{0,31}$'
+                                        ),
+                                    },
+                                    'pattern': {
+                                        'type': 'string',
+                                        'minLength': 1,
+                                        'maxLength': 512,
+                                    },
+                                    'mask': {
+                                        'type': 'string',
+                                        'minLength': 1,
+                                        'maxLength': 64,
+                                        'nullable': True,
+                                    },
+                                },
+                                'additionalProperties': False,
+                            },
+                            'nullable': True,
+                        },
+                    },
+                    'additionalProperties': False,
                     'description': (
                         'The whole features document: {"agent_state": true|false, "pii_rules": '
                         '[{"name", "pattern", "mask"?}]}; a key left out takes its default '

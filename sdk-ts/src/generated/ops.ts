@@ -203,7 +203,18 @@ export interface FeaturesSetInput {
   /** The namespace the op reads or writes. Required (422 IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, and always with auth off. */
   namespace?: string | null;
   /** The whole features document: {"agent_state": true|false, "pii_rules": [{"name", "pattern", "mask"?}]}; a key left out takes its default (agent_state false, no rules). */
-  features: Record<string, unknown>;
+  features: FeaturesSetInputFeatures;
+}
+
+export interface FeaturesSetInputFeatures {
+  agent_state?: boolean;
+  pii_rules?: Array<FeaturesSetInputFeaturesPiiRulesItem>;
+}
+
+export interface FeaturesSetInputFeaturesPiiRulesItem {
+  name: string;
+  pattern: string;
+  mask?: string;
 }
 
 export interface MemoryDeleteInput {

@@ -60,7 +60,7 @@ OPS: dict[str, dict[str, Any]] = {
                             'pattern': '\\S',
                         },
                     },
-                    'oneOf': [
+                    'anyOf': [
                         {'properties': {'kind': {'enum': ['conversation', 'task']}}},
                         {
                             'properties': {
@@ -211,7 +211,7 @@ OPS: dict[str, dict[str, Any]] = {
                             'pattern': '\\S',
                         },
                     },
-                    'oneOf': [
+                    'anyOf': [
                         {'properties': {'kind': {'enum': ['conversation', 'task']}}},
                         {
                             'properties': {
@@ -352,7 +352,7 @@ OPS: dict[str, dict[str, Any]] = {
                             'pattern': '\\S',
                         },
                     },
-                    'oneOf': [
+                    'anyOf': [
                         {'properties': {'kind': {'enum': ['conversation', 'task']}}},
                         {
                             'properties': {

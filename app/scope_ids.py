@@ -137,6 +137,11 @@ def canonical_scope(scope: Any, namespace: str) -> tuple[str, str]:
     """Read a request's ``scope`` member (``{"kind", "id"}``) into (kind, canonical id)."""
     if not isinstance(scope, Mapping):
         raise _fail("scope", "must be an object with kind and id")
+    # A scope is exactly its kind and id: a misspelt member is refused, not read as nothing
+    # (the OpenAPI document closes the object too).
+    unknown = sorted(str(key) for key in scope if key not in ("kind", "id"))
+    if unknown:
+        raise _fail(f"scope.{unknown[0]}", "a scope has only kind and id")
     kind = _check_kind(scope.get("kind"))
     return kind, canonical_scope_id(kind, scope.get("id"), namespace)
 

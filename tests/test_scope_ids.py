@@ -353,3 +353,9 @@ def test_strings_drawn_from_the_handle_and_object_patterns_are_accepted():
 
     handles()
     objects()
+
+
+def test_a_scope_member_other_than_kind_and_id_is_refused_naming_it():
+    with pytest.raises(ValidationFailed) as caught:
+        canonical_scope({"kind": "conversation", "id": "c-1", "kidn": "task"}, "shop")
+    assert _fields(caught) == {"scope.kidn": ["a scope has only kind and id"]}

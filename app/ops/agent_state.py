@@ -43,8 +43,9 @@ def _scope_field(description: str) -> fields.Dict:
     return fields.Dict(required=True, metadata={
         "description": description,
         # What app.scope_ids checks of every kind, then the id rules of each kind (the kinds
-        # exclude each other, so anyOf says what oneOf would; schemathesis's coverage phase
-        # under CPython 3.11.7 crashed in its parser on the oneOf).
+        # exclude each other, so anyOf says what oneOf would), and no other member. Left
+        # open, schemathesis's coverage phase drew any-value members beside the per-kind rule
+        # and crashed CPython 3.11.7's parser (a crash, not a finding).
         "required": ["kind", "id"],
         "properties": {
             "kind": {"type": "string", "enum": list(SCOPE_KINDS)},
@@ -57,6 +58,7 @@ def _scope_field(description: str) -> fields.Dict:
                             "id": {"pattern": OBJECT_ID_PATTERN}}},
             {"properties": {"kind": {"enum": ["subject"]}, "id": {"pattern": HANDLE_PATTERN}}},
         ],
+        "additionalProperties": False,
     })
 
 

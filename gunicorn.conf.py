@@ -35,6 +35,10 @@ from app.logs import make_formatter as _make_formatter
 from app.settings import listen_host as _listen_host
 
 control_socket_disable = True
+# gunicorn's largest request line (its default is 4094): the one GET op carries its profile
+# id in the path and org and namespace in the query, each up to 256 characters, which
+# percent-encoded can take 12 bytes a character.
+limit_request_line = 8190
 
 bind = [f"{_listen_host()}:{_os.environ.get('PORT', '8000').strip() or '8000'}"]
 

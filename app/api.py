@@ -200,7 +200,12 @@ def run_op(
     def answer() -> dict[str, Any]:
         result = op.handler(call)
         known = _known_fields(op.args)
-        result["ignored_args"] = [name for name in body if name not in known]
+        ignored = [name for name in body if name not in known]
+        if principal.single_user and args.get("org") not in (None, identity.org):
+            # Auth off: every call acts in the install's org (seed 000), so an org the body
+            # names is not used, and the answer says so rather than act elsewhere silently.
+            ignored.append("org")
+        result["ignored_args"] = ignored
         return result
 
     if idempotency_key is not None and op.kind != "read":

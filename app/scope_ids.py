@@ -46,6 +46,29 @@ _PHONE_SHAPE_RE = re.compile(r"(?:\+|00)[0-9 .\-()]*")
 _E164_RE = re.compile(r"\+[1-9][0-9]{7,14}")
 
 
+# The same rules as JSON Schema patterns (ECMA-262 and Python alike), for the OpenAPI
+# document: a handle is, once trimmed, an email (one '@', no spaces), an international phone
+# number (+ or 00, then 8 to 15 digits, the first not 0, separators allowed between them) or
+# a customer id (no '@', and not shaped like a phone number). ``tests/test_scope_ids.py``
+# holds each pattern to the function it describes.
+_SEPARATORS = r"[ .\-()]"
+_PHONE_PATTERN = rf"(?:\+|00){_SEPARATORS}*[1-9](?:{_SEPARATORS}*[0-9]){{7,14}}{_SEPARATORS}*"
+
+
+def handle_pattern(control_free: bool = False) -> str:
+    """The handle rules of ``canonical_subject`` as one pattern; ``control_free`` also bars
+    control characters (a handle field that is an identity text)."""
+    bar = r"\x00-\x1f\x7f" if control_free else ""
+    space = rf"[^\S{bar}]" if control_free else r"\s"
+    email = rf"[^@\s{bar}]+@[^@\s{bar}]+"
+    customer_id = rf"(?!(?:\+|00)[0-9 .\-()]*{space}*$)[^@\s{bar}][^@{bar}]*"
+    return rf"^{space}*(?:{email}|{_PHONE_PATTERN}|{customer_id}){space}*$"
+
+
+HANDLE_PATTERN = handle_pattern()
+OBJECT_ID_PATTERN = r"^[a-z][a-z0-9_]{0,63}:[\s\S]+$"
+
+
 def _fail(path: str, message: str) -> ValidationFailed:
     return ValidationFailed({path: [message]})
 
@@ -114,6 +137,11 @@ def canonical_scope(scope: Any, namespace: str) -> tuple[str, str]:
     """Read a request's ``scope`` member (``{"kind", "id"}``) into (kind, canonical id)."""
     if not isinstance(scope, Mapping):
         raise _fail("scope", "must be an object with kind and id")
+    # A scope is exactly its kind and id: a misspelt member is refused, not read as nothing
+    # (the OpenAPI document closes the object too).
+    unknown = sorted(str(key) for key in scope if key not in ("kind", "id"))
+    if unknown:
+        raise _fail(f"scope.{unknown[0]}", "a scope has only kind and id")
     kind = _check_kind(scope.get("kind"))
     return kind, canonical_scope_id(kind, scope.get("id"), namespace)
 

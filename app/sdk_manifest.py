@@ -173,6 +173,13 @@ def _literal(value: Any, indent: int, used: int) -> str:
             if current and len(repr(current + word)) > room:
                 pieces.append(current)
                 current = ""
+            # A word with no space that fits no line (a long pattern) is cut where it must be:
+            # the pieces join back to the same text.
+            while len(repr(current + word)) > room and len(word) > 1:
+                cut = max((k for k in range(1, len(word))
+                           if len(repr(current + word[:k])) <= room), default=1)
+                pieces.append(current + word[:cut])
+                current, word = "", word[cut:]
             current += word
         pieces.append(current)
         body = "\n".join(inner + repr(piece) for piece in pieces)

@@ -141,7 +141,8 @@ def test_agent_state_is_never_an_mcp_tool_and_never_takes_a_scope_in_its_url():
 def test_a_state_never_written_reads_empty_at_version_zero(on):
     status, out = read(on)
     assert status == 200
-    assert out == {"body": {}, "version": 0, "updated_at": None, "ignored_args": []}
+    assert out == {"body": {}, "version": 0,
+                   "version_text": "0", "updated_at": None, "ignored_args": []}
 
 
 # --- merge_by_key and cas ----------------------------------------------------------------------
@@ -149,7 +150,7 @@ def test_a_state_never_written_reads_empty_at_version_zero(on):
 
 def test_merge_by_key_is_the_default_and_versions_count_stored_writes(on):
     assert put(on, {"step": "sizes", "offer": "familia-plus"})[1] == {
-        "stored": True, "version": 1, "reason": None, "ignored_args": []
+        "stored": True, "version": 1, "version_text": "1", "reason": None, "ignored_args": []
     }
     assert put(on, {"basket": {"a": 1, "b": 2}})[1]["version"] == 2
     # A field is replaced whole: no deeper merge.
@@ -171,7 +172,7 @@ def test_a_deleted_field_comes_back_only_when_written_again(on):
     assert read(on)[1]["body"]["offer"] == "y"
     # Deleting a field that is not there is still a stored write.
     assert put(on, {"count": {"$delete": True}})[1] == {
-        "stored": True, "version": 5, "reason": None, "ignored_args": []
+        "stored": True, "version": 5, "version_text": "5", "reason": None, "ignored_args": []
     }
 
 
@@ -183,7 +184,7 @@ def test_cas_replaces_the_whole_state_at_if_version(on):
     assert read(on)[1]["body"] == {"step": "sizes", "offer": "x"}
     assert put(on, {"step": "checkout"}, mode="cas", if_version=1)[1]["version"] == 2
     # A field left out of a cas body is gone.
-    assert read(on)[1] == {"body": {"step": "checkout"}, "version": 2,
+    assert read(on)[1] == {"body": {"step": "checkout"}, "version": 2, "version_text": "2",
                            "updated_at": read(on)[1]["updated_at"], "ignored_args": []}
     status, out = put(on, {"step": "sizes"}, mode="cas", if_version=7)
     assert status == 412 and read(on)[1]["version"] == 2
@@ -248,7 +249,8 @@ def test_an_undeclared_field_refuses_the_whole_write(on):
     put(on, {"step": "sizes"})
     status, out = put(on, {"offer": "x", "colour": "blue"})
     assert status == 200
-    assert out == {"stored": False, "version": 1, "reason": "not_declared_field",
+    assert out == {"stored": False, "version": 1,
+                   "version_text": "1", "reason": "not_declared_field",
                    "ignored_args": []}
     assert read(on)[1]["body"] == {"step": "sizes"}
     # A delete marker for an undeclared field is refused the same way.
@@ -297,18 +299,20 @@ def test_check_order_is_version_then_declared_fields_then_cap(client):
     # Right version, undeclared field and over the cap: the declared fields speak.
     assert put(client, {"colour": huge}, if_version=1)[1]["reason"] == "not_declared_field"
     assert put(client, {"offer": huge}, if_version=1)[1]["reason"] == "over_cap"
-    assert read(client)[1] == {"body": {"step": "sizes"}, "version": 1,
+    assert read(client)[1] == {"body": {"step": "sizes"}, "version": 1, "version_text": "1",
                                "updated_at": read(client)[1]["updated_at"], "ignored_args": []}
 
 
 def test_the_cap_is_on_the_stored_json_bytes_and_keeps_the_previous_state(client, redis_client):
     enable(client, types=[guide_type(agent_state={"max_bytes": 30})])
     # {"offer":"<n chars>"} is 12 bytes of JSON around the value.
-    assert put(client, {"offer": "a" * 18})[1] == {"stored": True, "version": 1, "reason": None,
+    assert put(client, {"offer": "a" * 18})[1] == {"stored": True, "version": 1,
+                        "version_text": "1", "reason": None,
                                                   "ignored_args": []}
     assert int(stored_hash(redis_client)["size"]) == 30
     out = put(client, {"offer": "b" * 19})[1]
-    assert out == {"stored": False, "version": 1, "reason": "over_cap", "ignored_args": []}
+    assert out == {"stored": False, "version": 1,
+                   "version_text": "1", "reason": "over_cap", "ignored_args": []}
     # Bytes, not characters: 9 two-byte letters are 18 bytes.
     assert put(client, {"offer": "é" * 9})[1]["stored"] is True
     assert put(client, {"offer": "é" * 9 + "e"})[1]["reason"] == "over_cap"
@@ -439,7 +443,7 @@ def test_profile_view_lists_states_naming_the_subject_without_content(client):
     assert set(by_kind) == {"conversation", "subject"}
     conversation = by_kind["conversation"]
     assert set(conversation) == {"scope_kind", "agent", "type", "size_bytes", "version",
-                                 "created_at", "updated_at"}
+                                 "version_text", "created_at", "updated_at"}
     assert conversation["agent"] == AGENT and conversation["type"] == "shop_guide_state"
     assert conversation["version"] == 2
     assert conversation["size_bytes"] == len(
@@ -537,7 +541,8 @@ def test_a_state_is_kept_retention_days_after_its_last_write(frozen, redis_clien
     assert expires_ms == (clock.now_ns() - 29 * DAY * 10**9) // 10**6 + 30 * DAY * 1000
     assert abs(redis_client.pttl(key) - (expires_ms - time.time() * 1000)) < 5000
     clock.advance(DAY)
-    assert read(client)[1] == {"body": {}, "version": 0, "updated_at": None, "ignored_args": []}
+    assert read(client)[1] == {"body": {}, "version": 0,
+                               "version_text": "0", "updated_at": None, "ignored_args": []}
     # A write after expiry starts a new state at version 1; cas at 0 works.
     assert put(client, {"step": "offer"}, mode="cas", if_version=0)[1]["version"] == 1
     assert read(client)[1]["body"] == {"step": "offer"}
@@ -700,7 +705,8 @@ def test_a_merge_racing_an_erasure_never_brings_erased_fields_back(client):
 
     store._store = erase_then_store
     try:
-        assert put(client, {"count": 3})[1] == {"stored": True, "version": 1, "reason": None,
+        assert put(client, {"count": 3})[1] == {"stored": True, "version": 1,
+                            "version_text": "1", "reason": None,
                                                "ignored_args": []}
     finally:
         store._store = real_store

@@ -43,7 +43,8 @@ def test_two_cas_writers_at_one_version_exactly_one_wins(app):
         stored = [(w, out) for w, (status, out) in enumerate(results) if status == 200]
         refused = [out for status, out in results if status == 412]
         assert len(stored) == 1 and len(refused) == 1, results
-        assert stored[0][1] == {"stored": True, "version": version + 1, "reason": None,
+        assert stored[0][1] == {"stored": True, "version": version + 1,
+                                "version_text": str(version + 1), "reason": None,
                                 "ignored_args": []}
         assert refused[0]["error"]["code"] == "agent_state_conflict"
         # The loser changed nothing: the state is the winner's whole body.

@@ -7,10 +7,12 @@ from __future__ import annotations
 import logging
 
 import pytest
+from marshmallow import fields as ma_fields
 
 from app.errors import HashMismatch
 from app.registry import REGISTRY
 from app.schemas import contract
+from app.schemas.common import is_version_field
 from app.store.working_memory import WorkingMemoryStore
 
 WHO = {"namespace": "n", "agent": "a", "block_key": "k"}
@@ -76,4 +78,72 @@ def test_with_the_setting_off_answers_are_not_checked(app_factory, monkeypatch):
     client = app_factory(validate_answers=False).test_client()
     answer = client.post("/v1/working_memory.delete", json=WHO)
     assert answer.status_code == 200 and answer.get_json()["deleted"] == "yes"
+    assert contract.VIOLATIONS == []
+
+
+def _version_fields_without_text(schema, path):
+    """Integer version fields of ``schema`` (and the schemas it nests) with no string
+    ``<name>_text`` declared beside them."""
+    instance = schema() if isinstance(schema, type) else schema
+    declared = {field.data_key or name: field for name, field in instance.fields.items()}
+    missing = []
+    for key, field in declared.items():
+        inner = field.inner if isinstance(field, ma_fields.List) else field
+        if isinstance(inner, ma_fields.Nested):
+            missing += _version_fields_without_text(inner.schema, f"{path}.{key}")
+        if is_version_field(key) and isinstance(inner, ma_fields.Integer):
+            text = declared.get(f"{key}_text")
+            if not isinstance(text, ma_fields.String):
+                missing.append(f"{path}.{key}")
+    return missing
+
+
+def test_every_version_an_answer_declares_has_its_text_beside_it():
+    """A new op's answer with a ``version`` or ``*_version`` integer declares
+    ``<name>_text = VersionText()`` beside it; this walks every op's answer."""
+    missing = [found for declared in REGISTRY
+               for found in _version_fields_without_text(declared.answer, declared.name)]
+    assert missing == []
+    # The walk does see versions: the planes that answer them are all in it.
+    seen = {declared.name for declared in REGISTRY if "version" in declared.answer().fields}
+    assert {"agent_state.put", "agent_state.read", "memory.set", "profile.set",
+            "working_memory.set", "profile.structured"} <= seen
+
+
+def test_an_answer_with_a_version_but_not_its_text_is_refused(client, recorded):
+    declared = REGISTRY.get("working_memory.set")
+    original = declared.handler
+
+    def without_text(call):
+        answer = original(call)
+        answer.pop("version_text")
+        return answer
+
+    object.__setattr__(declared, "handler", without_text)  # Op is frozen; restored below
+    try:
+        answer = client.post("/v1/working_memory.set", json={**WHO, "content": "x"})
+    finally:
+        object.__setattr__(declared, "handler", original)
+    assert answer.status_code == 500
+    assert "version_text" in answer.get_json()["error"]["message"]
+    assert recorded
+
+
+def test_agent_state_answers_carry_version_text(client):
+    who = {"namespace": "vt-shop", "agent": "guide",
+           "scope": {"kind": "conversation", "id": "c-1"}}
+    client.post("/v1/features.set", json={"namespace": "vt-shop",
+                                          "features": {"agent_state": True}})
+    client.post("/v1/object_types.set", json={"namespace": "vt-shop", "types": [{
+        "type": "guide_state", "ownership": "agent", "fields": {"step": {"type": "string"}},
+        "agent_state": {"scope": "conversation", "max_bytes": 1024, "write": "both"}}]})
+    written = client.put("/v1/agent-state", json={**who, "body": {"step": "a"}}).get_json()
+    assert (written["version"], written["version_text"]) == (1, "1")
+    read = client.post("/v1/agent-state/read", json=who).get_json()
+    assert (read["version"], read["version_text"]) == (1, "1")
+    conflict = client.put("/v1/agent-state", json={**who, "mode": "cas", "if_version": 5,
+                                                    "body": {"step": "b"}})
+    assert conflict.status_code == 412
+    error = conflict.get_json()["error"]
+    assert (error["version_text"], error["if_version_text"]) == ("1", "5")
     assert contract.VIOLATIONS == []

@@ -128,3 +128,26 @@ def test_openapi_documents_every_op_from_the_registry(client):
 def test_docs_ui_is_served(client):
     response = client.get("/docs")
     assert response.status_code == 200 and b"swagger" in response.data.lower()
+
+
+def test_auth_off_an_org_the_body_names_is_listed_in_ignored_args(live_server):
+    """Auth off, every call acts in the install's org whatever the body says (seed 000); the
+    answer says the body's org went unused, and the block is where a call naming no org finds
+    it. The install's own org, or a null, is no ignored field."""
+    import requests
+
+    who = {"namespace": "wire-org", "agent": "a", "block_key": "k"}
+    elsewhere = requests.post(f"{live_server.url}/v1/working_memory.set", timeout=10,
+                              json={**who, "org": "acme", "content": "x"})
+    assert elsewhere.status_code == 200
+    assert elsewhere.json()["ignored_args"] == ["org"]
+    found = requests.post(f"{live_server.url}/v1/working_memory.get", timeout=10,
+                          json=who).json()
+    assert found["found"] is True and found["content"] == "x"
+    for org in ("default", None):
+        own = requests.post(f"{live_server.url}/v1/working_memory.get", timeout=10,
+                            json={**who, "org": org})
+        assert own.json()["ignored_args"] == []
+    unknown = requests.post(f"{live_server.url}/v1/working_memory.get", timeout=10,
+                            json={**who, "org": "acme", "colour": "red"})
+    assert unknown.json()["ignored_args"] == ["colour", "org"]

@@ -344,6 +344,32 @@ def test_http_default_and_full_toolsets_against_gunicorn(live_server):
         run(go)
 
 
+def test_http_get_answers_405_at_once_and_clients_still_call_tools(recording_api):
+    """A GET asking for an event stream used to be held open with nothing ever sent: a client
+    waited for its own timeout. Now it is 405 with Allow: POST, well within a client's read
+    timeout, and the SDK's client (which tries that GET after initialising) goes on."""
+    api_url, seen = recording_api
+    with HttpMCP(api_url) as mcp_http:
+        for accept in ("text/event-stream", "application/json, text/event-stream"):
+            answer = httpx2.get(mcp_http.url, headers={"Accept": accept}, timeout=10)
+            assert answer.status_code == 405
+            assert answer.headers["Allow"] == "POST"
+            assert "no event stream" in answer.json()["error"]["message"]
+        assert httpx2.head(mcp_http.url, timeout=10).status_code == 405
+        # POST is served as before.
+        initialised = httpx2.post(mcp_http.url, json=INITIALIZE, headers=MCP_HEADERS, timeout=10)
+        assert initialised.status_code == 200
+        assert initialised.json()["result"]["serverInfo"]["name"]
+
+        async def go() -> None:
+            async with Client(mcp_http.url) as client:
+                result = await client.call_tool("loom_working_memory_render", WHO)
+                assert payload(result) == {"recorded": True}
+
+        run(go)
+    assert [call["path"] for call in seen] == ["/v1/working_memory.render"]
+
+
 class Recording(BaseHTTPRequestHandler):
     seen: list[dict[str, Any]] = []
 

@@ -292,3 +292,70 @@ def test_subject_digest_errors_name_subject() -> None:
     with pytest.raises(ValidationFailed) as info:
         subject_digest(SECRET, "org", "ns", "+12")
     assert list(_fields(info)) == ["subject"]
+
+
+# --- the OpenAPI document's patterns say what these functions do -------------------------------
+
+_HANDLE_ALPHABET = "+0019 .-()@a\t\u00a0\u2003x"
+
+
+def _accepted(check: Any, value: str) -> bool:
+    try:
+        check(value)
+    except ValidationFailed:
+        return False
+    return True
+
+
+def test_the_handle_pattern_accepts_exactly_the_handles_canonical_subject_takes():
+    """Exhaustive over short strings of the characters the rules turn on: '+', '00', digits,
+    separators, '@', letters and Unicode spaces."""
+    import itertools
+    import re
+
+    from app.scope_ids import HANDLE_PATTERN, handle_pattern
+
+    pattern = re.compile(HANDLE_PATTERN)
+    samples = ["".join(chars) for length in range(1, 5)
+               for chars in itertools.product("+0 1@a", repeat=length)]
+    samples += ["+41 79 123 45 67", "0041791234567", "+1 (555) 010-9999", "00 41 79 123 45 6",
+                "+4179123456789012", "+417912345678901", "  sam@Example.com ", "a@b@c",
+                "cust-42", "\u2003+41791234567\u00a0", "+41791234567\t", "(+41) 79"]
+    disagree = [value for value in samples
+                if bool(pattern.fullmatch(value)) != _accepted(canonical_subject, value)]
+    assert disagree == []
+    # The identity-text form also bars control characters, and says nothing else new.
+    control_free = re.compile(handle_pattern(control_free=True))
+    samples += ["+41791234567\x1c", "\tcust", "cu\x7fst", "a@b\n", "cust\x1f"]
+    disagree = [value for value in samples if bool(control_free.fullmatch(value)) != (
+        _accepted(canonical_subject, value) and not re.search("[\x00-\x1f\x7f]", value))]
+    assert disagree == []
+
+
+def test_strings_drawn_from_the_handle_and_object_patterns_are_accepted():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from app.scope_ids import HANDLE_PATTERN, OBJECT_ID_PATTERN
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.from_regex(HANDLE_PATTERN), st.text(alphabet=_HANDLE_ALPHABET, max_size=12))
+    def handles(drawn: str, text: str) -> None:
+        import re
+
+        assert _accepted(canonical_subject, drawn)
+        assert bool(re.fullmatch(HANDLE_PATTERN, text)) == _accepted(canonical_subject, text)
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.from_regex(OBJECT_ID_PATTERN).filter(lambda v: len(v) <= MAX_SCOPE_ID_LENGTH))
+    def objects(drawn: str) -> None:
+        assert _accepted(lambda v: canonical_scope_id("object", v, "shop"), drawn)
+
+    handles()
+    objects()
+
+
+def test_a_scope_member_other_than_kind_and_id_is_refused_naming_it():
+    with pytest.raises(ValidationFailed) as caught:
+        canonical_scope({"kind": "conversation", "id": "c-1", "kidn": "task"}, "shop")
+    assert _fields(caught) == {"scope.kidn": ["a scope has only kind and id"]}

@@ -35,6 +35,7 @@ from tests.support.wsgi_adapter import FlaskAdapter
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = "http://loom.test"
+# Auth off, every call acts in the install's org: the answers name "org" in ignored_args.
 WHO = {"org": "acme", "namespace": "support", "agent": "triage-bot"}
 
 
@@ -146,7 +147,7 @@ def test_get_reports_found_and_missing(bot: Agent):
 def test_delete_then_get_and_delete_again(bot: Agent):
     bot.working_memory.set("gone soon", block_key="tmp", session_id="s-1")
     assert bot.working_memory.delete("tmp", session_id="s-1") == {
-        "deleted": True, "block_key": "tmp", "ignored_args": []
+        "deleted": True, "block_key": "tmp", "ignored_args": ["org"]
     }
     assert bot.working_memory.get("tmp", session_id="s-1")["found"] is False
     assert bot.working_memory.delete("tmp", session_id="s-1")["deleted"] is False
@@ -335,7 +336,7 @@ def test_sdk_version_is_the_one_its_distribution_reads():
 
 def test_generic_client_calls_any_registry_op(bot: Agent):
     written = bot.client.working_memory.set({"block_key": "g", "content": "generic"})
-    assert written["value_length"] == 7 and written["ignored_args"] == []
+    assert written["value_length"] == 7 and written["ignored_args"] == ["org"]
     assert bot.working_memory.get("g")["content"] == "generic"
     assert bot.client.call("working_memory.get", {"block_key": "g"})["found"] is True
 
@@ -351,7 +352,7 @@ def test_the_body_wins_over_the_agents_identity(bot: Agent, adapter: FlaskAdapte
 
 def test_unknown_fields_are_sent_and_named_in_ignored_args(bot: Agent):
     answer = bot.client.working_memory.get({"block_key": "x", "colour": "blue"})
-    assert answer["ignored_args"] == ["colour"]
+    assert answer["ignored_args"] == ["colour", "org"]
 
 
 def test_dir_lists_ops_and_typos_suggest_the_known_name(bot: Agent):

@@ -238,24 +238,27 @@ def test_a_read_carries_no_key(proxy: FaultyProxy):
 def test_a_write_whose_connection_never_opened_is_sent_again(form: str, api: LiveServer,
                                                              redis_url: str):
     port = free_port()
-    opened = threading.Event()
+    opened, answered = threading.Event(), threading.Event()
 
     def open_later() -> None:
         time.sleep(0.3)  # the first tries find nothing listening: connection refused
+        # Open until the call has its answer, however slow the machine: no window to miss.
         with FaultyProxy(api.port, port=port):
             opened.set()
-            time.sleep(3)
+            answered.wait(timeout=120)
 
+    act("sync", lambda bot: bot.working_memory.set("a", block_key="state", run_id="r"),
+        base_url=api.url)
     opener = threading.Thread(target=open_later)
     opener.start()
     try:
-        act("sync", lambda bot: bot.working_memory.set("a", block_key="state", run_id="r"),
-            base_url=api.url)
+        # Up to 600 tries 0.2 s apart: the proxy opens long before they run out, even loaded.
         answer = act(form,
                      lambda bot: bot.working_memory.append("b", block_key="state", run_id="r"),
                      base_url=f"http://127.0.0.1:{port}",
-                     retry=Retry(attempts=20, backoff=0.1, max_wait=0.2))
+                     retry=Retry(attempts=600, backoff=0.1, max_wait=0.2))
     finally:
+        answered.set()
         opener.join()
     assert opened.is_set()
     assert answer["block_key"] == "state"

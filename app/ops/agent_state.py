@@ -19,8 +19,15 @@ from app.clock import iso_from_ns
 from app.errors import AuthInsufficient, ValidationFailed
 from app.ops.namespace_config import NamespaceArgs
 from app.registry import Call, op
-from app.schemas.common import Answer, IdentityArgs, StrictInt
-from app.scope_ids import MAX_SCOPE_ID_LENGTH, SCOPE_KINDS, canonical_scope
+from app.schemas.common import Answer, IdentityArgs, IdentityText, StrictInt, VersionText
+from app.scope_ids import (
+    HANDLE_PATTERN,
+    MAX_SCOPE_ID_LENGTH,
+    OBJECT_ID_PATTERN,
+    SCOPE_KINDS,
+    canonical_scope,
+    handle_pattern,
+)
 from app.store.agent_state import AgentStateStore
 from app.store.namespace_config import AuditLog
 
@@ -35,14 +42,29 @@ _WHO = {
 def _scope_field(description: str) -> fields.Dict:
     return fields.Dict(required=True, metadata={
         "description": description,
-        # What app.scope_ids checks of every kind; an object or subject id has rules of its own.
+        # What app.scope_ids checks of every kind, then the id rules of each kind (the kinds
+        # exclude each other, so anyOf says what oneOf would), and no other member. Left
+        # open, schemathesis's coverage phase drew any-value members beside the per-kind rule
+        # and crashed CPython 3.11.7's parser (a crash, not a finding).
         "required": ["kind", "id"],
         "properties": {
             "kind": {"type": "string", "enum": list(SCOPE_KINDS)},
             "id": {"type": "string", "minLength": 1, "maxLength": MAX_SCOPE_ID_LENGTH,
                    "pattern": r"\S"},
         },
+        "anyOf": [
+            {"properties": {"kind": {"enum": ["conversation", "task"]}}},
+            {"properties": {"kind": {"enum": ["object"]},
+                            "id": {"pattern": OBJECT_ID_PATTERN}}},
+            {"properties": {"kind": {"enum": ["subject"]}, "id": {"pattern": HANDLE_PATTERN}}},
+        ],
+        "additionalProperties": False,
     })
+
+
+def _handle_schema() -> dict[str, Any]:
+    """A customer handle as ``app.scope_ids.canonical_subject`` takes one."""
+    return {"minLength": 1, "maxLength": MAX_SCOPE_ID_LENGTH, "pattern": HANDLE_PATTERN}
 
 
 class AgentStateArgs(IdentityArgs):
@@ -58,6 +80,13 @@ class AgentStateArgs(IdentityArgs):
 
 
 class AgentStatePutArgs(AgentStateArgs):
+    # cas needs if_version (a number: 0 for "must not exist"); merge_by_key, the default, may
+    # leave it out.
+    OPENAPI_RULES = {"anyOf": [
+        {"properties": {"mode": {"enum": ["merge_by_key", None]}}},
+        {"required": ["if_version"], "properties": {"if_version": {"type": "integer"}}},
+    ]}
+
     mode = fields.String(
         load_default="merge_by_key",
         validate=validate.OneOf(["merge_by_key", "cas"]),
@@ -80,14 +109,17 @@ class AgentStatePutArgs(AgentStateArgs):
         load_default=None,
         allow_none=True,
         metadata={"description": "A handle of the customer the state is about, when the scope "
-                  "does not name them (kept only as a keyed hash)."},
+                  "does not name them (kept only as a keyed hash).", **_handle_schema()},
     )
 
 
 class AgentStateProfileArgs(NamespaceArgs):
-    profile_id = fields.String(
+    # An identity text (1 to 256 characters, as a user id is): in a URL path, so that a GET
+    # with its identity at the documented limits fits gunicorn's request line.
+    profile_id = IdentityText(
         required=True,
-        metadata={"description": "The subject: a user id or one of the customer's handles."},
+        metadata={"description": "The subject: a user id or one of the customer's handles.",
+                  "pattern": handle_pattern(control_free=True)},
     )
 
 
@@ -98,6 +130,7 @@ class AgentStateEraseArgs(NamespaceArgs):
 class AgentStateWritten(Answer):
     stored = fields.Boolean()
     version = fields.Integer()
+    version_text = VersionText()
     reason = fields.String(
         allow_none=True, metadata={"description": "not_declared_field or over_cap when not "
                                    "stored; null when stored."}
@@ -107,6 +140,7 @@ class AgentStateWritten(Answer):
 class AgentStateRead(Answer):
     body = fields.Dict()
     version = fields.Integer()
+    version_text = VersionText()
     updated_at = fields.String(allow_none=True)
 
 
@@ -116,6 +150,7 @@ class AgentStateSummary(Schema):
     type = fields.String()
     size_bytes = fields.Integer()
     version = fields.Integer()
+    version_text = VersionText()
     created_at = fields.String()
     updated_at = fields.String()
 
@@ -189,6 +224,7 @@ def agent_state_read(call: Call) -> dict[str, Any]:
     return {
         "body": state.body,
         "version": state.version,
+        "version_text": str(state.version),
         "updated_at": None if state.updated_at is None else iso_from_ns(state.updated_at),
     }
 

@@ -25,6 +25,7 @@ from marshmallow import fields, validate
 from app.errors import AuthInsufficient, IdentityIncomplete, ValidationFailed
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, IdentityText
+from app.scope_ids import handle_pattern
 from app.store.erasure import KINDS, MAX_HANDLES, STEPS, ErasureStore, SubjectExportStore
 
 _WHO = {"namespace": "support", "user_id": "u-42"}
@@ -39,7 +40,9 @@ class UserArgs(IdentityArgs):
 
 def _handles_field() -> fields.List:
     return fields.List(
-        IdentityText(),
+        # What app.scope_ids.canonical_subject takes, as an identity text (no control
+        # characters).
+        IdentityText(metadata={"pattern": handle_pattern(control_free=True)}),
         load_default=list,
         validate=validate.Length(max=MAX_HANDLES),
         metadata={

@@ -13,6 +13,7 @@ from typing import Any, Literal, TypedDict
 from marshmallow import fields, validate
 
 from app.clock import iso_from_ns
+from app.pii import BUILTIN_MASKS, MAX_MASK_LENGTH, MAX_PATTERN_LENGTH, MAX_RULES
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, StrictInt
 from app.store.namespace_config import (
@@ -44,11 +45,38 @@ class NamespaceArgs(IdentityArgs):
         exclude = ("agent", "user_id", "session_id", "run_id")
 
 
+def _features_document() -> dict[str, Any]:
+    """What ``validate_features`` and ``app.pii.validate_pii_rules`` check that JSON Schema
+    can state: the known keys only, their types, a rule's keys, name, lengths and count. What
+    it cannot (a pattern that compiles, names unique across rules) stays theirs."""
+    reserved = "|".join(sorted(BUILTIN_MASKS))
+    rule = {
+        "type": "object",
+        "required": ["name", "pattern"],
+        "properties": {
+            "name": {"type": "string", "pattern": rf"^(?!(?:{reserved})$)[a-z][a-z0-9_]{{0,31}}$"},
+            "pattern": {"type": "string", "minLength": 1, "maxLength": MAX_PATTERN_LENGTH},
+            "mask": {"type": "string", "minLength": 1, "maxLength": MAX_MASK_LENGTH,
+                     "nullable": True},
+        },
+        "additionalProperties": False,
+    }
+    return {
+        "type": "object",
+        "properties": {
+            "agent_state": {"type": "boolean"},
+            "pii_rules": {"type": "array", "maxItems": MAX_RULES, "items": rule,
+                          "nullable": True},
+        },
+        "additionalProperties": False,
+    }
+
+
 class FeaturesSetArgs(NamespaceArgs):
     features = fields.Raw(
         required=True,
         metadata={
-            "type": "object",
+            **_features_document(),
             "description": 'The whole features document: {"agent_state": true|false, '
             '"pii_rules": [{"name", "pattern", "mask"?}]}; a key left out takes its default '
             "(agent_state false, no rules)."

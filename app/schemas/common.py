@@ -129,6 +129,25 @@ def without_absent_nulls(schema_class: type[Schema], body: dict[str, Any]) -> di
     return {key: value for key, value in body.items() if value is not None or key not in absent}
 
 
+class VersionText(fields.String):
+    """The ``<name>_text`` an answer carries beside each integer ``version`` or ``*_version``
+    field: the same number as decimal text. Loom's versions are nanosecond instants, above
+    2^53, where a JSON number read as a double (JavaScript's ``JSON.parse``) is not exact;
+    a small counter carries it too, so a client reads every version one way. Every answer
+    schema declares it (``tests/test_answer_contract.py``) and, with ``LOOM_VALIDATE_ANSWERS``
+    on, every answer that carries the version carries its text (``app.schemas.contract``)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        metadata = {"description": "The version beside it as decimal text: exact in every "
+                    "JSON reader.", **kwargs.pop("metadata", {})}
+        super().__init__(metadata=metadata, **kwargs)
+
+
+def is_version_field(name: str) -> bool:
+    """Whether an integer answer field named ``name`` is a version (and so needs its text)."""
+    return name == "version" or name.endswith("_version")
+
+
 class Answer(Schema):
     """Every answer lists the input fields it did not use."""
 

@@ -21,6 +21,7 @@ from flask import Flask, current_app, has_app_context, has_request_context, requ
 from flask_smorest import Api
 
 from app.errors import LoomError
+from app.schemas.common import is_version_field
 
 log = logging.getLogger("loom.contract")
 
@@ -36,13 +37,29 @@ class AnswerContractViolation(LoomError):
     status = 500
 
 
+def _version_texts(properties: Any) -> dict[str, list[str]]:
+    """Each integer version property with its ``<name>_text`` beside it: an answer that
+    carries the one carries the other (``app.schemas.common.VersionText``)."""
+    if not isinstance(properties, dict):
+        return {}
+    return {
+        name: [f"{name}_text"] for name, prop in properties.items()
+        if is_version_field(name) and isinstance(prop, dict) and prop.get("type") == "integer"
+        and f"{name}_text" in properties
+    }
+
+
 def _json_schema(node: Any) -> Any:
-    """An OpenAPI 3.0 schema as JSON Schema: ``nullable: true`` becomes a ``null`` type."""
+    """An OpenAPI 3.0 schema as JSON Schema: ``nullable: true`` becomes a ``null`` type, and a
+    version property makes its text required beside it."""
     if isinstance(node, list):
         return [_json_schema(item) for item in node]
     if not isinstance(node, dict):
         return node
     converted = {key: _json_schema(value) for key, value in node.items() if key != "nullable"}
+    version_texts = _version_texts(node.get("properties"))
+    if version_texts:
+        converted["dependencies"] = {**version_texts, **converted.get("dependencies", {})}
     if node.get("nullable"):
         if isinstance(converted.get("type"), str) and "$ref" not in converted:
             converted["type"] = [converted["type"], "null"]

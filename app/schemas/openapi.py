@@ -38,11 +38,19 @@ from app.schemas.common import (
     null_means_absent,
 )
 
+# Every JSON value but null, in OpenAPI 3.0's words (it has no "null" type to negate).
+ANY_VALUE_BUT_NULL = [{"type": kind} for kind in
+                      ("string", "number", "boolean", "array", "object")]
+
 
 def field_properties(self: Any, field: fields.Field, **kwargs: Any) -> dict[str, Any]:
-    """JSON Schema for the validators apispec does not convert."""
+    """JSON Schema for the validators apispec does not convert, and for an any-value field
+    that refuses null (a schema with no type allows null)."""
     if no_control_characters in field.validators and "pattern" not in field.metadata:
         return {"pattern": CONTROL_FREE_PATTERN}
+    if (type(field) is fields.Raw and not field.allow_none and not field.dump_only
+            and not {"type", "anyOf", "oneOf"} & set(field.metadata)):
+        return {"anyOf": ANY_VALUE_BUT_NULL}
     return {}
 
 

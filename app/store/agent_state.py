@@ -128,7 +128,8 @@ class PutResult:
     reason: str | None = None
 
     def as_answer(self) -> dict[str, Any]:
-        return {"stored": self.stored, "version": self.version, "reason": self.reason}
+        return {"stored": self.stored, "version": self.version,
+                "version_text": str(self.version), "reason": self.reason}
 
 
 def _retention_type(
@@ -291,7 +292,9 @@ class AgentStateStore:
                 raise AgentStateConflict(
                     f"the state is at version {current.version}, not {if_version}",
                     version=current.version,
+                    version_text=str(current.version),
                     if_version=if_version,
+                    if_version_text=str(if_version),
                 )
             if object_type is None or check_declared(object_type, incoming):
                 return PutResult(False, current.version, NOT_DECLARED_FIELD)
@@ -492,6 +495,7 @@ class AgentStateStore:
                     "type": state.type_name,
                     "size_bytes": state.size,
                     "version": state.version,
+                    "version_text": str(state.version),
                     "created_at": iso_from_ns(state.created_at or 0),
                     "updated_at": iso_from_ns(state.updated_at or 0),
                     "_order": state.updated_at,
@@ -534,6 +538,7 @@ class AgentStateStore:
                     "agent": state.agent,
                     "type": state.type_name,
                     "version": state.version,
+                    "version_text": str(state.version),
                     "created_at": iso_from_ns(state.created_at or 0),
                     "updated_at": iso_from_ns(state.updated_at or 0),
                     "fields": fields,

@@ -30,6 +30,7 @@ class AgentStateSummary(TypedDict, total=False):
     type: str
     size_bytes: int
     version: int
+    version_text: str
     created_at: str
     updated_at: str
 
@@ -38,6 +39,7 @@ class AgentStatePutAnswer(TypedDict, total=False):
     ignored_args: list[str]
     stored: bool
     version: int
+    version_text: str
     reason: str | None
 
 
@@ -45,6 +47,7 @@ class AgentStateReadAnswer(TypedDict, total=False):
     ignored_args: list[str]
     body: dict[str, Any]
     version: int
+    version_text: str
     updated_at: str | None
 
 

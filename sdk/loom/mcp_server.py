@@ -48,13 +48,17 @@ from typing import Any
 
 import anyio
 import anyio.to_thread
-import mcp_types as types
-from mcp.server.lowlevel import Server
-from mcp.server.stdio import stdio_server
-from mcp.server.transport_security import TransportSecuritySettings
-from starlette.datastructures import Headers
-from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+
+# The ``mcp`` extra brings these; ``pip install ./sdk`` alone does not, and ``mypy --strict -p
+# loom`` must pass there too (tests/test_sdk_distribution.py), so a missing module is no
+# error (and where the extra is installed the ignore is unused, which is no error either).
+import mcp_types as types  # type: ignore[import-not-found, unused-ignore]
+from mcp.server.lowlevel import Server  # type: ignore[import-not-found, unused-ignore]
+from mcp.server.stdio import stdio_server  # type: ignore[import-not-found, unused-ignore]
+from mcp.server.transport_security import TransportSecuritySettings  # type: ignore[import-not-found, unused-ignore]
+from starlette.datastructures import Headers  # type: ignore[import-not-found, unused-ignore]
+from starlette.responses import JSONResponse  # type: ignore[import-not-found, unused-ignore]
+from starlette.types import ASGIApp, Receive, Scope, Send  # type: ignore[import-not-found, unused-ignore]
 
 from loom._version import __version__
 from loom.calls import Call
@@ -607,16 +611,43 @@ class CallerTokenRequired:
         await self.app(scope, receive, send)
 
 
+class NoEventStream:
+    """ASGI: ``GET`` on the MCP path answers 405 at once. The app is stateless with JSON
+    answers, so it never sends a server-initiated message, and the SDK's own GET handler would
+    hold an event stream open with nothing ever on it: a plain HTTP client waited forever.
+    The Streamable HTTP transport allows exactly this answer ("405 Method Not Allowed,
+    indicating that the server does not offer an SSE stream at this endpoint"), and clients
+    read it as "no stream" and go on with POST."""
+
+    def __init__(self, app: ASGIApp, path: str) -> None:
+        self.app = app
+        self.path = path.rstrip("/") or "/"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] == "http" and scope["method"] in ("GET", "HEAD")
+                and (scope["path"].rstrip("/") or "/") == self.path):
+            refusal = JSONResponse(
+                {"jsonrpc": "2.0", "id": None, "error": {
+                    "code": -32000,
+                    "message": "Method Not Allowed: this server offers no event stream; "
+                               "send each request with POST"}},
+                status_code=405, headers={"Allow": "POST"},
+            )
+            await refusal(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def http_app(loom: LoomMCP, *, host: str, path: str = "/mcp",
              environ: Mapping[str, str] | None = None) -> Any:
-    """The Streamable HTTP app: stateless, JSON answers (no SSE streams to keep open), Host
-    and Origin checked, and with auth on a caller token required unless the operator lends
-    the server's key (``LOOM_MCP_HTTP_SERVER_KEY``)."""
+    """The Streamable HTTP app: stateless, JSON answers (no SSE streams to keep open: a GET is
+    405 at once), Host and Origin checked, and with auth on a caller token required unless
+    the operator lends the server's key (``LOOM_MCP_HTTP_SERVER_KEY``)."""
     environ = os.environ if environ is None else environ
-    app = loom.server().streamable_http_app(
+    app = NoEventStream(loom.server().streamable_http_app(
         streamable_http_path=path, json_response=True, stateless_http=True, host=host,
         transport_security=transport_security(environ),
-    )
+    ), path)
     if auth_on(environ) and not sends_server_key_over_http(environ):
         return CallerTokenRequired(app)
     return app
@@ -650,7 +681,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.transport == "stdio":
         anyio.run(serve_stdio, loom)
         return 0
-    import uvicorn
+    import uvicorn  # type: ignore[import-not-found, unused-ignore]
 
     host = args.host or listen_host(os.environ)
     uvicorn.run(

@@ -61,7 +61,29 @@ OPS: dict[str, dict[str, Any]] = {
                             'pattern': '\\S',
                         },
                     },
-                    'additionalProperties': {},
+                    'anyOf': [
+                        {'properties': {'kind': {'enum': ['conversation', 'task']}}},
+                        {
+                            'properties': {
+                                'kind': {'enum': ['object']},
+                                'id': {'pattern': '^[a-z][a-z0-9_]{0,63}:[\\s\\S]+$'},
+                            },
+                        },
+                        {
+                            'properties': {
+                                'kind': {'enum': ['subject']},
+                                'id': {
+                                    'pattern': (
+                                        '^\\s*(?:[^@\\s]+@[^@\\s]+|(?:\\+|00)[ '
+                                        '.\\-()]*[1-9](?:[ .\\-()]*[0-9]){7,14}[ '
+                                        '.\\-()]*|(?!(?:\\+|00)[0-9 '
+                                        '.\\-()]*\\s*$)[^@\\s][^@]*)\\s*$'
+                                    ),
+                                },
+                            },
+                        },
+                    ],
+                    'additionalProperties': False,
                 },
             },
             'required': ['scope'],
@@ -108,7 +130,16 @@ OPS: dict[str, dict[str, Any]] = {
                 },
                 'profile_id': {
                     'type': 'string',
+                    'minLength': 1,
+                    'maxLength': 256,
                     'description': "The subject: a user id or one of the customer's handles.",
+                    'pattern': (
+                        '^[^\\S\\x00-\\x1f\\x7f]*(?:[^@\\s\\x00-\\x1f\\x7f]+@[^@\\s\\x00-\\x1f'
+                        '\\x7f]+|(?:\\+|00)[ .\\-()]*[1-9](?:[ .\\-()]*[0-9]){7,14}[ '
+                        '.\\-()]*|(?!(?:\\+|00)[0-9 '
+                        '.\\-()]*[^\\S\\x00-\\x1f\\x7f]*$)[^@\\s\\x00-\\x1f\\x7f][^@\\x00-\\x1f'
+                        '\\x7f]*)[^\\S\\x00-\\x1f\\x7f]*$'
+                    ),
                 },
             },
             'required': ['profile_id'],
@@ -185,7 +216,29 @@ OPS: dict[str, dict[str, Any]] = {
                             'pattern': '\\S',
                         },
                     },
-                    'additionalProperties': {},
+                    'anyOf': [
+                        {'properties': {'kind': {'enum': ['conversation', 'task']}}},
+                        {
+                            'properties': {
+                                'kind': {'enum': ['object']},
+                                'id': {'pattern': '^[a-z][a-z0-9_]{0,63}:[\\s\\S]+$'},
+                            },
+                        },
+                        {
+                            'properties': {
+                                'kind': {'enum': ['subject']},
+                                'id': {
+                                    'pattern': (
+                                        '^\\s*(?:[^@\\s]+@[^@\\s]+|(?:\\+|00)[ '
+                                        '.\\-()]*[1-9](?:[ .\\-()]*[0-9]){7,14}[ '
+                                        '.\\-()]*|(?!(?:\\+|00)[0-9 '
+                                        '.\\-()]*\\s*$)[^@\\s][^@]*)\\s*$'
+                                    ),
+                                },
+                            },
+                        },
+                    ],
+                    'additionalProperties': False,
                 },
                 'mode': {
                     'type': ['string', 'null'],
@@ -219,9 +272,20 @@ OPS: dict[str, dict[str, Any]] = {
                         'A handle of the customer the state is about, when the scope does not '
                         'name them (kept only as a keyed hash).'
                     ),
+                    'minLength': 1,
+                    'maxLength': 1024,
+                    'pattern': (
+                        '^\\s*(?:[^@\\s]+@[^@\\s]+|(?:\\+|00)[ .\\-()]*[1-9](?:[ '
+                        '.\\-()]*[0-9]){7,14}[ .\\-()]*|(?!(?:\\+|00)[0-9 '
+                        '.\\-()]*\\s*$)[^@\\s][^@]*)\\s*$'
+                    ),
                 },
             },
             'required': ['body', 'scope'],
+            'anyOf': [
+                {'properties': {'mode': {'enum': ['merge_by_key', None]}}},
+                {'required': ['if_version'], 'properties': {'if_version': {'type': 'integer'}}},
+            ],
         },
         'identity_required': ['namespace', 'agent'],
     },
@@ -294,7 +358,29 @@ OPS: dict[str, dict[str, Any]] = {
                             'pattern': '\\S',
                         },
                     },
-                    'additionalProperties': {},
+                    'anyOf': [
+                        {'properties': {'kind': {'enum': ['conversation', 'task']}}},
+                        {
+                            'properties': {
+                                'kind': {'enum': ['object']},
+                                'id': {'pattern': '^[a-z][a-z0-9_]{0,63}:[\\s\\S]+$'},
+                            },
+                        },
+                        {
+                            'properties': {
+                                'kind': {'enum': ['subject']},
+                                'id': {
+                                    'pattern': (
+                                        '^\\s*(?:[^@\\s]+@[^@\\s]+|(?:\\+|00)[ '
+                                        '.\\-()]*[1-9](?:[ .\\-()]*[0-9]){7,14}[ '
+                                        '.\\-()]*|(?!(?:\\+|00)[0-9 '
+                                        '.\\-()]*\\s*$)[^@\\s][^@]*)\\s*$'
+                                    ),
+                                },
+                            },
+                        },
+                    ],
+                    'additionalProperties': False,
                 },
             },
             'required': ['scope'],
@@ -753,6 +839,40 @@ OPS: dict[str, dict[str, Any]] = {
                 },
                 'features': {
                     'type': 'object',
+                    'properties': {
+                        'agent_state': {'type': 'boolean'},
+                        'pii_rules': {
+                            'type': 'array',
+                            'maxItems': 32,
+                            'items': {
+                                'type': 'object',
+                                'required': ['name', 'pattern'],
+                                'properties': {
+                                    'name': {
+                                        'type': 'string',
+                                        'pattern': (
+                                            '^(?!(?:card|email|iban|phone)$)[a-z][a-z0-9_]{0,31'
+                                            '}$'
+                                        ),
+                                    },
+                                    'pattern': {
+                                        'type': 'string',
+                                        'minLength': 1,
+                                        'maxLength': 512,
+                                    },
+                                    'mask': {
+                                        'type': 'string',
+                                        'minLength': 1,
+                                        'maxLength': 64,
+                                        'nullable': True,
+                                    },
+                                },
+                                'additionalProperties': False,
+                            },
+                            'nullable': True,
+                        },
+                    },
+                    'additionalProperties': False,
                     'description': (
                         'The whole features document: {"agent_state": true|false, "pii_rules": '
                         '[{"name", "pattern", "mask"?}]}; a key left out takes its default '
@@ -3528,7 +3648,18 @@ OPS: dict[str, dict[str, Any]] = {
                         'id) whose agent states are theirs too; the user id is always one. '
                         'Never stored.'
                     ),
-                    'items': {'type': 'string', 'minLength': 1, 'maxLength': 256},
+                    'items': {
+                        'type': 'string',
+                        'minLength': 1,
+                        'maxLength': 256,
+                        'pattern': (
+                            '^[^\\S\\x00-\\x1f\\x7f]*(?:[^@\\s\\x00-\\x1f\\x7f]+@[^@\\s\\x00-\\'
+                            'x1f\\x7f]+|(?:\\+|00)[ .\\-()]*[1-9](?:[ .\\-()]*[0-9]){7,14}[ '
+                            '.\\-()]*|(?!(?:\\+|00)[0-9 '
+                            '.\\-()]*[^\\S\\x00-\\x1f\\x7f]*$)[^@\\s\\x00-\\x1f\\x7f][^@\\x00-'
+                            '\\x1f\\x7f]*)[^\\S\\x00-\\x1f\\x7f]*$'
+                        ),
+                    },
                 },
             },
         },
@@ -3913,7 +4044,18 @@ OPS: dict[str, dict[str, Any]] = {
                         'id) whose agent states are theirs too; the user id is always one. '
                         'Never stored.'
                     ),
-                    'items': {'type': 'string', 'minLength': 1, 'maxLength': 256},
+                    'items': {
+                        'type': 'string',
+                        'minLength': 1,
+                        'maxLength': 256,
+                        'pattern': (
+                            '^[^\\S\\x00-\\x1f\\x7f]*(?:[^@\\s\\x00-\\x1f\\x7f]+@[^@\\s\\x00-\\'
+                            'x1f\\x7f]+|(?:\\+|00)[ .\\-()]*[1-9](?:[ .\\-()]*[0-9]){7,14}[ '
+                            '.\\-()]*|(?!(?:\\+|00)[0-9 '
+                            '.\\-()]*[^\\S\\x00-\\x1f\\x7f]*$)[^@\\s\\x00-\\x1f\\x7f][^@\\x00-'
+                            '\\x1f\\x7f]*)[^\\S\\x00-\\x1f\\x7f]*$'
+                        ),
+                    },
                 },
             },
         },

@@ -70,8 +70,7 @@ export interface AgentStateEraseInput {
 }
 
 export interface AgentStateEraseInputScope {
-  kind: "conversation" | "task" | "object" | "subject";
-  id: string;
+  kind?: unknown;
 }
 
 export interface AgentStateOfProfileInput {
@@ -103,8 +102,7 @@ export interface AgentStatePutInput {
 }
 
 export interface AgentStatePutInputScope {
-  kind: "conversation" | "task" | "object" | "subject";
-  id: string;
+  kind?: unknown;
 }
 
 export interface AgentStateReadInput {
@@ -119,8 +117,7 @@ export interface AgentStateReadInput {
 }
 
 export interface AgentStateReadInputScope {
-  kind: "conversation" | "task" | "object" | "subject";
-  id: string;
+  kind?: unknown;
 }
 
 export interface AuditListInput {
@@ -208,7 +205,18 @@ export interface FeaturesSetInput {
   /** The namespace the op reads or writes. Required (422 IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, and always with auth off. */
   namespace?: string | null;
   /** The whole features document: {"agent_state": true|false, "pii_rules": [{"name", "pattern", "mask"?}]}; a key left out takes its default (agent_state false, no rules). */
-  features: Record<string, unknown>;
+  features: FeaturesSetInputFeatures;
+}
+
+export interface FeaturesSetInputFeatures {
+  agent_state?: boolean;
+  pii_rules?: Array<FeaturesSetInputFeaturesPiiRulesItem>;
+}
+
+export interface FeaturesSetInputFeaturesPiiRulesItem {
+  name: string;
+  pattern: string;
+  mask?: string;
 }
 
 export interface MemoryAskInput {
@@ -1016,6 +1024,8 @@ export interface AgentStateSummary {
   type?: string;
   size_bytes?: number;
   version?: bigint;
+  /** The version beside it as decimal text: exact in every JSON reader. */
+  version_text?: string;
   created_at?: string;
   updated_at?: string;
 }
@@ -1025,6 +1035,8 @@ export interface AgentStatePutAnswer {
   ignored_args?: Array<string>;
   stored?: boolean;
   version?: bigint;
+  /** The version beside it as decimal text: exact in every JSON reader. */
+  version_text?: string;
   /** not_declared_field or over_cap when not stored; null when stored. */
   reason?: string | null;
 }
@@ -1034,6 +1046,8 @@ export interface AgentStateReadAnswer {
   ignored_args?: Array<string>;
   body?: Record<string, unknown>;
   version?: bigint;
+  /** The version beside it as decimal text: exact in every JSON reader. */
+  version_text?: string;
   updated_at?: string | null;
 }
 

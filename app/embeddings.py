@@ -18,18 +18,10 @@ from typing import TYPE_CHECKING, Any
 import requests
 
 from app.model_errors import ModelCallFailed
+from app.model_http import OpenAICompatibleClient, int_or_none, snippet
 
 if TYPE_CHECKING:
     from app.store.services import StoreServices
-
-
-def _snippet(text: str, limit: int = 200) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 # --- embeddings ------------------------------------------------------------------------------
@@ -62,7 +54,7 @@ class EmbeddingProvider(ABC):
         """Release whatever the provider holds (connections)."""
 
 
-class OpenAICompatibleEmbedder(EmbeddingProvider):
+class OpenAICompatibleEmbedder(OpenAICompatibleClient, EmbeddingProvider):
     """``POST {base_url}/embeddings`` with ``model``, ``input`` (a list) and, when set,
     ``dimensions`` (OpenAI's text-embedding-3 models shorten their vectors on request; other
     servers are sent nothing extra so they do not refuse an unknown field).
@@ -85,25 +77,9 @@ class OpenAICompatibleEmbedder(EmbeddingProvider):
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
-        self.base_url = base_url.rstrip("/")
-        self.url = f"{self.base_url}/embeddings"
-        self.model = model
+        super().__init__(base_url, "embeddings", api_key, model, timeout_seconds, session)
         self.dimensions = dimensions
-        self.timeout_seconds = timeout_seconds
         self.batch_size = batch_size
-        self._api_key = api_key or ""
-        self._owns_session = session is None
-        self._session = session if session is not None else requests.Session()
-
-    def close(self) -> None:
-        if self._owns_session:
-            self._session.close()
-
-    def __enter__(self) -> OpenAICompatibleEmbedder:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def embed(self, texts: list[str]) -> Embeddings:
         vectors: list[list[float]] = []
@@ -123,12 +99,6 @@ class OpenAICompatibleEmbedder(EmbeddingProvider):
             )
         return Embeddings(vectors=vectors, prompt_tokens=tokens, calls=calls, model=self.model)
 
-    def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        return headers
-
     def _call(self, batch: list[str]) -> tuple[list[list[float]], int | None]:
         body: dict[str, Any] = {"model": self.model, "input": batch, "encoding_format": "float"}
         if self.dimensions:
@@ -146,7 +116,7 @@ class OpenAICompatibleEmbedder(EmbeddingProvider):
         status = response.status_code
         if status != 200:
             raise ModelCallFailed(
-                f"the embeddings server answered HTTP {status}: {_snippet(response.text)}",
+                f"the embeddings server answered HTTP {status}: {snippet(response.text)}",
                 status=status,
             )
         return _read_embeddings(response, len(batch), self.dimensions)
@@ -160,10 +130,10 @@ def _read_embeddings(
     except ValueError as exc:
         raise ModelCallFailed(
             "the embeddings server answered with something that is not JSON: "
-            f"{_snippet(response.text)}"
+            f"{snippet(response.text)}"
         ) from exc
     usage = payload.get("usage") if isinstance(payload, dict) else None
-    tokens = _int_or_none(usage.get("prompt_tokens")) if isinstance(usage, dict) else None
+    tokens = int_or_none(usage.get("prompt_tokens")) if isinstance(usage, dict) else None
     data = payload.get("data") if isinstance(payload, dict) else None
     if not isinstance(data, list) or len(data) != expected:
         raise ModelCallFailed(

@@ -40,6 +40,7 @@ from app.embeddings import OpenAICompatibleEmbedder as OpenAICompatibleEmbedder
 from app.embeddings import embedder_from_settings as embedder_from_settings
 from app.embeddings import estimate_embedding_tokens as estimate_embedding_tokens
 from app.model_errors import ModelCallFailed as ModelCallFailed
+from app.model_http import OpenAICompatibleClient, int_or_none, snippet
 
 # The seed's base output allowance for a model-written entry, before a schema's estimate.
 LLM_MAX_TOKENS = 32
@@ -96,7 +97,7 @@ class _Refused(Exception):
     """The server refused the way JSON was asked for; the next mode may work."""
 
 
-class OpenAICompatibleProvider(ModelProvider):
+class OpenAICompatibleProvider(OpenAICompatibleClient, ModelProvider):
     """``POST {base_url}/chat/completions`` with ``response_format`` and ``max_tokens``.
 
     JSON is asked for as ``json_schema`` first. Many self-hosted servers refuse that (or
@@ -113,29 +114,13 @@ class OpenAICompatibleProvider(ModelProvider):
         timeout_seconds: float,
         session: requests.Session | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.url = f"{self.base_url}/chat/completions"
-        self.model = model
-        self.timeout_seconds = timeout_seconds
-        self._api_key = api_key or ""
-        self._owns_session = session is None
-        self._session = session if session is not None else requests.Session()
+        super().__init__(base_url, "chat/completions", api_key, model, timeout_seconds, session)
         self._mode_index = 0
 
     @property
     def mode(self) -> str:
         """The response mode the next call starts with."""
         return RESPONSE_MODES[self._mode_index]
-
-    def close(self) -> None:
-        if self._owns_session:
-            self._session.close()
-
-    def __enter__(self) -> OpenAICompatibleProvider:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def complete(
         self,
@@ -209,12 +194,6 @@ class OpenAICompatibleProvider(ModelProvider):
             )
         return [*messages, {"role": "system", "content": instruction}]
 
-    def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self._api_key:
-            headers["Authorization"] = f"Bearer {self._api_key}"
-        return headers
-
     # -- one HTTP exchange --------------------------------------------------------------------
 
     def _call(
@@ -249,7 +228,7 @@ class OpenAICompatibleProvider(ModelProvider):
                 raise _Refused(f"HTTP {status} for response_format {response_format['type']}")
             raise ModelCallFailed(
                 f"the model server refused the request with HTTP {status}: "
-                f"{_snippet(response.text)}",
+                f"{snippet(response.text)}",
                 status=status,
             )
         if status != 200:
@@ -266,21 +245,12 @@ def _refuses_response_format(response: requests.Response) -> bool:
     return any(word in text for word in ("response_format", "json_schema", "json_object"))
 
 
-def _snippet(text: str, limit: int = 200) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "..."
-
-
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _read_completion(response: requests.Response, mode: str, expect_json: bool) -> Completion:
     try:
         payload = response.json()
     except ValueError as exc:
         raise ModelCallFailed(
-            f"the model server answered with something that is not JSON: {_snippet(response.text)}"
+            f"the model server answered with something that is not JSON: {snippet(response.text)}"
         ) from exc
     try:
         choice = payload["choices"][0]
@@ -294,11 +264,11 @@ def _read_completion(response: requests.Response, mode: str, expect_json: bool) 
     cut_off = finish_reason == "length"
     usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
 
-    prompt_tokens = _int_or_none(usage.get("prompt_tokens"))
-    completion_tokens = _int_or_none(usage.get("completion_tokens"))
+    prompt_tokens = int_or_none(usage.get("prompt_tokens"))
+    completion_tokens = int_or_none(usage.get("completion_tokens"))
     data = parse_json_object(text) if expect_json else None
     if expect_json and data is None and not cut_off:
-        raise ModelCallFailed(f"the model's answer is not a JSON object: {_snippet(text)}",
+        raise ModelCallFailed(f"the model's answer is not a JSON object: {snippet(text)}",
                               prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
     return Completion(
         data=data,

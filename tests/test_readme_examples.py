@@ -5,8 +5,10 @@ stops working fails here rather than in a newcomer's first hour.
 The blocks share one namespace, as a reader's session would. What the README's prose asks
 for around a block, and no block shows, is done before it (``PRELUDES``): a ``bot`` to call
 with, and for agent state an admin turning the feature on and declaring the agent's type, as
-the section's first paragraph says. Deployment files (a ``wsgi.py`` with OpenTelemetry) are
-not SDK examples and are left out (``NOT_EXAMPLES``).
+the section's first paragraph says. memory.ask "needs LOOM_LLM_BASE_URL and LOOM_LLM_MODEL",
+so the server runs with a scripted model that answers as the example's comment shows.
+Deployment files (a ``wsgi.py`` with OpenTelemetry) are not SDK examples and are left out
+(``NOT_EXAMPLES``).
 """
 
 from __future__ import annotations
@@ -53,14 +55,33 @@ PRELUDES = {"bot.conversation(": _agent_state_prelude}
 
 def _run(source: str, where: str, namespace: dict[str, Any]) -> None:
     code = compile(source, where, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-    result = eval(code, namespace)  # noqa: S307: the README's own examples
+    result = eval(code, namespace)  # the README's own examples
     if inspect.iscoroutine(result):
         asyncio.run(result)
 
 
+@pytest.fixture
+def live_server_with_model(redis_url: str, tmp_path: Path):
+    """The suite's gunicorn, with the model settings the README's memory.ask section names."""
+    from tests.conftest import TEST_SECRET
+    from tests.support.live_server import LiveServer
+    from tests.support.model_server import ScriptedModelServer
+
+    answer = {"answer": "Use EUR.", "citations": []}
+    with ScriptedModelServer(default=answer) as model:
+        env = {"REDIS_URL": redis_url, "LOOM_SECRET_KEY": TEST_SECRET,
+               "LOOM_DATA_DIR": str(tmp_path), "LOOM_LLM_BASE_URL": model.base_url,
+               "LOOM_LLM_MODEL": "scripted-model"}
+        with LiveServer(env) as server:
+            yield server
+
+
 @pytest.mark.slow
-def test_every_python_example_of_the_readme_runs_as_written(live_server, monkeypatch):
+def test_every_python_example_of_the_readme_runs_as_written(live_server_with_model,
+                                                             monkeypatch):
     from loom import Agent
+
+    live_server = live_server_with_model
 
     monkeypatch.setenv("LOOM_API_URL", live_server.url)
     monkeypatch.delenv("LOOM_API_KEY", raising=False)

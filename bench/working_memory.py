@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
-import io
 import json
 import os
 import pstats
@@ -61,7 +60,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -77,6 +76,7 @@ import requests  # noqa: E402
 
 from app.local import RedisServerProcess, free_port  # noqa: E402
 from app.store import keys  # noqa: E402
+from bench.instructions import call as wsgi_call  # noqa: E402
 
 NAMESPACE = "bench"
 AGENT = "bench"
@@ -661,44 +661,6 @@ class Bench:
 # --- profile --------------------------------------------------------------------------------
 
 
-def _environ(path: str, body: bytes) -> dict[str, Any]:
-    """What gunicorn hands the app for one POST: the WSGI environ, built by hand."""
-    return {
-        "REQUEST_METHOD": "POST",
-        "SCRIPT_NAME": "",
-        "PATH_INFO": path,
-        "QUERY_STRING": "",
-        "SERVER_NAME": "127.0.0.1",
-        "SERVER_PORT": "8000",
-        "SERVER_PROTOCOL": "HTTP/1.1",
-        "REMOTE_ADDR": "127.0.0.1",
-        "CONTENT_TYPE": "application/json",
-        "CONTENT_LENGTH": str(len(body)),
-        "HTTP_HOST": "127.0.0.1:8000",
-        "HTTP_USER_AGENT": "bench",
-        "wsgi.version": (1, 0),
-        "wsgi.url_scheme": "http",
-        "wsgi.input": io.BytesIO(body),
-        "wsgi.errors": sys.stderr,
-        "wsgi.multithread": False,
-        "wsgi.multiprocess": True,
-        "wsgi.run_once": False,
-    }
-
-
-def _call(wsgi: Callable[..., Any], path: str, body: bytes) -> str:
-    status: list[str] = []
-    chunks = wsgi(_environ(path, body), lambda s, h, e=None: status.append(s))
-    try:
-        for _chunk in chunks:
-            pass
-    finally:
-        close = getattr(chunks, "close", None)
-        if close:
-            close()
-    return status[0]
-
-
 # Where Loom's time goes: cumulative time of these functions, matched by file ending and name.
 LOOM_STAGES = (
     ("flask/app.py", "wsgi_app", "whole request in Flask (wsgi_app)"),
@@ -780,7 +742,7 @@ def profile(redis_url: str, calls: int, workdir: Path) -> None:
             path = paths[op]
             fresh()
             for n in range(200):
-                status = _call(wsgi, path, bodies.body(0, n))
+                status = wsgi_call(wsgi, path, bodies.body(0, n))
                 if not status.startswith("200"):
                     raise RuntimeError(f"{name} {path}: {status}")
             best, best_cpu = float("inf"), float("inf")
@@ -788,7 +750,7 @@ def profile(redis_url: str, calls: int, workdir: Path) -> None:
                 fresh()
                 began, began_cpu = time.perf_counter(), time.process_time()
                 for n in range(calls):
-                    _call(wsgi, path, bodies.body(0, n))
+                    wsgi_call(wsgi, path, bodies.body(0, n))
                 best = min(best, (time.perf_counter() - began) / calls)
                 best_cpu = min(best_cpu, (time.process_time() - began_cpu) / calls)
             timings[name] = best_cpu
@@ -796,7 +758,7 @@ def profile(redis_url: str, calls: int, workdir: Path) -> None:
             profiler = cProfile.Profile(time.process_time)
             profiler.enable()
             for n in range(calls):
-                _call(wsgi, path, bodies.body(0, n))
+                wsgi_call(wsgi, path, bodies.body(0, n))
             profiler.disable()
             stats = pstats.Stats(profiler)
             print(f"  {op} / {name}: {best_cpu * 1e6:.0f} us CPU, {best * 1e6:.0f} us wall per "

@@ -588,6 +588,16 @@ def transport_security(environ: Mapping[str, str]) -> TransportSecuritySettings:
     )
 
 
+async def _refuse(scope: Scope, receive: Receive, send: Send, code: int, message: str,
+                  status: int, headers: dict[str, str]) -> None:
+    """Answer an HTTP request before the MCP app sees it: a JSON-RPC error with no id (there
+    is no request to answer yet) and the HTTP status and headers that say why."""
+    refusal = JSONResponse({"jsonrpc": "2.0", "id": None,
+                            "error": {"code": code, "message": message}},
+                           status_code=status, headers=headers)
+    await refusal(scope, receive, send)
+
+
 class CallerTokenRequired:
     """ASGI: a request without ``Authorization: Bearer <token>`` answers 401, since with auth
     on and no server key a call could only fail, and the refusal should not wait for one."""
@@ -599,14 +609,11 @@ class CallerTokenRequired:
         if scope["type"] == "http":
             scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not token.strip():
-                refusal = JSONResponse(
-                    {"jsonrpc": "2.0", "id": None, "error": {
-                        "code": -32001,
-                        "message": "AUTH_REQUIRED: auth is on: send Authorization: Bearer "
-                                   "<token> (this server does not lend its own key)"}},
-                    status_code=401, headers={"WWW-Authenticate": 'Bearer realm="loom"'},
-                )
-                await refusal(scope, receive, send)
+                await _refuse(
+                    scope, receive, send, -32001,
+                    "AUTH_REQUIRED: auth is on: send Authorization: Bearer <token> (this "
+                    "server does not lend its own key)",
+                    401, {"WWW-Authenticate": 'Bearer realm="loom"'})
                 return
         await self.app(scope, receive, send)
 
@@ -626,14 +633,11 @@ class NoEventStream:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (scope["type"] == "http" and scope["method"] in ("GET", "HEAD")
                 and (scope["path"].rstrip("/") or "/") == self.path):
-            refusal = JSONResponse(
-                {"jsonrpc": "2.0", "id": None, "error": {
-                    "code": -32000,
-                    "message": "Method Not Allowed: this server offers no event stream; "
-                               "send each request with POST"}},
-                status_code=405, headers={"Allow": "POST"},
-            )
-            await refusal(scope, receive, send)
+            await _refuse(
+                scope, receive, send, -32000,
+                "Method Not Allowed: this server offers no event stream; send each request "
+                "with POST",
+                405, {"Allow": "POST"})
             return
         await self.app(scope, receive, send)
 

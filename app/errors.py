@@ -252,6 +252,13 @@ class MemoryTypeMismatch(LoomError):
         )
 
 
+class MemoryNotDeleted(LoomError):
+    """A restore of a row that is not deleted: there is nothing to bring back."""
+
+    code = "MEMORY_NOT_DELETED"
+    status = 409
+
+
 class WriteContended(LoomError):
     """A compare-and-swap write kept losing to other writers until its deadline."""
 

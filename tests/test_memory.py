@@ -576,7 +576,8 @@ def _expected_sources(app, user="u-42", now=None):
         for member, row in batch:
             after = member
             if row is not None and row.is_source(now):
-                date = row.valid_at if row.valid_at is not None else row.version
+                # valid_at, else the row's last change (a recall's version leaves it)
+                date = row.valid_at if row.valid_at is not None else row.updated_at
                 entries[row.memory_id] = f"{row.content_sha256}:{row.confidence!r}:{date}"
         if not more:
             return entries

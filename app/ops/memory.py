@@ -6,8 +6,9 @@ the caller's (agent, user_id, session_id) and its ``key``, or by its ``memory_id
 identity in the namespace that can see it. Reads honour the token's read scope; a row outside
 it reads as not found, so its existence does not leak.
 
-Roles: set, delete, lock, unlock, pin, unpin are writer ops; delete_version and redact rewrite
-history and are admin ops. The MCP ``all`` toolset lists set, get, list and history.
+Roles: set, delete, lock, unlock, pin, unpin and the revisions (revert, restore, restate,
+reinforce, recall, backfill) are writer ops; delete_version and redact rewrite history and are
+admin ops. The MCP ``all`` toolset lists set, get, list and history.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from marshmallow import Schema, ValidationError, fields, validate, validates_sch
 
 from app.attributes import with_attribute_tags
 from app.auth import READ_SCOPE_RANK, READ_SCOPES, effective_read_scope, row_visible
+from app.clock import iso_from_ns
 from app.errors import AuthInsufficient, MemoryNotFound, ValidationFailed
 from app.registry import Call, op
 from app.schemas.common import (
@@ -30,6 +32,7 @@ from app.schemas.common import (
     StrictBool,
     StrictFloat,
     StrictInt,
+    VersionText,
     no_control_characters,
 )
 from app.store.activity import ActivityStore
@@ -246,6 +249,19 @@ class MemoryDeleteVersionArgs(MemoryTargetArgs):
             raise ValidationError("version and version_text disagree", field_name="version_text")
 
 
+class MemoryRevertArgs(MemoryDeleteVersionArgs):
+    """A row and the version (from memory.history) whose content comes back."""
+
+
+class MemoryReinforceArgs(MemoryTargetArgs):
+    confidence = StrictFloat(
+        load_default=None,
+        validate=validate.Range(min=0, max=1),
+        metadata={"description": "Raise the row's confidence to this; a lower one leaves it "
+                  "as it is (a reinforcement never lowers it). Left out, it stays."},
+    )
+
+
 class MemoryListArgs(IdentityArgs):
     memory_type = memory_type_field(load_default=None)
     key_prefix = fields.String(
@@ -290,7 +306,45 @@ class MemoryRowAnswer(Schema):
     version = fields.Integer()
     version_text = fields.String()
     created_at = fields.String()
-    updated_at = fields.String()
+    updated_at = fields.String(metadata={
+        "description": "The row's last change; a recall or a backfill writes a version "
+        "without moving it."})
+    change = fields.String(metadata={
+        "description": "What wrote this version: write, delete, lock, unlock, pin, unpin, "
+        "delete_version, revert, restore, restate, reinforce, recall or backfill ('' for a "
+        "version written before Loom kept it)."})
+    from_version = fields.Integer(allow_none=True, metadata={
+        "description": "A revert's or restore's source: the version whose content came back."})
+    from_version_text = VersionText()
+    recall_count = fields.Integer(metadata={"description": "memory.recall calls on the row."})
+    recalled_at = fields.String(allow_none=True)
+    reinforce_count = fields.Integer(metadata={
+        "description": "memory.reinforce calls on the row."})
+
+
+class MemoryRevisionAnswer(Answer):
+    memory_id = fields.String()
+    key = fields.String()
+    memory_type = fields.String()
+    change = fields.String(metadata={"description": "The op's word, as memory.history shows it."})
+    version = fields.Integer()
+    version_text = VersionText()
+    from_version = fields.Integer(allow_none=True, metadata={
+        "description": "A revert's or restore's source: the version whose content came back."})
+    from_version_text = VersionText()
+    content_sha256 = fields.String()
+    confidence = fields.Float()
+    updated_at = fields.String(metadata={
+        "description": "The row's last change, which dates the fact for profile builds "
+        "unless its valid_at does."})
+    recall_count = fields.Integer()
+    reinforce_count = fields.Integer()
+    changed = fields.Boolean(metadata={
+        "description": "False when a backfill found the row's index entry current (no "
+        "version written)."})
+    digest_moved = fields.Boolean(metadata={
+        "description": "Whether the write moved the user's structured-profile sources, so a "
+        "rebuild follows (after the cooldown): never for a recall or a backfill."})
 
 
 class MemoryWriteAnswer(Answer):
@@ -779,3 +833,99 @@ def memory_redact(call: Call) -> dict[str, Any]:
         "redacted": True,
         "versions_redacted": redacted.versions,
     }
+
+
+# --------------------------------------------------------------------------------------------
+# Revisions: seed 000 names what each does to a structured profile's digest (docs/decisions.md)
+
+
+def _revision_answer(written: Written) -> dict[str, Any]:
+    row = written.row
+    return {
+        "memory_id": row.memory_id,
+        "key": row.key,
+        "memory_type": row.memory_type,
+        "change": row.change,
+        "version": row.version,
+        "version_text": str(row.version),
+        "from_version": row.from_version,
+        "from_version_text": "" if row.from_version is None else str(row.from_version),
+        "content_sha256": row.content_sha256,
+        "confidence": row.confidence,
+        "updated_at": iso_from_ns(row.updated_at),
+        "recall_count": row.recall_count,
+        "reinforce_count": row.reinforce_count,
+        "changed": written.changed,
+        "digest_moved": written.sources_moved,
+    }
+
+
+@op("memory.revert", role="writer", kind="write", listed=False,
+    args=MemoryRevertArgs, answer=MemoryRevisionAnswer,
+    example={**_WHO, "key": "invoice_currency", "version_text": "1800000000000000000"})
+def memory_revert(call: Call) -> dict[str, Any]:
+    """Bring back a stored version's content (by version or version_text) as a new version."""
+    a = call.args
+    version = a["version"] if a["version"] is not None else int(a["version_text"])
+    location, memory_id = _write_target(call)
+    written = memory_store(call).revert(
+        location, version, written_by=call.identity.agent, memory_id=memory_id
+    )
+    return _revision_answer(written)
+
+
+@op("memory.restore", role="writer", kind="write", listed=False,
+    args=MemoryTargetArgs, answer=MemoryRevisionAnswer,
+    example={**_WHO, "key": "invoice_currency"})
+def memory_restore(call: Call) -> dict[str, Any]:
+    """Bring a deleted row back with its last content before the delete, as a new version."""
+    location, memory_id = _write_target(call)
+    written = memory_store(call).revert(
+        location, None, written_by=call.identity.agent, memory_id=memory_id
+    )
+    return _revision_answer(written)
+
+
+def _touch(call: Call, change: str, confidence: float | None = None) -> dict[str, Any]:
+    location, memory_id = _write_target(call)
+    written = memory_store(call).touch(
+        location, change, written_by=call.identity.agent, memory_id=memory_id,
+        confidence=confidence,
+    )
+    return _revision_answer(written)
+
+
+@op("memory.restate", role="writer", kind="write", listed=False,
+    args=MemoryTargetArgs, answer=MemoryRevisionAnswer,
+    example={**_WHO, "key": "invoice_currency"})
+def memory_restate(call: Call) -> dict[str, Any]:
+    """The fact was stated again: a new version with the same content, dated now."""
+    return _touch(call, "restate")
+
+
+@op("memory.reinforce", role="writer", kind="write", listed=False,
+    args=MemoryReinforceArgs, answer=MemoryRevisionAnswer,
+    example={**_WHO, "key": "invoice_currency", "confidence": 0.9})
+def memory_reinforce(call: Call) -> dict[str, Any]:
+    """The fact was confirmed: counted, confidence raised if given, a new version dated now."""
+    return _touch(call, "reinforce", call.args["confidence"])
+
+
+@op("memory.recall", role="writer", kind="write", listed=False,
+    args=MemoryTargetArgs, answer=MemoryRevisionAnswer,
+    example={**_WHO, "key": "invoice_currency"})
+def memory_recall(call: Call) -> dict[str, Any]:
+    """The fact was used: counted and timed in a new version that keeps its last change."""
+    return _touch(call, "recall")
+
+
+@op("memory.backfill", role="writer", kind="idempotent", listed=False,
+    args=MemoryTargetArgs, answer=MemoryRevisionAnswer,
+    example={**_WHO, "key": "invoice_currency"})
+def memory_backfill(call: Call) -> dict[str, Any]:
+    """Bring a row's recall index entry up to date, keeping its content and last change."""
+    location, memory_id = _write_target(call)
+    written = memory_store(call).backfill(
+        location, written_by=call.identity.agent, memory_id=memory_id
+    )
+    return _revision_answer(written)

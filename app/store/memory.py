@@ -15,7 +15,8 @@ inputs of the structured-profile worker:
 * ``profile-src``: memory_id -> ``content_sha256:confidence:date_ns`` for every row that is a
   source now (a current semantic/preference/decision row, not ``high``, not a duplicate, no
   ``about:other``/``attribute:*``/``forget`` tag, not redacted, not past its ``valid_to``);
-  ``date_ns`` is ``valid_at``, else the version of the row's last change.
+  ``date_ns`` is ``valid_at``, else ``updated_at``, the row's last change (a recall or a
+  backfill writes a version without moving it, so it leaves the entry and the digest).
 * ``profile-digest``: ``digest`` (XOR over the sources of sha1(memory_id|entry), 40 hex),
   ``count``, ``changed_at`` (ns of the last write that moved the digest), ``removed_at`` (ns of
   the last time a source left) and ``next_expiry`` (the earliest ``valid_to`` among sources).
@@ -91,6 +92,7 @@ from app.store.memory_row import (
     trace_names,
 )
 from app.store.profile_vectors import ProfileVectorStore
+from app.store.recall_terms import indexable, row_terms
 from app.store.recall_vectors import RecallVectorStore
 from app.store.replies import optional_texts, scored, text_map, text_set, texts
 
@@ -153,6 +155,8 @@ class MemoryStore:
         self._delete = script(self.redis, "memory_delete")
         self._delete_version = script(self.redis, "memory_delete_version")
         self._redact = script(self.redis, "memory_redact")
+        self._revert = script(self.redis, "memory_revert")
+        self._touch = script(self.redis, "memory_touch")
         self._expire = script(self.redis, "memory_expire_sources")
         self._clear_changed = script(self.redis, "clear_unless_changed_since")
         self._section_vectors = ProfileVectorStore(services)
@@ -479,6 +483,78 @@ class MemoryStore:
             ],
         )
         return self._finish(location, reply, version=version)
+
+    def revert(
+        self, location: Location, version: int | None, *, written_by: str, memory_id: str = ""
+    ) -> Written:
+        """Bring back the content of a stored version as the row's next version: ``version``
+        for a revert, None for a restore (a deleted row, with its newest version that is no
+        deletion). Either is a change of the fact, dated now unless its valid_at dates it."""
+        reply = self._revert(
+            keys=location.script_keys(),
+            args=[
+                self.clock.now_ns(),
+                "restore" if version is None else "revert",
+                "" if version is None else pad_version(version),
+                written_by,
+                location.member,
+                memory_id,
+            ],
+        )
+        return self._finish(location, reply, version=version)
+
+    def touch(
+        self,
+        location: Location,
+        change: str,
+        *,
+        written_by: str,
+        memory_id: str = "",
+        confidence: float | None = None,
+    ) -> Written:
+        """A new version with the row's content: ``restate`` and ``reinforce`` (which also
+        counts, and raises the confidence to ``confidence`` when that is higher) date the fact
+        now; ``recall`` counts the use and keeps the row's last change."""
+        if change not in ("restate", "reinforce", "recall"):
+            raise ValueError(f"unknown change {change}")
+        reply = self._touch(
+            keys=location.script_keys(),
+            args=[
+                self.clock.now_ns(),
+                change,
+                written_by,
+                location.member,
+                memory_id,
+                "" if confidence is None else format_confidence(confidence),
+                "",
+                "",
+            ],
+        )
+        return self._finish(location, reply)
+
+    def backfill(self, location: Location, *, written_by: str, memory_id: str = "") -> Written:
+        """Bring the row's lexical recall entry up to this release's terms and list it for a
+        vector when it has none, keeping the row's content and last change; ``changed`` False
+        when both were current. The terms are computed here from the row as read, and written
+        only over that version (compare-and-swap, retried)."""
+
+        def attempt() -> Written:
+            # No row (or a tombstone) goes to the script all the same: it answers an erasure
+            # under way before the row's absence.
+            row = self.read(location)
+            terms = (
+                row_terms(row.key, row.value)
+                if row is not None and not row.redacted
+                and indexable(row.memory_type, row.tags) else ""
+            )
+            reply = self._touch(
+                keys=location.script_keys(),
+                args=[self.clock.now_ns(), "backfill", written_by, location.member, memory_id,
+                      "", "" if row is None else str(row.version), terms],
+            )
+            return self._finish(location, reply)
+
+        return self._with_retries(attempt)
 
     def redact(
         self,

@@ -230,7 +230,16 @@ class MemoryRow:
     char_limit: int | None
     version: int
     created_at: int
+    # The row's last change: the version that last changed the fact. A recall or a backfill
+    # writes a version without moving it (so it dates the source entry, under valid_at).
     updated_at: int
+    # What wrote this version (``write``, ``lock``, ``revert``, ...; '' before it was kept),
+    # and for a revert or a restore the version whose content came back.
+    change: str = ""
+    from_version: int | None = None
+    recall_count: int = 0
+    recalled_at: int | None = None
+    reinforce_count: int = 0
 
     @classmethod
     def from_fields(cls, f: Mapping[str, str]) -> MemoryRow:
@@ -262,6 +271,11 @@ class MemoryRow:
             version=int(f["version"]),
             created_at=int(f.get("created_at") or f["version"]),
             updated_at=int(f.get("updated_at") or f["version"]),
+            change=f.get("change", ""),
+            from_version=_optional_ns(f.get("from_version")),
+            recall_count=int(f.get("recall_count") or 0),
+            recalled_at=_optional_ns(f.get("recalled_at")),
+            reinforce_count=int(f.get("reinforce_count") or 0),
         )
 
     @property
@@ -328,6 +342,12 @@ class MemoryRow:
             "version_text": str(self.version),
             "created_at": iso_from_ns(self.created_at),
             "updated_at": iso_from_ns(self.updated_at),
+            "change": self.change,
+            "from_version": self.from_version,
+            "from_version_text": "" if self.from_version is None else str(self.from_version),
+            "recall_count": self.recall_count,
+            "recalled_at": None if self.recalled_at is None else iso_from_ns(self.recalled_at),
+            "reinforce_count": self.reinforce_count,
         }
 
 

@@ -31,11 +31,13 @@ from app.errors import (
     HashMismatch,
     LoomError,
     MemoryLocked,
+    MemoryNotDeleted,
     MemoryNotFound,
     MemoryPinned,
     MemoryTypeMismatch,
     SubstringNotFound,
     UserBeingErased,
+    ValidationFailed,
     WorkingMemoryBlockNotFound,
     WorkingMemoryLimitExceeded,
     WriteContended,
@@ -124,7 +126,7 @@ STATUS_ERRORS: dict[str, dict[str, ErrorFactory]] = {
             block_key=context["block_key"],
         ),
     },
-    # Context: key and user_id of the row; version for a delete_version.
+    # Context: key and user_id of the row; version for a delete_version and a revert.
     "memory": {
         "ERASING": _memory_erasing,
         "LOCKED": _memory_locked,
@@ -147,6 +149,20 @@ STATUS_ERRORS: dict[str, dict[str, ErrorFactory]] = {
             f"row {context['key']!r} has no version {context['version']}",
             key=context["key"],
             version_text=str(context["version"]),
+        ),
+        "NOT_DELETED": lambda reply, context: MemoryNotDeleted(
+            f"row {context['key']!r} is not deleted: a restore brings back a deleted row",
+            key=context["key"],
+            memory_id=reply[1],
+        ),
+        "NO_CONTENT": lambda _, context: MemoryNotFound(
+            f"row {context['key']!r} has no version with content to restore",
+            key=context["key"],
+        ),
+        # A revert to a deletion or a redacted version: no content to bring back.
+        "EMPTY_VERSION": lambda _, context: ValidationFailed(
+            {"version": [f"version {context['version']} of row {context['key']!r} holds no "
+                         "content (a deletion or a redacted version)"]},
         ),
         "DERIVED_LOCKED": lambda reply, _: MemoryLocked(
             f"profile row {reply[1]!r}, built from this row, is locked: unlock it, then "

@@ -12,4 +12,5 @@ r.content_sha256 = ''
 r.recall_terms = ''
 r.source_trace = ARGV[5]
 r.written_by = ARGV[2]
+mark(r, 'delete')
 return done('OK', commit(r, ARGV[1], ARGV[3], r.memory_type), r)

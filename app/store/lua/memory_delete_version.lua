@@ -27,6 +27,10 @@ n.created_at = r.created_at
 n.version = r.version
 n.pinned = r.pinned
 n.locked = r.locked
+n.recall_count = r.recall_count
+n.recalled_at = r.recalled_at
+n.reinforce_count = r.reinforce_count
+mark(n, 'delete_version')
 n.source_trace = ARGV[6]
 n.written_by = ARGV[3]
 return done('OK', commit(n, ARGV[1], ARGV[4], r.memory_type), n)

@@ -10,4 +10,6 @@ end
 if r[ARGV[2]] == ARGV[3] then return done('NOOP', false, r) end
 r[ARGV[2]] = ARGV[3]
 r.written_by = ARGV[4]
+local words = {locked = {['1'] = 'lock', ['0'] = 'unlock'}, pinned = {['1'] = 'pin', ['0'] = 'unpin'}}
+mark(r, words[ARGV[2]][ARGV[3]])
 return done('OK', commit(r, ARGV[1], ARGV[5], r.memory_type), r)

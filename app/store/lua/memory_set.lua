@@ -43,6 +43,7 @@ end
 r.deleted = '0'
 r.redacted = '0'
 r.written_by = ARGV[8]
+mark(r, 'write')
 local moved = commit(r, ARGV[1], ARGV[3], old_type)
 if created then return done('CREATED', moved, r) end
 return done('OK', moved, r)

@@ -126,7 +126,10 @@ local function source_entry(r, now)
     return nil
   end
   if (r.valid_to or '') ~= '' and not dec_gt(r.valid_to, now) then return nil end
+  -- Dated by when it became true, else by its last change (updated_at), which a recall or a
+  -- backfill keeps: their versions leave the entry, and so the digest, as it was.
   local date = r.valid_at or ''
+  if date == '' then date = r.updated_at or '' end
   if date == '' then date = r.version end
   return r.content_sha256 .. ':' .. r.confidence .. ':' .. date
 end
@@ -167,13 +170,22 @@ local function update_sources(src, dig, exp, mid, entry, valid_to, at)
   return true
 end
 
+-- What wrote a version (memory.history shows it): the op's word, and for a revert or a
+-- restore the version whose content it brought back ('' otherwise).
+local function mark(r, change, from_version)
+  r.change = change
+  r.from_version = from_version or ''
+end
+
 -- Write r as the row's next version; returns whether the user's source digest moved.
--- old_type: the row's memory_type before the write (nil for a new row).
-local function commit(r, now, member, old_type)
+-- old_type: the row's memory_type before the write (nil for a new row). keep_change: the
+-- version is no change of the fact (a recall, a backfill), so updated_at, the row's last
+-- change, stays where it was.
+local function commit(r, now, member, old_type, keep_change)
   local last = r.version
   if last == '' then last = nil end
   r.version = next_version(last, now)
-  r.updated_at = r.version
+  if not keep_change or (r.updated_at or '') == '' then r.updated_at = r.version end
   if (r.created_at or '') == '' then r.created_at = r.version end
   redis.call('HSET', KEYS[1], unpack(flatten(r)))
   local padded = pad(r.version)

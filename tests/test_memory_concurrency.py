@@ -188,3 +188,174 @@ def test_no_write_lands_after_a_lock(app):
     row = _post(client, "memory.get", key="k")[1]["memory"]
     assert row["locked"] and row["version"] == lock_version
     assert len(acknowledged) + len(refused) == WRITERS * EACH
+
+
+# --- the revisions (memory.revert, restore, restate, reinforce, recall, backfill) ---------------
+
+
+def _digest_exact(app, user="u-1"):
+    services = app.extensions["loom"]
+    store = services.store(MemoryStore)
+    org = services.settings.default_org
+    entries = store.source_entries(org, "race", user)
+    digest = store.source_digest(org, "race", user)
+    assert digest.digest == source_digest_of(entries) and digest.count == len(entries)
+    now = services.clock.now_ns()
+    rows = store.scan_rows(org, "race", user, batch=1000)[0]
+    sources = {row.memory_id: row for _, row in rows if row is not None and row.is_source(now)}
+    assert set(entries) == set(sources)
+    for memory_id, row in sources.items():
+        date = row.valid_at if row.valid_at is not None else row.updated_at
+        assert entries[memory_id].endswith(f":{date}")
+    return digest
+
+
+def _all_versions(client, key):
+    history, cursor = [], ""
+    while True:
+        body = {"key": key, "limit": 100, **({"cursor": cursor} if cursor else {})}
+        out = _post(client, "memory.history", **body)[1]
+        history += out["versions"]
+        cursor = out["next_cursor"]
+        if not cursor:
+            return history
+
+
+def test_concurrent_recalls_and_reinforcements_each_count_once(app):
+    client = app.test_client()
+    _post(client, "memory.set", key="k", value="fact", memory_type="preference", confidence=0.1)
+    confidences = [round(0.1 + 0.8 * (w * EACH + i) / (WRITERS * EACH), 6)
+                   for w in range(WRITERS) for i in range(EACH)]
+
+    def work(writer):
+        c = app.test_client()
+        versions = []
+        for i in range(EACH):
+            op = "memory.recall" if (writer + i) % 2 else "memory.reinforce"
+            extra = {"confidence": confidences[writer * EACH + i]} if op.endswith("ce") else {}
+            status, out = _post(c, op, key="k", **extra)
+            assert status == 200, out
+            versions.append(out["version"])
+        return versions
+
+    versions = [v for chunk in _run(work) for v in chunk]
+    assert len(set(versions)) == WRITERS * EACH
+    row = _post(client, "memory.get", key="k")[1]["memory"]
+    recalls = sum(1 for w in range(WRITERS) for i in range(EACH) if (w + i) % 2)
+    assert row["recall_count"] == recalls
+    assert row["reinforce_count"] == WRITERS * EACH - recalls
+    reinforced = [confidences[w * EACH + i] for w in range(WRITERS) for i in range(EACH)
+                  if not (w + i) % 2]
+    assert row["confidence"] == max(reinforced)  # raised to the highest, never lowered
+    history = _all_versions(client, "k")
+    assert sorted(v["version"] for v in history[:-1]) == sorted(versions)
+    # The last change is the last reinforcement: no recall moved it.
+    last_reinforce = max(v["version"] for v in history if v["change"] == "reinforce")
+    assert row["updated_at"] == next(v["updated_at"] for v in history
+                                     if v["version"] == last_reinforce)
+    _digest_exact(app)
+
+
+def test_concurrent_restates_and_edits_keep_the_digest_exact(app):
+    client = app.test_client()
+    for k in range(4):
+        _post(client, "memory.set", key=f"k{k}", value=k, memory_type="decision")
+
+    def work(writer):
+        c = app.test_client()
+        for i in range(EACH):
+            key = f"k{(writer + i) % 4}"
+            if i % 3 == 0:
+                status, out = _post(c, "memory.set", key=key, value=f"{writer}-{i}",
+                                    memory_type="decision")
+            else:
+                status, out = _post(c, "memory.restate", key=key)
+            assert status == 200, out
+
+    _run(work)
+    _digest_exact(app)
+
+
+def test_concurrent_reverts_each_bring_back_a_whole_version(app):
+    client = app.test_client()
+    stored = {}
+    for n in range(WRITERS):
+        out = _post(client, "memory.set", key="k", value=f"v{n}", memory_type="semantic",
+                    confidence=round(0.1 * (n + 1), 1), tags=[f"t{n}"])[1]
+        stored[out["version"]] = (f"v{n}", round(0.1 * (n + 1), 1), [f"t{n}"])
+    targets = sorted(stored)
+
+    def work(writer):
+        c = app.test_client()
+        landed = []
+        for i in range(EACH):
+            target = targets[(writer + i) % len(targets)]
+            status, out = _post(c, "memory.revert", key="k", version=target)
+            assert status == 200, out
+            assert out["from_version"] == target
+            landed.append((out["version"], target))
+        return landed
+
+    landed = [pair for chunk in _run(work) for pair in chunk]
+    assert len({version for version, _ in landed}) == WRITERS * EACH
+    final_version, final_target = max(landed)
+    row = _post(client, "memory.get", key="k")[1]["memory"]
+    assert row["version"] == final_version
+    assert (row["value"], row["confidence"], row["tags"]) == stored[final_target]
+    for version in _all_versions(client, "k"):
+        if version["change"] == "revert":  # every version is one whole stored version
+            assert (version["value"], version["confidence"], version["tags"]) == stored[
+                version["from_version"]]
+    _digest_exact(app)
+
+
+def test_racing_restores_bring_a_deleted_row_back_once(app):
+    rounds = 10
+    client = app.test_client()
+    _post(client, "memory.set", key="k", value="fact", memory_type="preference")
+    barrier = threading.Barrier(WRITERS)
+    outcomes: list[list[int]] = [[] for _ in range(rounds)]
+    guard = threading.Lock()
+
+    def work(writer):
+        c = app.test_client()
+        for r in range(rounds):
+            if writer == 0:
+                assert _post(c, "memory.delete", key="k")[0] == 200
+            barrier.wait()  # deleted before anyone restores
+            status, out = _post(c, "memory.restore", key="k")
+            assert status in (200, 409), out
+            if status == 409:
+                assert out["error"]["code"] == "MEMORY_NOT_DELETED"
+            with guard:
+                outcomes[r].append(status)
+            barrier.wait()
+
+    _run(work)
+    for r, statuses in enumerate(outcomes):
+        assert sorted(statuses) == [200] + [409] * (WRITERS - 1), (r, statuses)
+    row = _post(client, "memory.get", key="k")[1]["memory"]
+    assert row["value"] == "fact" and not row["deleted"]
+    _digest_exact(app)
+
+
+def test_backfills_racing_edits_never_index_stale_terms(app):
+    from tests.test_recall import index_matches_rows
+
+    client = app.test_client()
+    for k in range(4):
+        _post(client, "memory.set", key=f"k{k}", value=f"start {k}")
+
+    def work(writer):
+        c = app.test_client()
+        for i in range(EACH):
+            key = f"k{(writer + i) % 4}"
+            if writer % 2:
+                status, out = _post(c, "memory.set", key=key, value=f"word{writer}x{i} text")
+            else:
+                status, out = _post(c, "memory.backfill", key=key)
+            assert status == 200, out
+
+    _run(work)
+    index_matches_rows(app, "race", "u-1")
+    _digest_exact(app)

@@ -200,6 +200,25 @@ class MemoryAskUsage(TypedDict, total=False):
     completion_tokens: int | None
 
 
+class MemoryBackfillAnswer(TypedDict, total=False):
+    ignored_args: list[str]
+    memory_id: str
+    key: str
+    memory_type: str
+    change: str
+    version: int
+    version_text: str
+    from_version: int | None
+    from_version_text: str
+    content_sha256: str
+    confidence: float
+    updated_at: str
+    recall_count: int
+    reinforce_count: int
+    changed: bool
+    digest_moved: bool
+
+
 class MemoryDeleteAnswer(TypedDict, total=False):
     ignored_args: list[str]
     deleted: bool
@@ -264,6 +283,12 @@ class MemoryRowAnswer(TypedDict, total=False):
     version_text: str
     created_at: str
     updated_at: str
+    change: str
+    from_version: int | None
+    from_version_text: str
+    recall_count: int
+    recalled_at: str | None
+    reinforce_count: int
 
 
 class MemoryListAnswer(TypedDict, total=False):
@@ -295,12 +320,107 @@ class MemoryPinAnswer(TypedDict, total=False):
     changed: bool
 
 
+class MemoryRecallAnswer(TypedDict, total=False):
+    ignored_args: list[str]
+    memory_id: str
+    key: str
+    memory_type: str
+    change: str
+    version: int
+    version_text: str
+    from_version: int | None
+    from_version_text: str
+    content_sha256: str
+    confidence: float
+    updated_at: str
+    recall_count: int
+    reinforce_count: int
+    changed: bool
+    digest_moved: bool
+
+
 class MemoryRedactAnswer(TypedDict, total=False):
     ignored_args: list[str]
     memory_id: str
     key: str
     redacted: bool
     versions_redacted: int
+
+
+class MemoryReinforceAnswer(TypedDict, total=False):
+    ignored_args: list[str]
+    memory_id: str
+    key: str
+    memory_type: str
+    change: str
+    version: int
+    version_text: str
+    from_version: int | None
+    from_version_text: str
+    content_sha256: str
+    confidence: float
+    updated_at: str
+    recall_count: int
+    reinforce_count: int
+    changed: bool
+    digest_moved: bool
+
+
+class MemoryRestateAnswer(TypedDict, total=False):
+    ignored_args: list[str]
+    memory_id: str
+    key: str
+    memory_type: str
+    change: str
+    version: int
+    version_text: str
+    from_version: int | None
+    from_version_text: str
+    content_sha256: str
+    confidence: float
+    updated_at: str
+    recall_count: int
+    reinforce_count: int
+    changed: bool
+    digest_moved: bool
+
+
+class MemoryRestoreAnswer(TypedDict, total=False):
+    ignored_args: list[str]
+    memory_id: str
+    key: str
+    memory_type: str
+    change: str
+    version: int
+    version_text: str
+    from_version: int | None
+    from_version_text: str
+    content_sha256: str
+    confidence: float
+    updated_at: str
+    recall_count: int
+    reinforce_count: int
+    changed: bool
+    digest_moved: bool
+
+
+class MemoryRevertAnswer(TypedDict, total=False):
+    ignored_args: list[str]
+    memory_id: str
+    key: str
+    memory_type: str
+    change: str
+    version: int
+    version_text: str
+    from_version: int | None
+    from_version_text: str
+    content_sha256: str
+    confidence: float
+    updated_at: str
+    recall_count: int
+    reinforce_count: int
+    changed: bool
+    digest_moved: bool
 
 
 class MemorySearchAnswer(TypedDict, total=False):
@@ -716,6 +836,7 @@ class MemoryOps(Plane[M]):
     """``bot.client.memory``: its ops, typed by their answers."""
 
     ask: Op[MemoryAskAnswer] = Op('memory.ask')
+    backfill: Op[MemoryBackfillAnswer] = Op('memory.backfill')
     delete: Op[MemoryDeleteAnswer] = Op('memory.delete')
     delete_version: Op[MemoryDeleteVersionAnswer] = Op('memory.delete_version')
     get: Op[MemoryGetAnswer] = Op('memory.get')
@@ -723,7 +844,12 @@ class MemoryOps(Plane[M]):
     list: Op[MemoryListAnswer] = Op('memory.list')
     lock: Op[MemoryLockAnswer] = Op('memory.lock')
     pin: Op[MemoryPinAnswer] = Op('memory.pin')
+    recall: Op[MemoryRecallAnswer] = Op('memory.recall')
     redact: Op[MemoryRedactAnswer] = Op('memory.redact')
+    reinforce: Op[MemoryReinforceAnswer] = Op('memory.reinforce')
+    restate: Op[MemoryRestateAnswer] = Op('memory.restate')
+    restore: Op[MemoryRestoreAnswer] = Op('memory.restore')
+    revert: Op[MemoryRevertAnswer] = Op('memory.revert')
     search: Op[MemorySearchAnswer] = Op('memory.search')
     set: Op[MemorySetAnswer] = Op('memory.set')
     unified_search: Op[MemoryUnifiedSearchAnswer] = Op('memory.unified_search')

@@ -34,6 +34,7 @@ Hierarchy::
         │   ├── MemoryLocked                 MEMORY_LOCKED
         │   ├── MemoryPinned                 MEMORY_PINNED
         │   ├── MemoryTypeMismatch           MEMORY_TYPE_MISMATCH
+        │   ├── MemoryNotDeleted             MEMORY_NOT_DELETED
         │   ├── WriteContended               WRITE_CONFLICT (retry later)
         │   ├── UserBeingErased              USER_BEING_ERASED
         │   ├── ErasureRunning               ERASURE_RUNNING (retry later)
@@ -224,6 +225,12 @@ class MemoryTypeMismatch(Conflict):
     default_code = "MEMORY_TYPE_MISMATCH"
 
 
+class MemoryNotDeleted(Conflict):
+    """memory.restore of a row that is not deleted: there is nothing to bring back."""
+
+    default_code = "MEMORY_NOT_DELETED"
+
+
 class WriteContended(Conflict):
     """A compare-and-swap write kept losing to other writers until its deadline."""
 
@@ -378,7 +385,8 @@ BY_CODE: dict[str, type[LoomAPIError]] = {
         AuthRequired, AuthInvalid, AuthInsufficient, FeatureDisabled,
         NotFound, UnknownOp, WorkingMemoryBlockNotFound, MemoryNotFound,
         ProfileSectionNotFound, TokenNotFound, MethodNotAllowed,
-        HashMismatch, MemoryLocked, MemoryPinned, MemoryTypeMismatch, WriteContended,
+        HashMismatch, MemoryLocked, MemoryPinned, MemoryTypeMismatch, MemoryNotDeleted,
+        WriteContended,
         UserBeingErased, AgentStateConflict, PayloadTooLarge,
         ValidationError, IdentityIncomplete, SchemaInvalid, SubstringNotFound,
         WorkingMemoryLimitExceeded, CharLimitExceeded, RateLimited, ServerError,

@@ -1007,6 +1007,114 @@ OPS: dict[str, dict[str, Any]] = {
         },
         'identity_required': ['namespace', 'agent'],
     },
+    'memory.backfill': {
+        'role': 'writer',
+        'kind': 'idempotent',
+        'listed': False,
+        'mcp': True,
+        'tool': 'loom_memory_backfill',
+        'http_method': 'POST',
+        'path': '/v1/memory.backfill',
+        'summary': (
+            "Bring a row's recall index entry up to date, keeping its content and last change."
+        ),
+        'fields': {
+            'org': {'required': False, 'default': None},
+            'namespace': {'required': False, 'default': None},
+            'agent': {'required': False, 'default': None},
+            'user_id': {'required': False, 'default': '-'},
+            'session_id': {'required': False, 'default': '-'},
+            'run_id': {'required': False, 'default': '-'},
+            'key': {'required': False, 'default': None},
+            'memory_id': {'required': False, 'default': None},
+            'memory_type': {'required': False, 'default': None},
+        },
+        'input_schema': {
+            'type': 'object',
+            'properties': {
+                'org': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The tenant.',
+                },
+                'namespace': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
+                },
+                'agent': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
+                },
+                'user_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The end user; '-' for none.",
+                },
+                'session_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The session or conversation; '-' for none.",
+                },
+                'run_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The agent run (task scope); '-' for none.",
+                },
+                'key': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 512,
+                    'description': "The row's key.",
+                },
+                'memory_id': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 64,
+                    'description': "The row's id, from any identity that can see it.",
+                },
+                'memory_type': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'pattern': '^[a-z][a-z0-9_]{0,39}$',
+                    'description': 'Only a row of this type (profile for a section).',
+                },
+            },
+            'oneOf': [
+                {
+                    'required': ['key'],
+                    'properties': {'key': {'type': 'string'}, 'memory_id': {'enum': [None]}},
+                },
+                {
+                    'required': ['memory_id'],
+                    'properties': {'memory_id': {'type': 'string'}, 'key': {'enum': [None]}},
+                },
+            ],
+        },
+        'identity_required': ['namespace', 'agent'],
+    },
     'memory.delete': {
         'role': 'writer',
         'kind': 'idempotent',
@@ -1814,6 +1922,114 @@ OPS: dict[str, dict[str, Any]] = {
         },
         'identity_required': ['namespace', 'agent'],
     },
+    'memory.recall': {
+        'role': 'writer',
+        'kind': 'write',
+        'listed': False,
+        'mcp': True,
+        'tool': 'loom_memory_recall',
+        'http_method': 'POST',
+        'path': '/v1/memory.recall',
+        'summary': (
+            'The fact was used: counted and timed in a new version that keeps its last change.'
+        ),
+        'fields': {
+            'org': {'required': False, 'default': None},
+            'namespace': {'required': False, 'default': None},
+            'agent': {'required': False, 'default': None},
+            'user_id': {'required': False, 'default': '-'},
+            'session_id': {'required': False, 'default': '-'},
+            'run_id': {'required': False, 'default': '-'},
+            'key': {'required': False, 'default': None},
+            'memory_id': {'required': False, 'default': None},
+            'memory_type': {'required': False, 'default': None},
+        },
+        'input_schema': {
+            'type': 'object',
+            'properties': {
+                'org': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The tenant.',
+                },
+                'namespace': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
+                },
+                'agent': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
+                },
+                'user_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The end user; '-' for none.",
+                },
+                'session_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The session or conversation; '-' for none.",
+                },
+                'run_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The agent run (task scope); '-' for none.",
+                },
+                'key': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 512,
+                    'description': "The row's key.",
+                },
+                'memory_id': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 64,
+                    'description': "The row's id, from any identity that can see it.",
+                },
+                'memory_type': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'pattern': '^[a-z][a-z0-9_]{0,39}$',
+                    'description': 'Only a row of this type (profile for a section).',
+                },
+            },
+            'oneOf': [
+                {
+                    'required': ['key'],
+                    'properties': {'key': {'type': 'string'}, 'memory_id': {'enum': [None]}},
+                },
+                {
+                    'required': ['memory_id'],
+                    'properties': {'memory_id': {'type': 'string'}, 'key': {'enum': [None]}},
+                },
+            ],
+        },
+        'identity_required': ['namespace', 'agent'],
+    },
     'memory.redact': {
         'role': 'admin',
         'kind': 'idempotent',
@@ -1905,6 +2121,459 @@ OPS: dict[str, dict[str, Any]] = {
                     'default': None,
                     'pattern': '^[a-z][a-z0-9_]{0,39}$',
                     'description': 'Only a row of this type (profile for a section).',
+                },
+            },
+            'oneOf': [
+                {
+                    'required': ['key'],
+                    'properties': {'key': {'type': 'string'}, 'memory_id': {'enum': [None]}},
+                },
+                {
+                    'required': ['memory_id'],
+                    'properties': {'memory_id': {'type': 'string'}, 'key': {'enum': [None]}},
+                },
+            ],
+        },
+        'identity_required': ['namespace', 'agent'],
+    },
+    'memory.reinforce': {
+        'role': 'writer',
+        'kind': 'write',
+        'listed': False,
+        'mcp': True,
+        'tool': 'loom_memory_reinforce',
+        'http_method': 'POST',
+        'path': '/v1/memory.reinforce',
+        'summary': (
+            'The fact was confirmed: counted, confidence raised if given, a new version dated '
+            'now.'
+        ),
+        'fields': {
+            'org': {'required': False, 'default': None},
+            'namespace': {'required': False, 'default': None},
+            'agent': {'required': False, 'default': None},
+            'user_id': {'required': False, 'default': '-'},
+            'session_id': {'required': False, 'default': '-'},
+            'run_id': {'required': False, 'default': '-'},
+            'key': {'required': False, 'default': None},
+            'memory_id': {'required': False, 'default': None},
+            'memory_type': {'required': False, 'default': None},
+            'confidence': {'required': False, 'default': None},
+        },
+        'input_schema': {
+            'type': 'object',
+            'properties': {
+                'org': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The tenant.',
+                },
+                'namespace': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
+                },
+                'agent': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
+                },
+                'user_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The end user; '-' for none.",
+                },
+                'session_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The session or conversation; '-' for none.",
+                },
+                'run_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The agent run (task scope); '-' for none.",
+                },
+                'key': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 512,
+                    'description': "The row's key.",
+                },
+                'memory_id': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 64,
+                    'description': "The row's id, from any identity that can see it.",
+                },
+                'memory_type': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'pattern': '^[a-z][a-z0-9_]{0,39}$',
+                    'description': 'Only a row of this type (profile for a section).',
+                },
+                'confidence': {
+                    'type': ['number', 'null'],
+                    'default': None,
+                    'minimum': 0.0,
+                    'maximum': 1.0,
+                    'description': (
+                        "Raise the row's confidence to this; a lower one leaves it as it is (a "
+                        'reinforcement never lowers it). Left out, it stays.'
+                    ),
+                },
+            },
+            'oneOf': [
+                {
+                    'required': ['key'],
+                    'properties': {'key': {'type': 'string'}, 'memory_id': {'enum': [None]}},
+                },
+                {
+                    'required': ['memory_id'],
+                    'properties': {'memory_id': {'type': 'string'}, 'key': {'enum': [None]}},
+                },
+            ],
+        },
+        'identity_required': ['namespace', 'agent'],
+    },
+    'memory.restate': {
+        'role': 'writer',
+        'kind': 'write',
+        'listed': False,
+        'mcp': True,
+        'tool': 'loom_memory_restate',
+        'http_method': 'POST',
+        'path': '/v1/memory.restate',
+        'summary': 'The fact was stated again: a new version with the same content, dated now.',
+        'fields': {
+            'org': {'required': False, 'default': None},
+            'namespace': {'required': False, 'default': None},
+            'agent': {'required': False, 'default': None},
+            'user_id': {'required': False, 'default': '-'},
+            'session_id': {'required': False, 'default': '-'},
+            'run_id': {'required': False, 'default': '-'},
+            'key': {'required': False, 'default': None},
+            'memory_id': {'required': False, 'default': None},
+            'memory_type': {'required': False, 'default': None},
+        },
+        'input_schema': {
+            'type': 'object',
+            'properties': {
+                'org': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The tenant.',
+                },
+                'namespace': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
+                },
+                'agent': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
+                },
+                'user_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The end user; '-' for none.",
+                },
+                'session_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The session or conversation; '-' for none.",
+                },
+                'run_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The agent run (task scope); '-' for none.",
+                },
+                'key': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 512,
+                    'description': "The row's key.",
+                },
+                'memory_id': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 64,
+                    'description': "The row's id, from any identity that can see it.",
+                },
+                'memory_type': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'pattern': '^[a-z][a-z0-9_]{0,39}$',
+                    'description': 'Only a row of this type (profile for a section).',
+                },
+            },
+            'oneOf': [
+                {
+                    'required': ['key'],
+                    'properties': {'key': {'type': 'string'}, 'memory_id': {'enum': [None]}},
+                },
+                {
+                    'required': ['memory_id'],
+                    'properties': {'memory_id': {'type': 'string'}, 'key': {'enum': [None]}},
+                },
+            ],
+        },
+        'identity_required': ['namespace', 'agent'],
+    },
+    'memory.restore': {
+        'role': 'writer',
+        'kind': 'write',
+        'listed': False,
+        'mcp': True,
+        'tool': 'loom_memory_restore',
+        'http_method': 'POST',
+        'path': '/v1/memory.restore',
+        'summary': (
+            'Bring a deleted row back with its last content before the delete, as a new '
+            'version.'
+        ),
+        'fields': {
+            'org': {'required': False, 'default': None},
+            'namespace': {'required': False, 'default': None},
+            'agent': {'required': False, 'default': None},
+            'user_id': {'required': False, 'default': '-'},
+            'session_id': {'required': False, 'default': '-'},
+            'run_id': {'required': False, 'default': '-'},
+            'key': {'required': False, 'default': None},
+            'memory_id': {'required': False, 'default': None},
+            'memory_type': {'required': False, 'default': None},
+        },
+        'input_schema': {
+            'type': 'object',
+            'properties': {
+                'org': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The tenant.',
+                },
+                'namespace': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
+                },
+                'agent': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
+                },
+                'user_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The end user; '-' for none.",
+                },
+                'session_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The session or conversation; '-' for none.",
+                },
+                'run_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The agent run (task scope); '-' for none.",
+                },
+                'key': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 512,
+                    'description': "The row's key.",
+                },
+                'memory_id': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 64,
+                    'description': "The row's id, from any identity that can see it.",
+                },
+                'memory_type': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'pattern': '^[a-z][a-z0-9_]{0,39}$',
+                    'description': 'Only a row of this type (profile for a section).',
+                },
+            },
+            'oneOf': [
+                {
+                    'required': ['key'],
+                    'properties': {'key': {'type': 'string'}, 'memory_id': {'enum': [None]}},
+                },
+                {
+                    'required': ['memory_id'],
+                    'properties': {'memory_id': {'type': 'string'}, 'key': {'enum': [None]}},
+                },
+            ],
+        },
+        'identity_required': ['namespace', 'agent'],
+    },
+    'memory.revert': {
+        'role': 'writer',
+        'kind': 'write',
+        'listed': False,
+        'mcp': True,
+        'tool': 'loom_memory_revert',
+        'http_method': 'POST',
+        'path': '/v1/memory.revert',
+        'summary': (
+            "Bring back a stored version's content (by version or version_text) as a new "
+            'version.'
+        ),
+        'fields': {
+            'org': {'required': False, 'default': None},
+            'namespace': {'required': False, 'default': None},
+            'agent': {'required': False, 'default': None},
+            'user_id': {'required': False, 'default': '-'},
+            'session_id': {'required': False, 'default': '-'},
+            'run_id': {'required': False, 'default': '-'},
+            'key': {'required': False, 'default': None},
+            'memory_id': {'required': False, 'default': None},
+            'memory_type': {'required': False, 'default': None},
+            'version': {'required': False, 'default': None},
+            'version_text': {'required': False, 'default': None},
+        },
+        'input_schema': {
+            'type': 'object',
+            'properties': {
+                'org': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': 'The tenant.',
+                },
+                'namespace': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The namespace the op reads or writes. Required (422 '
+                        "IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, "
+                        'and always with auth off.'
+                    ),
+                },
+                'agent': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': (
+                        'The writing or reading agent. Required like namespace, for the ops '
+                        'that act as an agent.'
+                    ),
+                },
+                'user_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The end user; '-' for none.",
+                },
+                'session_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The session or conversation; '-' for none.",
+                },
+                'run_id': {
+                    'type': ['string', 'null'],
+                    'default': '-',
+                    'minLength': 1,
+                    'maxLength': 256,
+                    'description': "The agent run (task scope); '-' for none.",
+                },
+                'key': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 512,
+                    'description': "The row's key.",
+                },
+                'memory_id': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'minLength': 1,
+                    'maxLength': 64,
+                    'description': "The row's id, from any identity that can see it.",
+                },
+                'memory_type': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'pattern': '^[a-z][a-z0-9_]{0,39}$',
+                    'description': 'Only a row of this type (profile for a section).',
+                },
+                'version': {'type': ['integer', 'null'], 'default': None, 'minimum': 1},
+                'version_text': {
+                    'type': ['string', 'null'],
+                    'default': None,
+                    'pattern': '^[1-9][0-9]{0,19}$',
+                    'description': 'The version as a decimal string (exact in JavaScript).',
                 },
             },
             'oneOf': [

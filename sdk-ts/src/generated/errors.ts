@@ -89,6 +89,12 @@ export class MemoryLocked extends Conflict {
   static readonly status = 409;
 }
 
+/** A restore of a row that is not deleted: there is nothing to bring back. */
+export class MemoryNotDeleted extends Conflict {
+  static override readonly code: string = "MEMORY_NOT_DELETED";
+  static readonly status = 409;
+}
+
 export class MemoryNotFound extends NotFound {
   static override readonly code: string = "MEMORY_NOT_FOUND";
   static readonly status = 404;
@@ -222,6 +228,7 @@ export const BY_CODE: Readonly<Record<string, ErrorClass>> = {
   "IDENTITY_INCOMPLETE": IdentityIncomplete,
   "MALFORMED_JSON": MalformedJson,
   "MEMORY_LOCKED": MemoryLocked,
+  "MEMORY_NOT_DELETED": MemoryNotDeleted,
   "MEMORY_NOT_FOUND": MemoryNotFound,
   "MEMORY_PINNED": MemoryPinned,
   "MEMORY_TYPE_MISMATCH": MemoryTypeMismatch,
@@ -265,6 +272,7 @@ export const ERROR_STATUS: Readonly<Record<string, number>> = {
   "IDENTITY_INCOMPLETE": 422,
   "MALFORMED_JSON": 400,
   "MEMORY_LOCKED": 409,
+  "MEMORY_NOT_DELETED": 409,
   "MEMORY_NOT_FOUND": 404,
   "MEMORY_PINNED": 409,
   "MEMORY_TYPE_MISMATCH": 409,

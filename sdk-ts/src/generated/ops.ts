@@ -14,6 +14,7 @@ export const OPS = {
   "features.get": {"kind": "read", "role": "admin", "method": "POST", "path": "/v1/features.get"},
   "features.set": {"kind": "idempotent", "role": "admin", "method": "POST", "path": "/v1/features.set"},
   "memory.ask": {"kind": "read", "role": "viewer", "method": "POST", "path": "/v1/memory.ask"},
+  "memory.backfill": {"kind": "idempotent", "role": "writer", "method": "POST", "path": "/v1/memory.backfill"},
   "memory.delete": {"kind": "idempotent", "role": "writer", "method": "POST", "path": "/v1/memory.delete"},
   "memory.delete_version": {"kind": "write", "role": "admin", "method": "POST", "path": "/v1/memory.delete_version"},
   "memory.get": {"kind": "read", "role": "viewer", "method": "POST", "path": "/v1/memory.get"},
@@ -21,7 +22,12 @@ export const OPS = {
   "memory.list": {"kind": "read", "role": "viewer", "method": "POST", "path": "/v1/memory.list"},
   "memory.lock": {"kind": "idempotent", "role": "writer", "method": "POST", "path": "/v1/memory.lock"},
   "memory.pin": {"kind": "idempotent", "role": "writer", "method": "POST", "path": "/v1/memory.pin"},
+  "memory.recall": {"kind": "write", "role": "writer", "method": "POST", "path": "/v1/memory.recall"},
   "memory.redact": {"kind": "idempotent", "role": "admin", "method": "POST", "path": "/v1/memory.redact"},
+  "memory.reinforce": {"kind": "write", "role": "writer", "method": "POST", "path": "/v1/memory.reinforce"},
+  "memory.restate": {"kind": "write", "role": "writer", "method": "POST", "path": "/v1/memory.restate"},
+  "memory.restore": {"kind": "write", "role": "writer", "method": "POST", "path": "/v1/memory.restore"},
+  "memory.revert": {"kind": "write", "role": "writer", "method": "POST", "path": "/v1/memory.revert"},
   "memory.search": {"kind": "read", "role": "viewer", "method": "POST", "path": "/v1/memory.search"},
   "memory.set": {"kind": "idempotent", "role": "writer", "method": "POST", "path": "/v1/memory.set"},
   "memory.unified_search": {"kind": "read", "role": "viewer", "method": "POST", "path": "/v1/memory.unified_search"},
@@ -58,7 +64,7 @@ export const OPS = {
 export type OpName = keyof typeof OPS;
 
 /** Integer fields carrying versions or nanosecond instants: parsed as bigint. */
-export const WIDE_INTEGER_FIELDS: ReadonlySet<string> = new Set(["created_at", "expires_at", "if_version", "removed_version", "revoked_at", "version"]);
+export const WIDE_INTEGER_FIELDS: ReadonlySet<string> = new Set(["created_at", "expires_at", "from_version", "if_version", "removed_version", "revoked_at", "version"]);
 
 export interface AgentStateEraseInput {
   /** The tenant. */
@@ -246,6 +252,27 @@ export interface MemoryAskInput {
   limit?: number | null;
 }
 
+export interface MemoryBackfillInput {
+  /** The tenant. */
+  org?: string | null;
+  /** The namespace the op reads or writes. Required (422 IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, and always with auth off. */
+  namespace?: string | null;
+  /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
+  agent?: string | null;
+  /** The end user; '-' for none. */
+  user_id?: string | null;
+  /** The session or conversation; '-' for none. */
+  session_id?: string | null;
+  /** The agent run (task scope); '-' for none. */
+  run_id?: string | null;
+  /** The row's key. */
+  key?: string | null;
+  /** The row's id, from any identity that can see it. */
+  memory_id?: string | null;
+  /** Only a row of this type (profile for a section). */
+  memory_type?: string | null;
+}
+
 export interface MemoryDeleteInput {
   /** The tenant. */
   org?: string | null;
@@ -408,6 +435,27 @@ export interface MemoryPinInput {
   memory_type?: string | null;
 }
 
+export interface MemoryRecallInput {
+  /** The tenant. */
+  org?: string | null;
+  /** The namespace the op reads or writes. Required (422 IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, and always with auth off. */
+  namespace?: string | null;
+  /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
+  agent?: string | null;
+  /** The end user; '-' for none. */
+  user_id?: string | null;
+  /** The session or conversation; '-' for none. */
+  session_id?: string | null;
+  /** The agent run (task scope); '-' for none. */
+  run_id?: string | null;
+  /** The row's key. */
+  key?: string | null;
+  /** The row's id, from any identity that can see it. */
+  memory_id?: string | null;
+  /** Only a row of this type (profile for a section). */
+  memory_type?: string | null;
+}
+
 export interface MemoryRedactInput {
   /** The tenant. */
   org?: string | null;
@@ -427,6 +475,95 @@ export interface MemoryRedactInput {
   memory_id?: string | null;
   /** Only a row of this type (profile for a section). */
   memory_type?: string | null;
+}
+
+export interface MemoryReinforceInput {
+  /** The tenant. */
+  org?: string | null;
+  /** The namespace the op reads or writes. Required (422 IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, and always with auth off. */
+  namespace?: string | null;
+  /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
+  agent?: string | null;
+  /** The end user; '-' for none. */
+  user_id?: string | null;
+  /** The session or conversation; '-' for none. */
+  session_id?: string | null;
+  /** The agent run (task scope); '-' for none. */
+  run_id?: string | null;
+  /** The row's key. */
+  key?: string | null;
+  /** The row's id, from any identity that can see it. */
+  memory_id?: string | null;
+  /** Only a row of this type (profile for a section). */
+  memory_type?: string | null;
+  /** Raise the row's confidence to this; a lower one leaves it as it is (a reinforcement never lowers it). Left out, it stays. */
+  confidence?: number | null;
+}
+
+export interface MemoryRestateInput {
+  /** The tenant. */
+  org?: string | null;
+  /** The namespace the op reads or writes. Required (422 IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, and always with auth off. */
+  namespace?: string | null;
+  /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
+  agent?: string | null;
+  /** The end user; '-' for none. */
+  user_id?: string | null;
+  /** The session or conversation; '-' for none. */
+  session_id?: string | null;
+  /** The agent run (task scope); '-' for none. */
+  run_id?: string | null;
+  /** The row's key. */
+  key?: string | null;
+  /** The row's id, from any identity that can see it. */
+  memory_id?: string | null;
+  /** Only a row of this type (profile for a section). */
+  memory_type?: string | null;
+}
+
+export interface MemoryRestoreInput {
+  /** The tenant. */
+  org?: string | null;
+  /** The namespace the op reads or writes. Required (422 IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, and always with auth off. */
+  namespace?: string | null;
+  /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
+  agent?: string | null;
+  /** The end user; '-' for none. */
+  user_id?: string | null;
+  /** The session or conversation; '-' for none. */
+  session_id?: string | null;
+  /** The agent run (task scope); '-' for none. */
+  run_id?: string | null;
+  /** The row's key. */
+  key?: string | null;
+  /** The row's id, from any identity that can see it. */
+  memory_id?: string | null;
+  /** Only a row of this type (profile for a section). */
+  memory_type?: string | null;
+}
+
+export interface MemoryRevertInput {
+  /** The tenant. */
+  org?: string | null;
+  /** The namespace the op reads or writes. Required (422 IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, and always with auth off. */
+  namespace?: string | null;
+  /** The writing or reading agent. Required like namespace, for the ops that act as an agent. */
+  agent?: string | null;
+  /** The end user; '-' for none. */
+  user_id?: string | null;
+  /** The session or conversation; '-' for none. */
+  session_id?: string | null;
+  /** The agent run (task scope); '-' for none. */
+  run_id?: string | null;
+  /** The row's key. */
+  key?: string | null;
+  /** The row's id, from any identity that can see it. */
+  memory_id?: string | null;
+  /** Only a row of this type (profile for a section). */
+  memory_type?: string | null;
+  version?: bigint | number | null;
+  /** The version as a decimal string (exact in JavaScript). */
+  version_text?: string | null;
 }
 
 export interface MemorySearchInput {
@@ -1267,6 +1404,33 @@ export interface MemoryAskUsage {
   completion_tokens?: number | null;
 }
 
+export interface MemoryBackfillAnswer {
+  /** Input fields the op did not use. */
+  ignored_args?: Array<string>;
+  memory_id?: string;
+  key?: string;
+  memory_type?: string;
+  /** The op's word, as memory.history shows it. */
+  change?: string;
+  version?: bigint;
+  /** The version beside it as decimal text: exact in every JSON reader. */
+  version_text?: string;
+  /** A revert's or restore's source: the version whose content came back. */
+  from_version?: bigint | null;
+  /** The version beside it as decimal text: exact in every JSON reader. */
+  from_version_text?: string;
+  content_sha256?: string;
+  confidence?: number;
+  /** The row's last change, which dates the fact for profile builds unless its valid_at does. */
+  updated_at?: string;
+  recall_count?: number;
+  reinforce_count?: number;
+  /** False when a backfill found the row's index entry current (no version written). */
+  changed?: boolean;
+  /** Whether the write moved the user's structured-profile sources, so a rebuild follows (after the cooldown): never for a recall or a backfill. */
+  digest_moved?: boolean;
+}
+
 export interface MemoryDeleteAnswer {
   /** Input fields the op did not use. */
   ignored_args?: Array<string>;
@@ -1325,7 +1489,19 @@ export interface MemoryRowAnswer {
   version?: bigint;
   version_text?: string;
   created_at?: string;
+  /** The row's last change; a recall or a backfill writes a version without moving it. */
   updated_at?: string;
+  /** What wrote this version: write, delete, lock, unlock, pin, unpin, delete_version, revert, restore, restate, reinforce, recall or backfill ('' for a version written before Loom kept it). */
+  change?: string;
+  /** A revert's or restore's source: the version whose content came back. */
+  from_version?: bigint | null;
+  /** The version beside it as decimal text: exact in every JSON reader. */
+  from_version_text?: string;
+  /** memory.recall calls on the row. */
+  recall_count?: number;
+  recalled_at?: string | null;
+  /** memory.reinforce calls on the row. */
+  reinforce_count?: number;
 }
 
 export interface MemoryHistoryAnswer {
@@ -1372,6 +1548,33 @@ export interface MemoryPinAnswer {
   changed?: boolean;
 }
 
+export interface MemoryRecallAnswer {
+  /** Input fields the op did not use. */
+  ignored_args?: Array<string>;
+  memory_id?: string;
+  key?: string;
+  memory_type?: string;
+  /** The op's word, as memory.history shows it. */
+  change?: string;
+  version?: bigint;
+  /** The version beside it as decimal text: exact in every JSON reader. */
+  version_text?: string;
+  /** A revert's or restore's source: the version whose content came back. */
+  from_version?: bigint | null;
+  /** The version beside it as decimal text: exact in every JSON reader. */
+  from_version_text?: string;
+  content_sha256?: string;
+  confidence?: number;
+  /** The row's last change, which dates the fact for profile builds unless its valid_at does. */
+  updated_at?: string;
+  recall_count?: number;
+  reinforce_count?: number;
+  /** False when a backfill found the row's index entry current (no version written). */
+  changed?: boolean;
+  /** Whether the write moved the user's structured-profile sources, so a rebuild follows (after the cooldown): never for a recall or a backfill. */
+  digest_moved?: boolean;
+}
+
 export interface MemoryRedactAnswer {
   /** Input fields the op did not use. */
   ignored_args?: Array<string>;
@@ -1379,6 +1582,114 @@ export interface MemoryRedactAnswer {
   key?: string;
   redacted?: boolean;
   versions_redacted?: number;
+}
+
+export interface MemoryReinforceAnswer {
+  /** Input fields the op did not use. */
+  ignored_args?: Array<string>;
+  memory_id?: string;
+  key?: string;
+  memory_type?: string;
+  /** The op's word, as memory.history shows it. */
+  change?: string;
+  version?: bigint;
+  /** The version beside it as decimal text: exact in every JSON reader. */
+  version_text?: string;
+  /** A revert's or restore's source: the version whose content came back. */
+  from_version?: bigint | null;
+  /** The version beside it as decimal text: exact in every JSON reader. */
+  from_version_text?: string;
+  content_sha256?: string;
+  confidence?: number;
+  /** The row's last change, which dates the fact for profile builds unless its valid_at does. */
+  updated_at?: string;
+  recall_count?: number;
+  reinforce_count?: number;
+  /** False when a backfill found the row's index entry current (no version written). */
+  changed?: boolean;
+  /** Whether the write moved the user's structured-profile sources, so a rebuild follows (after the cooldown): never for a recall or a backfill. */
+  digest_moved?: boolean;
+}
+
+export interface MemoryRestateAnswer {
+  /** Input fields the op did not use. */
+  ignored_args?: Array<string>;
+  memory_id?: string;
+  key?: string;
+  memory_type?: string;
+  /** The op's word, as memory.history shows it. */
+  change?: string;
+  version?: bigint;
+  /** The version beside it as decimal text: exact in every JSON reader. */
+  version_text?: string;
+  /** A revert's or restore's source: the version whose content came back. */
+  from_version?: bigint | null;
+  /** The version beside it as decimal text: exact in every JSON reader. */
+  from_version_text?: string;
+  content_sha256?: string;
+  confidence?: number;
+  /** The row's last change, which dates the fact for profile builds unless its valid_at does. */
+  updated_at?: string;
+  recall_count?: number;
+  reinforce_count?: number;
+  /** False when a backfill found the row's index entry current (no version written). */
+  changed?: boolean;
+  /** Whether the write moved the user's structured-profile sources, so a rebuild follows (after the cooldown): never for a recall or a backfill. */
+  digest_moved?: boolean;
+}
+
+export interface MemoryRestoreAnswer {
+  /** Input fields the op did not use. */
+  ignored_args?: Array<string>;
+  memory_id?: string;
+  key?: string;
+  memory_type?: string;
+  /** The op's word, as memory.history shows it. */
+  change?: string;
+  version?: bigint;
+  /** The version beside it as decimal text: exact in every JSON reader. */
+  version_text?: string;
+  /** A revert's or restore's source: the version whose content came back. */
+  from_version?: bigint | null;
+  /** The version beside it as decimal text: exact in every JSON reader. */
+  from_version_text?: string;
+  content_sha256?: string;
+  confidence?: number;
+  /** The row's last change, which dates the fact for profile builds unless its valid_at does. */
+  updated_at?: string;
+  recall_count?: number;
+  reinforce_count?: number;
+  /** False when a backfill found the row's index entry current (no version written). */
+  changed?: boolean;
+  /** Whether the write moved the user's structured-profile sources, so a rebuild follows (after the cooldown): never for a recall or a backfill. */
+  digest_moved?: boolean;
+}
+
+export interface MemoryRevertAnswer {
+  /** Input fields the op did not use. */
+  ignored_args?: Array<string>;
+  memory_id?: string;
+  key?: string;
+  memory_type?: string;
+  /** The op's word, as memory.history shows it. */
+  change?: string;
+  version?: bigint;
+  /** The version beside it as decimal text: exact in every JSON reader. */
+  version_text?: string;
+  /** A revert's or restore's source: the version whose content came back. */
+  from_version?: bigint | null;
+  /** The version beside it as decimal text: exact in every JSON reader. */
+  from_version_text?: string;
+  content_sha256?: string;
+  confidence?: number;
+  /** The row's last change, which dates the fact for profile builds unless its valid_at does. */
+  updated_at?: string;
+  recall_count?: number;
+  reinforce_count?: number;
+  /** False when a backfill found the row's index entry current (no version written). */
+  changed?: boolean;
+  /** Whether the write moved the user's structured-profile sources, so a rebuild follows (after the cooldown): never for a recall or a backfill. */
+  digest_moved?: boolean;
 }
 
 export interface MemorySearchAnswer {
@@ -1866,6 +2177,8 @@ export class OpsClient {
   readonly memory: {
     /** Answer a question from the facts memory.search finds, with one model call that cites them. */
     ask(input: MemoryAskInput, options?: CallOptions): Promise<MemoryAskAnswer>;
+    /** Bring a row's recall index entry up to date, keeping its content and last change. */
+    backfill(input?: MemoryBackfillInput, options?: CallOptions): Promise<MemoryBackfillAnswer>;
     /** Delete a row: a tombstone version; its history stays readable. */
     delete(input?: MemoryDeleteInput, options?: CallOptions): Promise<MemoryDeleteAnswer>;
     /** Remove one version of a row (by version or version_text); the row records the removal. */
@@ -1880,8 +2193,18 @@ export class OpsClient {
     lock(input?: MemoryLockInput, options?: CallOptions): Promise<MemoryLockAnswer>;
     /** Pin a row: no worker rebuilds it; a new version with the same content. */
     pin(input?: MemoryPinInput, options?: CallOptions): Promise<MemoryPinAnswer>;
+    /** The fact was used: counted and timed in a new version that keeps its last change. */
+    recall(input?: MemoryRecallInput, options?: CallOptions): Promise<MemoryRecallAnswer>;
     /** Scrub every version of a row and the profile versions whose trace names it. */
     redact(input?: MemoryRedactInput, options?: CallOptions): Promise<MemoryRedactAnswer>;
+    /** The fact was confirmed: counted, confidence raised if given, a new version dated now. */
+    reinforce(input?: MemoryReinforceInput, options?: CallOptions): Promise<MemoryReinforceAnswer>;
+    /** The fact was stated again: a new version with the same content, dated now. */
+    restate(input?: MemoryRestateInput, options?: CallOptions): Promise<MemoryRestateAnswer>;
+    /** Bring a deleted row back with its last content before the delete, as a new version. */
+    restore(input?: MemoryRestoreInput, options?: CallOptions): Promise<MemoryRestoreAnswer>;
+    /** Bring back a stored version's content (by version or version_text) as a new version. */
+    revert(input?: MemoryRevertInput, options?: CallOptions): Promise<MemoryRevertAnswer>;
     /** Find the facts that answer a question, best first (profile rows stay out). */
     search(input: MemorySearchInput, options?: CallOptions): Promise<MemorySearchAnswer>;
     /** Write a memory row; every write is a new version. */
@@ -1992,6 +2315,7 @@ export class OpsClient {
     };
     this.memory = {
       ask: (input, options) => send("memory.ask", input ?? {}, options),
+      backfill: (input, options) => send("memory.backfill", input ?? {}, options),
       delete: (input, options) => send("memory.delete", input ?? {}, options),
       deleteVersion: (input, options) => send("memory.delete_version", input ?? {}, options),
       get: (input, options) => send("memory.get", input ?? {}, options),
@@ -1999,7 +2323,12 @@ export class OpsClient {
       list: (input, options) => send("memory.list", input ?? {}, options),
       lock: (input, options) => send("memory.lock", input ?? {}, options),
       pin: (input, options) => send("memory.pin", input ?? {}, options),
+      recall: (input, options) => send("memory.recall", input ?? {}, options),
       redact: (input, options) => send("memory.redact", input ?? {}, options),
+      reinforce: (input, options) => send("memory.reinforce", input ?? {}, options),
+      restate: (input, options) => send("memory.restate", input ?? {}, options),
+      restore: (input, options) => send("memory.restore", input ?? {}, options),
+      revert: (input, options) => send("memory.revert", input ?? {}, options),
       search: (input, options) => send("memory.search", input ?? {}, options),
       set: (input, options) => send("memory.set", input ?? {}, options),
       unifiedSearch: (input, options) => send("memory.unified_search", input ?? {}, options),

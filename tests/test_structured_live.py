@@ -230,3 +230,28 @@ def test_field_list_rules_hold_through_gunicorn(loom):
     text = loom.post("profile.structured", user_id="u-order").text
     positions = [text.index(f'"{name}"') for name in SCHEMA["properties"]]
     assert positions == sorted(positions)
+
+
+@pytest.mark.slow
+def test_a_recall_costs_no_build_and_a_restatement_one_after_the_cooldown(loom):
+    loom.name("u-9", "Eve")
+    loom.wait_ready("u-9", "Eve")
+    assert len(loom.model.times("Eve")) == 1
+    recalled = loom.call("memory.recall", user_id="u-9", key="name")
+    assert recalled["digest_moved"] is False
+    # Past a cooldown from the recall: the profile stayed ready and nobody built it again.
+    until = time.time() + COOLDOWN + 3
+    while time.time() < until:
+        assert loom.structured("u-9")["status"] == "ready"
+        time.sleep(0.5)
+    assert len(loom.model.times("Eve")) == 1
+    restated_at = time.time()
+    restated = loom.call("memory.restate", user_id="u-9", key="name")
+    assert restated["digest_moved"] is True
+    assert loom.structured("u-9")["status"] == "stale"
+    wait_for(lambda: loom.model.times("Eve")[1:], COOLDOWN + 20, "the restatement's rebuild")
+    rebuilt = loom.model.times("Eve")[1]
+    assert rebuilt - restated_at >= COOLDOWN - 0.5  # after the cooldown, not skipping it
+    loom.wait_ready("u-9", "Eve", timeout=5)
+    time.sleep(3)  # a few more passes: once only
+    assert len(loom.model.times("Eve")) == 2

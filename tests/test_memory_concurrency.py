@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
+from app.store import keys
 from app.store.memory import MemoryStore, source_digest_of
 
 WRITERS = 8
@@ -339,23 +340,45 @@ def test_racing_restores_bring_a_deleted_row_back_once(app):
     _digest_exact(app)
 
 
+def _unindex_all(app, user="u-1"):
+    """Leave every row as an older release wrote it: no recall terms, an empty index."""
+    services = app.extensions["loom"]
+    org = services.settings.default_org
+    redis = services.redis
+    for name in (keys.recall_docs, keys.recall_postings, keys.recall_stats,
+                 keys.recall_vectors_due):
+        redis.delete(name(org, "race", user))
+    rows = services.store(MemoryStore).scan_rows(org, "race", user, batch=1000)[0]
+    for _, row in rows:
+        key = keys.memory_row(org, "race", user, row.agent, row.session_id, row.key)
+        redis.hset(key, "recall_terms", "")
+
+
 def test_backfills_racing_edits_never_index_stale_terms(app):
     from tests.test_recall import index_matches_rows
 
     client = app.test_client()
-    for k in range(4):
+    for k in range(8):
         _post(client, "memory.set", key=f"k{k}", value=f"start {k}")
+    _unindex_all(app)
+    backfilled = []
+    guard = threading.Lock()
 
     def work(writer):
         c = app.test_client()
         for i in range(EACH):
-            key = f"k{(writer + i) % 4}"
+            key = f"k{(writer + i) % 8}"
             if writer % 2:
                 status, out = _post(c, "memory.set", key=key, value=f"word{writer}x{i} text")
             else:
                 status, out = _post(c, "memory.backfill", key=key)
+                with guard:
+                    backfilled.append(out.get("changed"))
             assert status == 200, out
 
     _run(work)
+    # Each backfill wrote terms computed from the version it wrote over, or nothing: the index
+    # is exactly what the rows hold now.
+    assert True in backfilled
     index_matches_rows(app, "race", "u-1")
     _digest_exact(app)

@@ -35,6 +35,7 @@ from types import MappingProxyType
 from typing import Any
 
 from app.errors import SchemaRuleViolation, ValidationFailed
+from app.json_patterns import PY_SPACE
 from app.scope_ids import SCOPE_KINDS
 
 TYPE_NAME_RE = re.compile(r"[a-z][a-z0-9_]{0,63}")
@@ -454,6 +455,108 @@ def _validate_retention(
             )
         per_field[name] = days
     return state_days, per_field
+
+
+# --- the registry as JSON Schema -----------------------------------------------------------------
+
+# Days from 1 to MAX_RETENTION_DAYS (180) as parse_days reads them: at most four digits,
+# leading zeros allowed, trimmed as str.strip() trims. tests/test_object_types.py holds it to
+# parse_days for every string of up to four digits.
+_DAYS_1_TO_180 = r"(?:0{0,3}[1-9]|0{0,2}[1-9][0-9]|0?1[0-7][0-9]|0?180)"
+_NAME_PATTERN = f"^{TYPE_NAME_RE.pattern}$"
+assert TYPE_NAME_RE.pattern == FIELD_NAME_RE.pattern  # one pattern states both
+
+
+def _days_schema() -> dict[str, Any]:
+    """A retention: "<n>d" or an integer, 1 to MAX_RETENTION_DAYS. A field's may not pass the
+    state's, so no field's is above it either; that it is at most the state's is the
+    validator's (two values compared)."""
+    return {"anyOf": [
+        {"type": "integer", "minimum": 1, "maximum": MAX_RETENTION_DAYS},
+        {"type": "string", "pattern": f"^[{PY_SPACE}]*{_DAYS_1_TO_180}d[{PY_SPACE}]*$"},
+    ]}
+
+
+def _description_schema() -> dict[str, Any]:
+    return {"type": "string", "maxLength": MAX_DESCRIPTION_LENGTH, "nullable": True}
+
+
+def types_json_schema() -> dict[str, Any]:
+    """The ``types`` list as JSON Schema (OpenAPI 3.0 words, plus ``patternProperties`` for
+    the names of fields): every rule of ``validate_object_types`` JSON Schema can state.
+
+    What it cannot state stays the validator's: type names unique across the list, retention
+    naming declared fields only, and a field's retention at most the state's."""
+    field_schema = {
+        "type": "object",
+        "required": ["type"],
+        "additionalProperties": False,
+        "properties": {
+            "type": {"type": "string", "enum": list(FIELD_TYPES)},
+            "pii": {"type": "boolean"},
+            "sensitivity": {"type": "string", "enum": list(SENSITIVITIES)},
+            "values": {
+                "type": "array", "minItems": 1, "maxItems": MAX_ENUM_VALUES, "uniqueItems": True,
+                "items": {"type": "string", "minLength": 1, "maxLength": MAX_ENUM_VALUE_LENGTH},
+                "nullable": True,
+            },
+            "description": _description_schema(),
+        },
+        "allOf": [
+            # pii only where masking is possible
+            {"anyOf": [{"properties": {"pii": {"enum": [False]}}},
+                       {"properties": {"type": {"enum": sorted(MASKABLE_FIELD_TYPES)}}}]},
+            # values only on an enum field (null is values left out)
+            {"anyOf": [{"properties": {"type": {"enum": ["enum"]}}},
+                       {"properties": {"values": {"enum": [None], "nullable": True}}}]},
+        ],
+    }
+    agent_state = {
+        "type": "object",
+        "required": ["scope"],
+        "additionalProperties": False,
+        "properties": {
+            "scope": {"type": "string", "enum": list(SCOPE_KINDS)},
+            "max_bytes": {"type": "integer", "minimum": 1, "maximum": MAX_MAX_BYTES},
+            "write": {"type": "string", "enum": list(WRITE_MODES)},
+            "over_cap": {"type": "string", "enum": list(OVER_CAP_POLICIES)},
+        },
+    }
+    days = _days_schema()
+    without_agent_state: dict[str, Any] = {
+        key: {} for key in sorted(_TYPE_KEYS - {"agent_state"})}
+    type_schema = {
+        "type": "object",
+        "required": ["type", "ownership"],
+        "additionalProperties": False,
+        "properties": {
+            "type": {"type": "string", "pattern": _NAME_PATTERN},
+            "ownership": {"type": "string", "enum": list(OWNERSHIPS)},
+            "fields": {
+                "type": "object", "maxProperties": MAX_FIELDS,
+                "patternProperties": {_NAME_PATTERN: field_schema},
+                "additionalProperties": False,
+            },
+            "agent_state": agent_state,
+            "retention": {
+                "type": "object", "nullable": True,
+                # "state", or a field's name (a declared one: the validator's)
+                "properties": {"state": days},
+                "patternProperties": {_NAME_PATTERN: days},
+                "additionalProperties": False,
+            },
+            "description": _description_schema(),
+        },
+        # An agent type carries agent_state, any other type none (a key the branch does not
+        # name is refused: no "not", which schemathesis's coverage phase reads loosely).
+        "anyOf": [
+            {"properties": {"ownership": {"enum": ["agent"]}}, "required": ["agent_state"]},
+            {"properties": {**without_agent_state,
+                            "ownership": {"enum": [o for o in OWNERSHIPS if o != "agent"]}},
+             "additionalProperties": False},
+        ],
+    }
+    return {"type": "array", "maxItems": MAX_TYPES, "items": type_schema}
 
 
 # --- choosing the schema of an agent's state ---------------------------------------------------

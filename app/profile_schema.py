@@ -43,6 +43,7 @@ from typing import Any, TypeGuard
 from jsonschema import Draft202012Validator, SchemaError
 
 from app.errors import SchemaRuleViolation
+from app.json_patterns import NOT_BLANK_PATTERN
 
 MAX_SCHEMA_BYTES = 16 * 1024
 # Objects and arrays nested deeper than this are refused before jsonschema reads the document:
@@ -350,6 +351,71 @@ def _check_number(prop: dict[str, Any], field: str) -> None:
             )
     if prop.get("minimum", -math.inf) > prop.get("maximum", math.inf):
         raise _fail("number_constraint", "minimum is above maximum", f"{field}.minimum")
+
+
+# --- the rules as JSON Schema ---------------------------------------------------------------
+
+
+def _scalar_branches(description: dict[str, Any], required: list[str]) -> list[dict[str, Any]]:
+    """A string, a number or integer, and a boolean property (or array item), each with the
+    keywords its check takes and no other."""
+    text = {"type": "string"}
+    count = {"type": "integer", "minimum": 0}
+    kinds: list[tuple[list[str], dict[str, Any]]] = [
+        (["string"], {"enum": {"type": "array", "minItems": 1, "items": text},
+                      "pattern": text, "minLength": count, "maxLength": count}),
+        (["number", "integer"], {"minimum": {"type": "number"}, "maximum": {"type": "number"}}),
+        (["boolean"], {}),
+    ]
+    return [
+        {"type": "object", "required": required, "additionalProperties": False,
+         "properties": {"type": {"type": "string", "enum": names}, "description": description,
+                        "title": text, **keywords}}
+        for names, keywords in kinds
+    ]
+
+
+def profile_schema_json_schema() -> dict[str, Any]:
+    """A profile schema document as JSON Schema (OpenAPI 3.0 words): every rule of
+    ``validate_profile_schema`` JSON Schema can state, the Draft 2020-12 meta-schema's on the
+    keywords Loom takes included (``$id``'s pattern; ``$schema``'s and ``$id``'s formats are
+    not checked without a URI library, so not stated either).
+
+    What it cannot state stays the validator's: the size of the canonical JSON, a pattern that
+    compiles, minLength at most maxLength and minimum at most maximum (two values compared),
+    and a full answer's value count and output-cap estimate (sums over the properties)."""
+    text = {"type": "string"}
+    # What the model reads to know what to put there: a string str.strip() leaves non-empty.
+    described = {"type": "string", "pattern": NOT_BLANK_PATTERN}
+    array = {
+        "type": "object",
+        "required": ["type", "description", "items"],
+        "additionalProperties": False,
+        "properties": {
+            "type": {"type": "string", "enum": ["array"]},
+            "description": described,
+            "title": text,
+            "items": {"anyOf": _scalar_branches(text, ["type"])},
+            "maxItems": {"type": "integer", "minimum": 0, "maximum": MAX_ARRAY_ITEMS},
+        },
+    }
+    prop = {"anyOf": [*_scalar_branches(described, ["type", "description"]), array]}
+    return {
+        "type": "object",
+        "required": ["type", "properties"],
+        "additionalProperties": False,
+        "properties": {
+            "type": {"type": "string", "enum": ["object"]},
+            "properties": {"type": "object", "minProperties": MIN_PROPERTIES,
+                           "maxProperties": MAX_PROPERTIES, "additionalProperties": prop},
+            "additionalProperties": {"type": "boolean", "enum": [False]},
+            "title": text,
+            "description": text,
+            "$schema": text,
+            "$id": {"type": "string", "pattern": "^[^#]*#?$"},
+            "$comment": text,
+        },
+    }
 
 
 # --- sizing a full answer --------------------------------------------------------------------

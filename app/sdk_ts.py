@@ -69,12 +69,17 @@ class _Types:
             named = target + ("Input" if self.side == "input" else "")
             self.interface(named, defs.get(target, {}), defs)
             return named
-        if "anyOf" in schema or "oneOf" in schema:
+        # A union, unless the schema has a type of its own: then its anyOf or oneOf is a rule
+        # over that type's fields (an agent type carries agent_state), not other types.
+        if ("anyOf" in schema or "oneOf" in schema) and not {"type", "properties"} & set(schema):
             options = schema.get("anyOf") or schema.get("oneOf") or []
-            alternatives = [self.type_of(option, name, defs, key) for option in options]
+            # Each object branch is an interface of its own (one name would be the first's).
+            alternatives = [self.type_of(option, name + (f"Option{i}" if i else ""), defs, key)
+                            for i, option in enumerate(options)]
             return " | ".join(dict.fromkeys(alternatives)) or "unknown"
         kinds: Any = schema.get("type")
-        nullable = False
+        # OpenAPI 3.0's word, kept in a document's nested schemas (the object types').
+        nullable = schema.get("nullable") is True
         if isinstance(kinds, list):
             nullable = "null" in kinds
             rest = [kind for kind in kinds if kind != "null"]
@@ -96,9 +101,7 @@ class _Types:
                 self.interface(name, schema, defs)
                 text = name
             else:
-                extra = schema.get("additionalProperties")
-                inner = (self.type_of(extra, name + "Value", defs, None)
-                         if isinstance(extra, dict) and extra else "unknown")
+                inner = self.value_type(schema, name, defs) or "unknown"
                 text = f"Record<string, {inner}>"
         else:
             text = "unknown"
@@ -120,10 +123,22 @@ class _Types:
             mark = "" if self.side == "input" and key in required else "?"
             lines.append(f"  {_key(key)}{mark}: {kind};")
         extra = schema.get("additionalProperties")
-        if extra is not False and self.side == "input" and not schema.get("properties"):
+        if "patternProperties" in schema:
+            # Keys of the caller's choosing beside the named ones (a field's retention).
+            lines.append(f"  [field: string]: {self.value_type(schema, name, defs)};")
+        elif extra is not False and self.side == "input" and not schema.get("properties"):
             lines.append("  [field: string]: unknown;")
         lines.append("}")
         self.defined[name] = lines
+
+    def value_type(self, schema: dict[str, Any], name: str, defs: dict[str, Any]) -> str:
+        """The type of an object's values other than its named properties ("" when open)."""
+        extra = schema.get("additionalProperties")
+        options = list(schema.get("patternProperties", {}).values())
+        if isinstance(extra, dict) and extra:
+            options.append(extra)
+        alternatives = [self.type_of(option, name + "Value", defs, None) for option in options]
+        return " | ".join(dict.fromkeys(alternatives))
 
 
 # The identity the Agent fills in: optional in every method's input even where required.

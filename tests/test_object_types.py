@@ -226,9 +226,9 @@ def _field(**spec: Any) -> dict[str, Any]:
     return _with(fields={"f": spec}, retention=None)
 
 
-@pytest.mark.parametrize(
-    "types, rule, field",
-    [
+# Each refused document with the rule and the path the refusal names (tests/test_document_
+# schemas.py holds the published JSON Schema to the same list).
+RULE_VIOLATIONS: list[tuple[Any, str, str]] = [
         ({"types": []}, "types_not_list", "types"),
         ([{"type": f"t{i}", "ownership": "org"} for i in range(MAX_TYPES + 1)],
          "types_too_many", "types"),
@@ -316,8 +316,10 @@ def _field(**spec: Any) -> dict[str, Any]:
          "types[0].retention.cart_note"),
         ([_with(retention={"cart_note": 31})], "retention_field_exceeds_state",
          "types[0].retention.cart_note"),
-    ],
-)  # fmt: skip
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("types, rule, field", RULE_VIOLATIONS)
 def test_rule_violations(types: Any, rule: str, field: str) -> None:
     err = _violation(types)
     assert err.rule == rule

@@ -13,6 +13,7 @@ from typing import Any, Literal, TypedDict
 from marshmallow import fields, validate
 
 from app.clock import iso_from_ns
+from app.object_types import types_json_schema
 from app.pii import BUILTIN_MASKS, MAX_MASK_LENGTH, MAX_PATTERN_LENGTH, MAX_RULES
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, StrictInt
@@ -87,7 +88,7 @@ class FeaturesSetArgs(NamespaceArgs):
 class ObjectTypesSetArgs(NamespaceArgs):
     types = fields.Raw(
         required=True,
-        metadata={"type": "array",
+        metadata={**types_json_schema(),
                   "description": "The whole object-types registry (a list of types)."},
     )
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from marshmallow import fields
 
-from app.profile_schema import validate_profile_schema
+from app.profile_schema import profile_schema_json_schema, validate_profile_schema
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs
 from app.store.namespace_config import AuditLog
@@ -28,7 +28,9 @@ SEED_EXAMPLE_SCHEMA = {
 
 class ProfileSchemaSetArgs(IdentityArgs):
     json_schema = fields.Dict(
-        required=True, metadata={"description": "A JSON Schema object with 1 to 64 properties."}
+        required=True,
+        metadata={**profile_schema_json_schema(),
+                  "description": "A JSON Schema object with 1 to 64 properties."},
     )
 
 

@@ -76,6 +76,25 @@ def state_null_as_absent(component: dict[str, Any], keys: frozenset[str], *,
     return component
 
 
+def nulls_as_json_schema(node: Any) -> None:
+    """``nullable`` said as JSON Schema, in place, at every level of a property's schema: a
+    ``"null"`` type beside its type. A document's schema (object types, features) is written
+    once, in OpenAPI 3.0's words; an enum keeps null only where it lists it, as in 3.0."""
+    if isinstance(node, list):
+        for item in node:
+            nulls_as_json_schema(item)
+        return
+    if not isinstance(node, dict):
+        return
+    if node.get("nullable") is True:
+        del node["nullable"]
+        kinds = node.get("type")
+        if isinstance(kinds, str):
+            node["type"] = [kinds, "null"]
+    for child in node.values():
+        nulls_as_json_schema(child)
+
+
 def identity_required(op: Op) -> tuple[str, ...]:
     """The identity fields a call must name when no token fills them (auth off)."""
     return tuple(
@@ -180,11 +199,14 @@ class LoomMarshmallowPlugin(MarshmallowPlugin):
         rules = getattr(schema_class, "OPENAPI_RULES", None)
         if rules:
             converted.update(copy.deepcopy(rules))  # _apply_input_rules edits its own copy
+        version = self.openapi_version
+        json_schema_nulls = version is not None and (version.major, version.minor) >= (3, 1)
+        if json_schema_nulls:  # a document's nested schemas (OPENAPI 3.0 words in metadata)
+            for prop in converted.get("properties", {}).values():
+                nulls_as_json_schema(prop)
         if issubclass(schema_class, IdentityArgs):  # an op's input: null reads as left out
-            version = self.openapi_version
             state_null_as_absent(converted, null_means_absent(schema_class),
-                                 json_schema_nulls=version is not None
-                                 and (version.major, version.minor) >= (3, 1))
+                                 json_schema_nulls=json_schema_nulls)
         inputs = self.inputs.get(schema_class)
         if inputs is not None:  # after: an identity no token fills is required, never null
             _apply_input_rules(converted, inputs)

@@ -189,15 +189,37 @@ def _without_null(prop: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _may_be_open_object(prop: Mapping[str, Any]) -> bool:
-    """Whether ``prop`` admits a JSON object with properties it does not declare."""
+    """Whether ``prop`` admits a JSON object with properties it does not declare, at its top
+    or inside it (a JSON Schema document's ``properties``: names of the caller's choosing)."""
     if "$ref" in prop:
         return False  # a nested schema of the registry declares its properties
     if set(prop) <= ANNOTATIONS:
         return True  # any JSON value
     kinds = prop.get("type")
     kinds = kinds if isinstance(kinds, list) else [kinds]
-    return "object" in kinds and (
-        not prop.get("properties") or prop.get("additionalProperties", True) is not False)
+    return "object" in kinds and not _declares_every_key(prop)
+
+
+def _declares_every_key(schema: Mapping[str, Any]) -> bool:
+    """An object schema that names each key its instances may hold, and whose nested object
+    schemas do too: what a strict-mode client can send as it is."""
+    if (not schema.get("properties") or schema.get("additionalProperties", True) is not False
+            or "patternProperties" in schema):
+        return False
+    nested: list[Any] = [*schema["properties"].values(), schema.get("items")]
+    while nested:
+        sub = nested.pop()
+        if not isinstance(sub, Mapping) or "$ref" in sub:
+            continue
+        for keyword in ("anyOf", "oneOf", "allOf"):
+            nested.extend(sub.get(keyword, ()))
+        kinds = sub.get("type")
+        kinds = kinds if isinstance(kinds, list) else [kinds]
+        if "object" in kinds and not _declares_every_key(sub):
+            return False
+        if "array" in kinds:
+            nested.append(sub.get("items"))
+    return True
 
 
 def decode_json_text(

@@ -842,7 +842,7 @@ OPS: dict[str, dict[str, Any]] = {
                     'properties': {
                         'agent_state': {'type': 'boolean'},
                         'pii_rules': {
-                            'type': 'array',
+                            'type': ['array', 'null'],
                             'maxItems': 32,
                             'items': {
                                 'type': 'object',
@@ -861,15 +861,13 @@ OPS: dict[str, dict[str, Any]] = {
                                         'maxLength': 512,
                                     },
                                     'mask': {
-                                        'type': 'string',
+                                        'type': ['string', 'null'],
                                         'minLength': 1,
                                         'maxLength': 64,
-                                        'nullable': True,
                                     },
                                 },
                                 'additionalProperties': False,
                             },
-                            'nullable': True,
                         },
                     },
                     'additionalProperties': False,
@@ -3302,6 +3300,166 @@ OPS: dict[str, dict[str, Any]] = {
                 },
                 'types': {
                     'type': 'array',
+                    'maxItems': 128,
+                    'items': {
+                        'type': 'object',
+                        'required': ['type', 'ownership'],
+                        'additionalProperties': False,
+                        'properties': {
+                            'type': {'type': 'string', 'pattern': '^[a-z][a-z0-9_]{0,63}$'},
+                            'ownership': {'type': 'string', 'enum': ['agent', 'customer', 'org']},
+                            'fields': {
+                                'type': 'object',
+                                'maxProperties': 256,
+                                'patternProperties': {
+                                    '^[a-z][a-z0-9_]{0,63}$': {
+                                        'type': 'object',
+                                        'required': ['type'],
+                                        'additionalProperties': False,
+                                        'properties': {
+                                            'type': {
+                                                'type': 'string',
+                                                'enum': [
+                                                    'string',
+                                                    'text',
+                                                    'enum',
+                                                    'number',
+                                                    'integer',
+                                                    'boolean',
+                                                    'array',
+                                                    'object',
+                                                ],
+                                            },
+                                            'pii': {'type': 'boolean'},
+                                            'sensitivity': {
+                                                'type': 'string',
+                                                'enum': ['normal', 'high'],
+                                            },
+                                            'values': {
+                                                'type': ['array', 'null'],
+                                                'minItems': 1,
+                                                'maxItems': 256,
+                                                'uniqueItems': True,
+                                                'items': {
+                                                    'type': 'string',
+                                                    'minLength': 1,
+                                                    'maxLength': 256,
+                                                },
+                                            },
+                                            'description': {
+                                                'type': ['string', 'null'],
+                                                'maxLength': 2048,
+                                            },
+                                        },
+                                        'allOf': [
+                                            {
+                                                'anyOf': [
+                                                    {'properties': {'pii': {'enum': [False]}}},
+                                                    {
+                                                        'properties': {
+                                                            'type': {
+                                                                'enum': [
+                                                                    'array',
+                                                                    'object',
+                                                                    'string',
+                                                                    'text',
+                                                                ],
+                                                            },
+                                                        },
+                                                    },
+                                                ],
+                                            },
+                                            {
+                                                'anyOf': [
+                                                    {'properties': {'type': {'enum': ['enum']}}},
+                                                    {'properties': {'values': {'enum': [None]}}},
+                                                ],
+                                            },
+                                        ],
+                                    },
+                                },
+                                'additionalProperties': False,
+                            },
+                            'agent_state': {
+                                'type': 'object',
+                                'required': ['scope'],
+                                'additionalProperties': False,
+                                'properties': {
+                                    'scope': {
+                                        'type': 'string',
+                                        'enum': ['conversation', 'task', 'object', 'subject'],
+                                    },
+                                    'max_bytes': {
+                                        'type': 'integer',
+                                        'minimum': 1,
+                                        'maximum': 65536,
+                                    },
+                                    'write': {
+                                        'type': 'string',
+                                        'enum': ['cas', 'merge_by_key', 'both'],
+                                    },
+                                    'over_cap': {'type': 'string', 'enum': ['keep_previous']},
+                                },
+                            },
+                            'retention': {
+                                'type': ['object', 'null'],
+                                'properties': {
+                                    'state': {
+                                        'anyOf': [
+                                            {'type': 'integer', 'minimum': 1, 'maximum': 180},
+                                            {
+                                                'type': 'string',
+                                                'pattern': (
+                                                    '^[\\x09-\\x0d\\x1c-\\x20\\x85\\xa0\\u1680'
+                                                    '\\u2000-\\u200a\\u2028-\\u2029\\u202f\\u20'
+                                                    '5f\\u3000]*(?:0{0,3}[1-9]|0{0,2}[1-9][0-9]'
+                                                    '|0?1[0-7][0-9]|0?180)d[\\x09-\\x0d\\x1c-\\'
+                                                    'x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028'
+                                                    '-\\u2029\\u202f\\u205f\\u3000]*$'
+                                                ),
+                                            },
+                                        ],
+                                    },
+                                },
+                                'patternProperties': {
+                                    '^[a-z][a-z0-9_]{0,63}$': {
+                                        'anyOf': [
+                                            {'type': 'integer', 'minimum': 1, 'maximum': 180},
+                                            {
+                                                'type': 'string',
+                                                'pattern': (
+                                                    '^[\\x09-\\x0d\\x1c-\\x20\\x85\\xa0\\u1680'
+                                                    '\\u2000-\\u200a\\u2028-\\u2029\\u202f\\u20'
+                                                    '5f\\u3000]*(?:0{0,3}[1-9]|0{0,2}[1-9][0-9]'
+                                                    '|0?1[0-7][0-9]|0?180)d[\\x09-\\x0d\\x1c-\\'
+                                                    'x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028'
+                                                    '-\\u2029\\u202f\\u205f\\u3000]*$'
+                                                ),
+                                            },
+                                        ],
+                                    },
+                                },
+                                'additionalProperties': False,
+                            },
+                            'description': {'type': ['string', 'null'], 'maxLength': 2048},
+                        },
+                        'anyOf': [
+                            {
+                                'properties': {'ownership': {'enum': ['agent']}},
+                                'required': ['agent_state'],
+                            },
+                            {
+                                'properties': {
+                                    'description': {},
+                                    'fields': {},
+                                    'ownership': {'enum': ['customer', 'org']},
+                                    'retention': {},
+                                    'type': {},
+                                },
+                                'additionalProperties': False,
+                            },
+                        ],
+                    },
                     'description': 'The whole object-types registry (a list of types).',
                 },
             },
@@ -4173,8 +4331,172 @@ OPS: dict[str, dict[str, Any]] = {
                 },
                 'json_schema': {
                     'type': 'object',
+                    'required': ['type', 'properties'],
+                    'additionalProperties': False,
+                    'properties': {
+                        'type': {'type': 'string', 'enum': ['object']},
+                        'properties': {
+                            'type': 'object',
+                            'minProperties': 1,
+                            'maxProperties': 64,
+                            'additionalProperties': {
+                                'anyOf': [
+                                    {
+                                        'type': 'object',
+                                        'required': ['type', 'description'],
+                                        'additionalProperties': False,
+                                        'properties': {
+                                            'type': {'type': 'string', 'enum': ['string']},
+                                            'description': {
+                                                'type': 'string',
+                                                'pattern': (
+                                                    '[^\\x09-\\x0d\\x1c-\\x20\\x85\\xa0\\u1680'
+                                                    '\\u2000-\\u200a\\u2028-\\u2029\\u202f\\u20'
+                                                    '5f\\u3000]'
+                                                ),
+                                            },
+                                            'title': {'type': 'string'},
+                                            'enum': {
+                                                'type': 'array',
+                                                'minItems': 1,
+                                                'items': {'type': 'string'},
+                                            },
+                                            'pattern': {'type': 'string'},
+                                            'minLength': {'type': 'integer', 'minimum': 0},
+                                            'maxLength': {'type': 'integer', 'minimum': 0},
+                                        },
+                                    },
+                                    {
+                                        'type': 'object',
+                                        'required': ['type', 'description'],
+                                        'additionalProperties': False,
+                                        'properties': {
+                                            'type': {
+                                                'type': 'string',
+                                                'enum': ['number', 'integer'],
+                                            },
+                                            'description': {
+                                                'type': 'string',
+                                                'pattern': (
+                                                    '[^\\x09-\\x0d\\x1c-\\x20\\x85\\xa0\\u1680'
+                                                    '\\u2000-\\u200a\\u2028-\\u2029\\u202f\\u20'
+                                                    '5f\\u3000]'
+                                                ),
+                                            },
+                                            'title': {'type': 'string'},
+                                            'minimum': {'type': 'number'},
+                                            'maximum': {'type': 'number'},
+                                        },
+                                    },
+                                    {
+                                        'type': 'object',
+                                        'required': ['type', 'description'],
+                                        'additionalProperties': False,
+                                        'properties': {
+                                            'type': {'type': 'string', 'enum': ['boolean']},
+                                            'description': {
+                                                'type': 'string',
+                                                'pattern': (
+                                                    '[^\\x09-\\x0d\\x1c-\\x20\\x85\\xa0\\u1680'
+                                                    '\\u2000-\\u200a\\u2028-\\u2029\\u202f\\u20'
+                                                    '5f\\u3000]'
+                                                ),
+                                            },
+                                            'title': {'type': 'string'},
+                                        },
+                                    },
+                                    {
+                                        'type': 'object',
+                                        'required': ['type', 'description', 'items'],
+                                        'additionalProperties': False,
+                                        'properties': {
+                                            'type': {'type': 'string', 'enum': ['array']},
+                                            'description': {
+                                                'type': 'string',
+                                                'pattern': (
+                                                    '[^\\x09-\\x0d\\x1c-\\x20\\x85\\xa0\\u1680'
+                                                    '\\u2000-\\u200a\\u2028-\\u2029\\u202f\\u20'
+                                                    '5f\\u3000]'
+                                                ),
+                                            },
+                                            'title': {'type': 'string'},
+                                            'items': {
+                                                'anyOf': [
+                                                    {
+                                                        'type': 'object',
+                                                        'required': ['type'],
+                                                        'additionalProperties': False,
+                                                        'properties': {
+                                                            'type': {
+                                                                'type': 'string',
+                                                                'enum': ['string'],
+                                                            },
+                                                            'description': {'type': 'string'},
+                                                            'title': {'type': 'string'},
+                                                            'enum': {
+                                                                'type': 'array',
+                                                                'minItems': 1,
+                                                                'items': {'type': 'string'},
+                                                            },
+                                                            'pattern': {'type': 'string'},
+                                                            'minLength': {
+                                                                'type': 'integer',
+                                                                'minimum': 0,
+                                                            },
+                                                            'maxLength': {
+                                                                'type': 'integer',
+                                                                'minimum': 0,
+                                                            },
+                                                        },
+                                                    },
+                                                    {
+                                                        'type': 'object',
+                                                        'required': ['type'],
+                                                        'additionalProperties': False,
+                                                        'properties': {
+                                                            'type': {
+                                                                'type': 'string',
+                                                                'enum': ['number', 'integer'],
+                                                            },
+                                                            'description': {'type': 'string'},
+                                                            'title': {'type': 'string'},
+                                                            'minimum': {'type': 'number'},
+                                                            'maximum': {'type': 'number'},
+                                                        },
+                                                    },
+                                                    {
+                                                        'type': 'object',
+                                                        'required': ['type'],
+                                                        'additionalProperties': False,
+                                                        'properties': {
+                                                            'type': {
+                                                                'type': 'string',
+                                                                'enum': ['boolean'],
+                                                            },
+                                                            'description': {'type': 'string'},
+                                                            'title': {'type': 'string'},
+                                                        },
+                                                    },
+                                                ],
+                                            },
+                                            'maxItems': {
+                                                'type': 'integer',
+                                                'minimum': 0,
+                                                'maximum': 50,
+                                            },
+                                        },
+                                    },
+                                ],
+                            },
+                        },
+                        'additionalProperties': {'type': 'boolean', 'enum': [False]},
+                        'title': {'type': 'string'},
+                        'description': {'type': 'string'},
+                        '$schema': {'type': 'string'},
+                        '$id': {'type': 'string', 'pattern': '^[^#]*#?$'},
+                        '$comment': {'type': 'string'},
+                    },
                     'description': 'A JSON Schema object with 1 to 64 properties.',
-                    'additionalProperties': {},
                 },
             },
             'required': ['json_schema'],

@@ -76,7 +76,8 @@ export interface AgentStateEraseInput {
 }
 
 export interface AgentStateEraseInputScope {
-  kind?: unknown;
+  kind: "conversation" | "task" | "object" | "subject";
+  id: string;
 }
 
 export interface AgentStateOfProfileInput {
@@ -108,7 +109,8 @@ export interface AgentStatePutInput {
 }
 
 export interface AgentStatePutInputScope {
-  kind?: unknown;
+  kind: "conversation" | "task" | "object" | "subject";
+  id: string;
 }
 
 export interface AgentStateReadInput {
@@ -123,7 +125,8 @@ export interface AgentStateReadInput {
 }
 
 export interface AgentStateReadInputScope {
-  kind?: unknown;
+  kind: "conversation" | "task" | "object" | "subject";
+  id: string;
 }
 
 export interface AuditListInput {
@@ -216,13 +219,13 @@ export interface FeaturesSetInput {
 
 export interface FeaturesSetInputFeatures {
   agent_state?: boolean;
-  pii_rules?: Array<FeaturesSetInputFeaturesPiiRulesItem>;
+  pii_rules?: Array<FeaturesSetInputFeaturesPiiRulesItem> | null;
 }
 
 export interface FeaturesSetInputFeaturesPiiRulesItem {
   name: string;
   pattern: string;
-  mask?: string;
+  mask?: string | null;
 }
 
 export interface MemoryAskInput {
@@ -717,7 +720,36 @@ export interface ObjectTypesSetInput {
   /** The namespace the op reads or writes. Required (422 IDENTITY_INCOMPLETE when missing) unless the caller's token fixes it, and always with auth off. */
   namespace?: string | null;
   /** The whole object-types registry (a list of types). */
-  types: Array<unknown>;
+  types: Array<ObjectTypesSetInputTypesItem>;
+}
+
+export interface ObjectTypesSetInputTypesItem {
+  type: string;
+  ownership: "agent" | "customer" | "org";
+  fields?: Record<string, ObjectTypesSetInputTypesItemFieldsValue>;
+  agent_state?: ObjectTypesSetInputTypesItemAgentState;
+  retention?: ObjectTypesSetInputTypesItemRetention | null;
+  description?: string | null;
+}
+
+export interface ObjectTypesSetInputTypesItemFieldsValue {
+  type: "string" | "text" | "enum" | "number" | "integer" | "boolean" | "array" | "object";
+  pii?: boolean;
+  sensitivity?: "normal" | "high";
+  values?: Array<string> | null;
+  description?: string | null;
+}
+
+export interface ObjectTypesSetInputTypesItemAgentState {
+  scope: "conversation" | "task" | "object" | "subject";
+  max_bytes?: number;
+  write?: "cas" | "merge_by_key" | "both";
+  over_cap?: "keep_previous";
+}
+
+export interface ObjectTypesSetInputTypesItemRetention {
+  state?: number | string;
+  [field: string]: number | string;
 }
 
 export interface OrgSetModelCallsInput {
@@ -904,7 +936,74 @@ export interface ProfileSchemaSetInput {
   /** The agent run (task scope); '-' for none. */
   run_id?: string | null;
   /** A JSON Schema object with 1 to 64 properties. */
-  json_schema: Record<string, unknown>;
+  json_schema: ProfileSchemaSetInputJsonSchema;
+}
+
+export interface ProfileSchemaSetInputJsonSchema {
+  type: "object";
+  properties: Record<string, ProfileSchemaSetInputJsonSchemaPropertiesValue | ProfileSchemaSetInputJsonSchemaPropertiesValueOption1 | ProfileSchemaSetInputJsonSchemaPropertiesValueOption2 | ProfileSchemaSetInputJsonSchemaPropertiesValueOption3>;
+  additionalProperties?: boolean;
+  title?: string;
+  description?: string;
+  $schema?: string;
+  $id?: string;
+  $comment?: string;
+}
+
+export interface ProfileSchemaSetInputJsonSchemaPropertiesValue {
+  type: "string";
+  description: string;
+  title?: string;
+  enum?: Array<string>;
+  pattern?: string;
+  minLength?: number;
+  maxLength?: number;
+}
+
+export interface ProfileSchemaSetInputJsonSchemaPropertiesValueOption1 {
+  type: "number" | "integer";
+  description: string;
+  title?: string;
+  minimum?: number;
+  maximum?: number;
+}
+
+export interface ProfileSchemaSetInputJsonSchemaPropertiesValueOption2 {
+  type: "boolean";
+  description: string;
+  title?: string;
+}
+
+export interface ProfileSchemaSetInputJsonSchemaPropertiesValueOption3 {
+  type: "array";
+  description: string;
+  title?: string;
+  items: ProfileSchemaSetInputJsonSchemaPropertiesValueOption3Items | ProfileSchemaSetInputJsonSchemaPropertiesValueOption3ItemsOption1 | ProfileSchemaSetInputJsonSchemaPropertiesValueOption3ItemsOption2;
+  maxItems?: number;
+}
+
+export interface ProfileSchemaSetInputJsonSchemaPropertiesValueOption3Items {
+  type: "string";
+  description?: string;
+  title?: string;
+  enum?: Array<string>;
+  pattern?: string;
+  minLength?: number;
+  maxLength?: number;
+}
+
+export interface ProfileSchemaSetInputJsonSchemaPropertiesValueOption3ItemsOption1 {
+  type: "number" | "integer";
+  description?: string;
+  title?: string;
+  minimum?: number;
+  maximum?: number;
+}
+
+export interface ProfileSchemaSetInputJsonSchemaPropertiesValueOption3ItemsOption2 {
+  type: "boolean";
+  description?: string;
+  title?: string;
 }
 
 export interface StructuredBlacklistInput {

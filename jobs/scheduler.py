@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import math
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -25,6 +24,7 @@ from rq.job import Job, JobStatus
 from rq_scheduler import Scheduler
 from rq_scheduler.utils import to_unix
 
+from app.clock import Clock
 from app.logs import configure_logging
 from app.settings import Settings, load_settings
 from app.store.connection import UNAVAILABLE_ERRORS
@@ -140,13 +140,14 @@ class LoomScheduler(Scheduler):  # type: ignore[misc]
     Every tick registers the periodic jobs again before enqueuing (idempotent: one read when
     nothing is missing), so a periodic job whose hash or schedule entry went missing (deleted,
     evicted, or a Redis that came back without them) is put back without anyone restarting
-    the scheduler.
+    the scheduler. ``clock`` places a job's next tick (a test passes a ``FrozenClock``).
     """
 
     def __init__(self, *args: Any, definitions: list[Periodic] | None = None,
-                 **kwargs: Any) -> None:
+                 clock: Clock | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.definitions = list(definitions or [])
+        self.clock = clock if clock is not None else Clock()
 
     def enqueue_job(self, job: Job) -> None:
         """Enqueue a due job; a periodic one comes round again one interval after the time it
@@ -158,7 +159,7 @@ class LoomScheduler(Scheduler):  # type: ignore[misc]
         interval = job.meta.get("interval")
         if due is None or not interval or job.meta.get("repeat") == 0:
             return
-        now = time.time()
+        now = self.clock.now()
         step = int(interval)
         following = float(due) + step
         if following <= now:

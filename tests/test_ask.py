@@ -280,7 +280,8 @@ def test_an_answer_without_its_text_is_502(client, model):
 def test_a_slow_model_is_a_504_after_the_ask_timeout(app_factory, model):
     client = model_app(app_factory, model, ask_timeout_seconds=1).test_client()
     ok(client, "memory.set", key="currency", value="Invoices in EUR")
-    model.script({"answer": "late", "citations": []}, delay=5)
+    # Never answered (until the server closes): the ask's own timeout ends the call.
+    model.script({"answer": "late", "citations": []}, gate=threading.Event())
     status, out = call(client, "memory.ask", query="currency")
     assert status == 504 and out["error"]["code"] == "MODEL_TIMEOUT"
     assert out["error"]["timeout_seconds"] == 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
 from rq import Queue, SimpleWorker
@@ -491,21 +490,20 @@ def test_a_pass_spends_its_budget_and_the_next_starts_at_the_next_namespace(
 
 def test_two_passes_at_once_only_one_folds(world, model):
     world.fact("tea", "Prefers tea")
-    gate = threading.Event()
+    calling, gate = threading.Event(), threading.Event()
 
     def slow(body):
-        gate.wait(5)
+        calling.set()
+        gate.wait(60)  # held until the second pass has run; 60 s only stops a hung test
         return folded("Prefers tea.")
 
     model.default = slow
     first = threading.Thread(target=world.run_pass)
     first.start()
-    deadline = time.monotonic() + 5
-    while not world.calls() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert calling.wait(60)  # the first pass holds the lease and waits on its model call
     second = run_pass(world.services, holder="other-worker")
     gate.set()
-    first.join(10)
+    first.join(60)
     assert second == {"skipped": "another pass holds the lease"}
     assert len(world.calls()) == 1
 

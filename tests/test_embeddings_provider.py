@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -105,7 +106,7 @@ def test_failures_are_model_call_failed(
 
 
 def test_unreachable_and_slow_servers_fail_as_model_calls(srv: ScriptedModelServer) -> None:
-    srv.script_embedding(delay=2)
+    srv.script_embedding(gate=threading.Event())  # never set: no answer until the server closes
     with OpenAICompatibleEmbedder(srv.base_url, None, "m", 0.2) as embedder:
         with pytest.raises(ModelCallFailed, match="did not answer"):
             embedder.embed(["a"])

@@ -122,11 +122,8 @@ def test_a_worker_killed_mid_erasure_leaves_it_to_a_new_worker(redis_url, tmp_pa
         _plant(api, OTHER)
         workers.append(_worker(env, tmp_path / "worker-1.log"))
         try:
-            began = time.monotonic()
             started = api.post("user.erase", user_id=USER)
-            answered_in = time.monotonic() - began
-            # At once: sooner than the saga could have run (its pauses alone take this long).
-            assert answered_in < len(STEPS) * PAUSE_SECONDS, answered_in
+            # At once: the answer came before the saga's first step was done, not after it.
             assert started["status"] == "running" and started["steps_done"] == 0
             assert started["steps_total"] == len(STEPS)
             assert started["current_step"] == "mark"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -287,13 +286,30 @@ def test_a_body_that_is_not_a_completion_fails(
         ask(provider)
 
 
+class TimeoutRecordingSession(requests.Session):
+    """A real session that notes the timeout each request was sent with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts: list[Any] = []
+
+    def request(self, *args: Any, **kwargs: Any) -> requests.Response:  # type: ignore[override]
+        self.timeouts.append(kwargs.get("timeout"))
+        return super().request(*args, **kwargs)
+
+
 def test_timeout_fails(srv: ScriptedModelServer) -> None:
-    srv.script(ANSWER, delay=3)
-    started = time.monotonic()
-    with OpenAICompatibleProvider(srv.base_url, "k", "m", 0.3) as p:
-        with pytest.raises(ModelCallFailed, match="did not answer"):
+    """A server that takes the request and never answers: the call fails as a timeout, the
+    read timeout it was sent with being the provider's setting, after that one request."""
+    srv.script(ANSWER, gate=threading.Event())  # never set: no answer until the server closes
+    session = TimeoutRecordingSession()
+    with OpenAICompatibleProvider(srv.base_url, "k", "m", 0.3, session=session) as p:
+        with pytest.raises(ModelCallFailed, match="did not answer within 0.3s") as caught:
             ask(p)
-    assert time.monotonic() - started < 2.5
+    assert caught.value.timed_out and caught.value.status is None
+    assert isinstance(caught.value.__cause__, requests.ReadTimeout)
+    assert session.timeouts == [0.3]
+    assert len(srv.completion_requests) == 1  # no second try of its own: the job retries
 
 
 def test_connection_refused_fails() -> None:

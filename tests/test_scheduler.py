@@ -10,6 +10,7 @@ import redis
 from rq import Queue, SimpleWorker
 from rq_scheduler import Scheduler
 
+from app.clock import FrozenClock
 from jobs import context
 from jobs.queues import MAINTENANCE
 from jobs.scheduler import JOB_ID_PREFIX, Periodic, periodic_jobs, register
@@ -129,11 +130,12 @@ def test_a_missing_hash_or_entry_is_put_back_and_a_busy_job_is_not_written_over(
 
     job_env.zrem(Scheduler.scheduled_jobs_key, definition.job_id)
     job_env.hset(key, "status", "started")  # a worker runs it right now
+    before = int(time.time())  # read first: the due time below can only be later than this
     register(scheduler, [definition])
     assert _loom_jobs(scheduler) == [definition.job_id]
     assert job_env.hget(key, "status") == b"started"  # not written over
     due = job_env.zscore(Scheduler.scheduled_jobs_key, definition.job_id)
-    assert due >= time.time() + 25  # comes round an interval from now, not at once
+    assert due >= before + 30  # comes round an interval from now, not at once
 
     register(scheduler, [definition])
     register(scheduler, [definition])
@@ -212,10 +214,13 @@ def test_a_periodic_job_comes_round_one_interval_after_it_was_due_not_after_the_
     from jobs.scheduler import LoomScheduler
 
     definition = Periodic("jobs.agent_state_sweep.sweep", MAINTENANCE, 10)
-    scheduler = LoomScheduler(connection=job_env, interval=1)
+    # Frozen at a whole second of now: the ticks below are due (rq finds due jobs by the wall
+    # clock), and where the next one goes depends on this clock alone, not on the load.
+    clock = FrozenClock(start=int(time.time()))
+    scheduler = LoomScheduler(connection=job_env, interval=1, clock=clock)
     register(scheduler, [definition])
     key = scheduler.scheduled_jobs_key
-    now = time.time()
+    now = clock.now()
     due = int(now) - 3  # found by a poll three seconds late
     job_env.zadd(key, {definition.job_id: due})
     scheduler.enqueue_jobs()

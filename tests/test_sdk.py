@@ -13,7 +13,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from app.ops import load_ops
 from loom import Agent, Rendered, __version__, errors
 from loom.client import OpMethod
 from loom.ops_manifest import OPS
+from tests.support.stepped_time import SteppedTime
 from tests.support.wsgi_adapter import FlaskAdapter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,10 +44,13 @@ def adapter(app) -> FlaskAdapter:
     return FlaskAdapter(app)
 
 
-def mounted(adapter: BaseAdapter, **options: Any) -> Agent:
+def mounted(adapter: BaseAdapter, *, stepped: SteppedTime | None = None,
+            **options: Any) -> Agent:
+    """An Agent whose calls go to ``adapter`` and whose retries wait on ``stepped`` (a fresh
+    ``SteppedTime`` when not given): recorded, never slept."""
     bot = Agent(**{**WHO, "base_url": BASE, **options})
     bot.transport.session.mount(BASE, adapter)
-    return bot
+    return (stepped if stepped is not None else SteppedTime()).install(bot)
 
 
 @pytest.fixture
@@ -248,41 +251,66 @@ def test_non_json_server_error_and_rate_limit_header():
         {"error": {"code": "RATE_LIMITED", "message": "slow down"}}, status=429,
         headers={"Retry-After": "3"},
     )
-    with mounted(limited) as bot, pytest.raises(errors.RateLimited) as caught_limit:
+    stepped = SteppedTime()
+    with mounted(limited, stepped=stepped) as bot, \
+            pytest.raises(errors.RateLimited) as caught_limit:
         bot.working_memory.get()
     assert caught_limit.value.retry_after == 3.0
+    # A read waits out the Retry-After the server asked for, then gives up after three tries.
+    assert stepped.slept == [3.0, 3.0] and len(limited.sent) == 3
     garbled = Recorder(text="[1, 2]")
     with mounted(garbled) as bot, pytest.raises(errors.LoomAPIError) as caught_answer:
         bot.working_memory.get()
     assert caught_answer.value.code == "INVALID_ANSWER"
 
 
+def _accepted(listener: socket.socket) -> int:
+    """How many connections wait in ``listener``'s backlog (each closed once counted)."""
+    listener.setblocking(False)
+    count = 0
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except BlockingIOError:
+            return count
+        conn.close()
+        count += 1
+
+
 def test_a_silent_server_times_out_as_loom_timeout():
+    """The call ends because each try's read timeout fired and the tries ran out: three tries
+    (one connection each), two waits between them; the timeout each try was given is
+    ``test_every_call_carries_a_timeout_and_the_client_header``'s part."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
-    listener.listen(8)  # the kernel completes the handshake; nobody ever answers
+    listener.listen(16)  # the kernel completes the handshake; nobody ever answers
     port = listener.getsockname()[1]
+    stepped = SteppedTime()
     try:
-        with Agent(**WHO, base_url=f"http://127.0.0.1:{port}", timeout=0.3) as bot:
-            started = time.monotonic()
+        with stepped.install(Agent(**WHO, base_url=f"http://127.0.0.1:{port}",
+                                   timeout=0.3)) as bot:
             with pytest.raises(errors.LoomTimeout) as caught:
                 bot.working_memory.get()
-            assert time.monotonic() - started < 5
+            assert len(stepped.slept) == 2 and _accepted(listener) == 3
             with pytest.raises(errors.LoomTimeout):
                 bot.working_memory.get(timeout=0.1)
+            assert len(stepped.slept) == 4 and _accepted(listener) == 3
     finally:
         listener.close()
     error = caught.value
     assert error.status is None and error.code == "TIMEOUT"
     assert isinstance(error, errors.LoomTransportError)
-    assert isinstance(error.__cause__, requests.Timeout)
+    assert isinstance(error.__cause__, requests.ReadTimeout)
+    assert error.may_have_reached_server  # sent, then no answer: not a connect timeout
 
 
 def test_a_refused_connection_is_loom_connection_error():
     port = free_port()  # bound and released: nothing listens there
-    with Agent(**WHO, base_url=f"http://127.0.0.1:{port}", timeout=2) as bot:
+    stepped = SteppedTime()
+    with stepped.install(Agent(**WHO, base_url=f"http://127.0.0.1:{port}", timeout=2)) as bot:
         with pytest.raises(errors.LoomConnectionError) as caught:
             bot.working_memory.set("x")
+    assert len(stepped.slept) == 2  # never sent, so tried again: three tries in all
     assert not isinstance(caught.value, errors.LoomTimeout)
     assert caught.value.code == "CONNECTION_ERROR" and caught.value.status is None
     assert isinstance(caught.value.__cause__, requests.ConnectionError)

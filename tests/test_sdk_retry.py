@@ -3,8 +3,9 @@ and a proxy that resets or closes connections or answers 503 (``tests.support.fa
 
 Reads and idempotent ops are sent again after a reset, a 503 or a 429 (waiting Retry-After);
 a write carries one Idempotency-Key for all its tries, so it is sent again too and applied
-once. The rate-limited server runs on a ``FrozenClock`` that the retry policy moves on by each
-wait it chooses, so the rate windows never depend on how fast a loaded machine runs.
+once. Every Agent here waits on ``tests.support.stepped_time``: a wait is recorded and moves an
+injected clock instead of passing, and the rate-limited server runs on that same clock, so the
+tests assert the waits asked for and the tries made, never how fast a loaded machine runs.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-import time
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from typing import Any
 
 import pytest
@@ -34,6 +35,7 @@ from tests.support.faulty_proxy import (
     FaultyProxy,
 )
 from tests.support.live_server import LiveServer
+from tests.support.stepped_time import SteppedTime
 
 WHO = {"org": "default", "namespace": "support", "agent": "triage-bot"}
 FORMS = ("sync", "async")
@@ -53,16 +55,19 @@ class RecordedRetry(Retry):
         return wait
 
 
-def act(form: str, action: Callable[[Any], Any], **options: Any) -> Any:
-    """Run ``action(bot)`` with a sync ``Agent`` or, awaiting it, an ``AsyncAgent``."""
+def act(form: str, action: Callable[[Any], Any], *, stepped: SteppedTime | None = None,
+        **options: Any) -> Any:
+    """Run ``action(bot)`` with a sync ``Agent`` or, awaiting it, an ``AsyncAgent``, its
+    retries waiting on ``stepped`` (a fresh ``SteppedTime`` when not given)."""
     options = {**WHO, "timeout": 5, **options}
+    stepped = stepped if stepped is not None else SteppedTime()
     if form == "sync":
         with Agent(**options) as bot:
-            return action(bot)
+            return action(stepped.install(bot))
 
     async def scenario() -> Any:
         async with AsyncAgent(**options) as bot:
-            pending = action(bot)
+            pending = action(stepped.install(bot))
             assert inspect.isawaitable(pending)
             return await pending
 
@@ -147,22 +152,6 @@ def limited_api(redis_url: str, tmp_path: Any) -> Iterator[LimitedServer]:
         limited.thread.join(timeout=5)
 
 
-class ClockedRetry(RecordedRetry):
-    """Instead of sleeping, moves the server's clock on by each wait it chose."""
-
-    def __init__(self, clock: FrozenClock, **options: Any) -> None:
-        super().__init__(**options)
-        object.__setattr__(self, "clock", clock)
-
-    def wait_before_retry(self, kind: str, error: errors.LoomError, attempt: int,
-                          elapsed: float) -> float | None:
-        wait = super().wait_before_retry(kind, error, attempt, elapsed)
-        if wait is None:
-            return None
-        self.clock.advance(wait)  # type: ignore[attr-defined]
-        return 0.0
-
-
 @pytest.fixture
 def proxy(api: LiveServer, redis_url: str) -> Iterator[FaultyProxy]:
     with FaultyProxy(api.port) as running:
@@ -180,14 +169,18 @@ def test_a_read_survives_a_reset_and_a_503(form: str, proxy: FaultyProxy, api: L
     act("sync", lambda bot: bot.working_memory.set("kept", block_key="state", run_id="r"),
         base_url=api.url)
     proxy.faults.extend([RESET_BEFORE, UNAVAILABLE, RESET_AFTER])
-    policy = RecordedRetry(attempts=4, backoff=0.05)
+    policy = RecordedRetry(attempts=4, backoff=0.2)
+    stepped = SteppedTime()
     answer = act(form, lambda bot: bot.working_memory.get("state", run_id="r"),
-                 base_url=proxy.url, retry=policy)
+                 base_url=proxy.url, retry=policy, stepped=stepped)
     assert answer["content"] == "kept"
     assert proxy.seen["/v1/working_memory.get"] == 4
     assert [code for _, code, _ in policy.waits] == [
         "CONNECTION_ERROR", "SERVICE_UNAVAILABLE", "CONNECTION_ERROR"]
-    assert policy.waits[1][2] == 0.0  # the 503's Retry-After: 0, not the backoff
+    assert stepped.slept == [wait for _, _, wait in policy.waits]  # type: ignore[attr-defined]
+    # The 503's Retry-After: 0, not the backoff; the backoffs double, with jitter.
+    first, asked, third = stepped.slept
+    assert 0.1 <= first <= 0.2 and asked == 0.0 and 0.4 <= third <= 0.8
 
 
 @pytest.mark.slow
@@ -195,10 +188,12 @@ def test_a_read_survives_a_reset_and_a_503(form: str, proxy: FaultyProxy, api: L
 def test_an_idempotent_write_is_sent_again_after_a_reset(form: str, proxy: FaultyProxy,
                                                          api: LiveServer):
     proxy.faults.append(RESET_AFTER)  # the first set reached Loom; its answer was lost
+    stepped = SteppedTime()
     answer = act(form, lambda bot: bot.working_memory.set("v1", block_key="state", run_id="r"),
-                 base_url=proxy.url, retry=Retry(backoff=0.05))
+                 base_url=proxy.url, retry=Retry(backoff=0.05), stepped=stepped)
     assert answer["block_key"] == "state"
     assert proxy.seen["/v1/working_memory.set"] == 2
+    assert len(stepped.slept) == 1  # one wait, between the two tries
     assert block(api) == "v1"
 
 
@@ -237,38 +232,33 @@ def test_a_read_carries_no_key(proxy: FaultyProxy):
 @pytest.mark.parametrize("form", FORMS)
 def test_a_write_whose_connection_never_opened_is_sent_again(form: str, api: LiveServer,
                                                              redis_url: str):
-    port = free_port()
-    opened, answered = threading.Event(), threading.Event()
+    port = free_port()  # nothing listens there until the second wait: the first tries are refused
+    opened: list[FaultyProxy] = []
 
-    def open_later() -> None:
-        time.sleep(0.3)  # the first tries find nothing listening: connection refused
-        # Open until the call has its answer, however slow the machine: no window to miss.
-        with FaultyProxy(api.port, port=port):
-            opened.set()
-            answered.wait(timeout=120)
+    with ExitStack() as stack:
+        def open_at_second_wait(waits: int) -> None:
+            if waits == 2:
+                opened.append(stack.enter_context(FaultyProxy(api.port, port=port)))
 
-    act("sync", lambda bot: bot.working_memory.set("a", block_key="state", run_id="r"),
-        base_url=api.url)
-    opener = threading.Thread(target=open_later)
-    opener.start()
-    try:
-        # Up to 600 tries 0.2 s apart: the proxy opens long before they run out, even loaded.
+        act("sync", lambda bot: bot.working_memory.set("a", block_key="state", run_id="r"),
+            base_url=api.url)
+        policy = RecordedRetry(attempts=5)
         answer = act(form,
                      lambda bot: bot.working_memory.append("b", block_key="state", run_id="r"),
-                     base_url=f"http://127.0.0.1:{port}",
-                     retry=Retry(attempts=600, backoff=0.1, max_wait=0.2))
-    finally:
-        answered.set()
-        opener.join()
-    assert opened.is_set()
+                     base_url=f"http://127.0.0.1:{port}", retry=policy,
+                     stepped=SteppedTime(on_sleep=open_at_second_wait))
     assert answer["block_key"] == "state"
+    assert [(kind, code) for kind, code, _ in policy.waits] == [  # type: ignore[attr-defined]
+        (KEYED, "CONNECTION_ERROR")] * 2
+    assert opened[0].seen["/v1/working_memory.append"] == 1  # the third try, the first to land
     assert block(api) == "a\nb"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("form", FORMS)
 def test_a_rate_limited_read_waits_as_retry_after_asks(form: str, limited_api: LimitedServer):
-    policy = ClockedRetry(limited_api.clock, attempts=3, backoff=0.05)
+    policy = RecordedRetry(attempts=3)
+    stepped = SteppedTime(limited_api.clock)  # each wait moves the server's rate window on
 
     def reads(bot: Any) -> Any:
         if isinstance(bot, AsyncAgent):
@@ -277,10 +267,11 @@ def test_a_rate_limited_read_waits_as_retry_after_asks(form: str, limited_api: L
             return five()
         return [bot.working_memory.get("state", run_id="r") for _ in range(5)]
 
-    answers = act(form, reads, base_url=limited_api.url, retry=policy)
+    answers = act(form, reads, base_url=limited_api.url, retry=policy, stepped=stepped)
     assert [answer["found"] for answer in answers] == [False] * 5
     # Two a second: the third and the fifth read each wait out the rest of their window.
     assert policy.waits == [("read", "RATE_LIMITED", 1.0)] * 2  # type: ignore[attr-defined]
+    assert stepped.slept == [1.0, 1.0]
 
 
 @pytest.mark.slow
@@ -301,13 +292,14 @@ def test_retries_switched_off_raise_and_keyed_writes_wait_out_a_rate_limit(
             return None
         return run
 
+    stepped = SteppedTime(limited_api.clock)
     with pytest.raises(RateLimited) as off:
-        act(form, burst("set", "x"), base_url=limited_api.url, retry=False)
-    assert off.value.retry_after == 1
+        act(form, burst("set", "x"), base_url=limited_api.url, retry=False, stepped=stepped)
+    assert off.value.retry_after == 1 and stepped.slept == []
     assert limited_api.block("b") == "x"  # two sets went through, the third was refused
     limited_api.clock.advance(1)
-    policy = ClockedRetry(limited_api.clock, attempts=5)
-    act(form, burst("append", "y"), base_url=limited_api.url, retry=policy)
+    policy = RecordedRetry(attempts=5)
+    act(form, burst("append", "y"), base_url=limited_api.url, retry=policy, stepped=stepped)
     # Each append is sent again after its 429 with the same key: all four land, each once.
     assert limited_api.block("b") == "x\ny\ny\ny\ny"
     assert {kind for kind, _, _ in policy.waits} == {KEYED}  # type: ignore[attr-defined]

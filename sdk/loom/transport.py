@@ -18,6 +18,7 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -86,7 +87,8 @@ class Request:
 
 
 class Settings:
-    """What both transports are configured with: server, key, timeout, client name, retry."""
+    """What both transports are configured with: server, key, timeout, client name, retry,
+    and the clock a call's retries are bounded by (``clock``, seconds; ``time.monotonic``)."""
 
     def __init__(
         self,
@@ -96,6 +98,7 @@ class Settings:
         timeout: float = DEFAULT_TIMEOUT,
         client_name: str = CLIENT_NAME,
         retry: Retry | bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if timeout is None or timeout <= 0:
             raise ValueError("timeout must be a positive number of seconds")
@@ -104,6 +107,7 @@ class Settings:
         self.timeout = float(timeout)
         self.client_name = client_name
         self.retry = retry_policy(retry)
+        self.clock = clock
 
     def headers(self, authorization: str | None = None) -> dict[str, str]:
         headers = {"Accept": "application/json", "X-Loom-Client": self.client_name}
@@ -171,10 +175,13 @@ def _never_connected(error: requests.ConnectionError) -> bool:
 
 
 class Transport(Settings):
-    """The sync runner, on one ``requests.Session`` (``session``; mount adapters on it)."""
+    """The sync runner, on one ``requests.Session`` (``session``; mount adapters on it).
+    ``sleep`` waits between tries (``time.sleep``; a test passes one that only records)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, sleep: Callable[[float], None] = time.sleep,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.sleep = sleep
         self.session = requests.Session()
         self._lock = threading.RLock()
 
@@ -192,17 +199,17 @@ class Transport(Settings):
 
     def send(self, call: Call[Any], *, authorization: str | None = None) -> dict[str, Any]:
         """One op call with its retries (``loom.retry``)."""
-        started, attempt = time.monotonic(), 1
+        started, attempt = self.clock(), 1
         key = idempotency_key(call)
         while True:
             try:
                 return self._send_once(call, authorization, key)
             except LoomError as error:
                 wait = self.retry.wait_before_retry(
-                    retry_kind(call, key), error, attempt, time.monotonic() - started)
+                    retry_kind(call, key), error, attempt, self.clock() - started)
                 if wait is None:
                     raise
-            time.sleep(wait)
+            self.sleep(wait)
             attempt += 1
 
     def _send_once(self, call: Call[Any], authorization: str | None,
@@ -235,12 +242,16 @@ class Transport(Settings):
 
 
 class AsyncTransport(Settings):
-    """The async runner, on one ``httpx.AsyncClient`` (``client``), opened on first use."""
+    """The async runner, on one ``httpx.AsyncClient`` (``client``), opened on first use.
+    ``sleep`` waits between tries (``asyncio.sleep``)."""
 
     mode: type[Async] = Async
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.sleep = sleep
         self.client = httpx.AsyncClient(follow_redirects=False)
         self._lock: asyncio.Lock | None = None
 
@@ -260,17 +271,17 @@ class AsyncTransport(Settings):
         self, call: Call[Any], *, authorization: str | None = None
     ) -> dict[str, Any]:
         """One op call with its retries (``loom.retry``)."""
-        started, attempt = time.monotonic(), 1
+        started, attempt = self.clock(), 1
         key = idempotency_key(call)
         while True:
             try:
                 return await self._send_once(call, authorization, key)
             except LoomError as error:
                 wait = self.retry.wait_before_retry(
-                    retry_kind(call, key), error, attempt, time.monotonic() - started)
+                    retry_kind(call, key), error, attempt, self.clock() - started)
                 if wait is None:
                     raise
-            await asyncio.sleep(wait)
+            await self.sleep(wait)
             attempt += 1
 
     async def _send_once(self, call: Call[Any], authorization: str | None,

@@ -8,6 +8,7 @@ client, so this module owns a small ``/v1/chat/completions`` server that answers
         srv.script("not json", finish_reason="length")     # raw content text
         srv.script(status=500, body={"error": {"message": "boom"}})
         srv.script({"a": 1}, refuse_response_format=True)  # 400 while json_schema is asked
+        srv.script({"a": 1}, gate=threading.Event())       # no answer until the gate is set
         provider = OpenAICompatibleProvider(srv.base_url, "key", "m", 5)
         ...
         srv.requests[0].body["max_tokens"]
@@ -196,8 +197,11 @@ class ScriptedModelServer:
         refuse_response_format: bool | str | Iterable[str] = False,
         prompt_tokens: int | None = None,
         completion_tokens: int | None = None,
+        gate: threading.Event | None = None,
     ) -> ScriptedAnswer:
-        """Queue one answer; ``refuse_response_format=True`` refuses json_schema requests."""
+        """Queue one answer; ``refuse_response_format=True`` refuses json_schema requests.
+        With ``gate`` the answer waits until the test sets it: a gate never set is a server
+        that never answers (until it closes), whatever the client's timeout and the load."""
         answer = ScriptedAnswer(
             content=content,
             finish_reason=finish_reason,
@@ -207,6 +211,7 @@ class ScriptedModelServer:
             refuse=_refusal_set(refuse_response_format),
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
+            gate=gate,
         )
         with self._lock:
             self._queue.append(answer)
@@ -399,6 +404,17 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._send(404, {"error": {"message": f"no route {self.path}"}})
 
+    def _held(self, answer: ScriptedAnswer) -> bool:
+        """Wait out ``answer``'s delay and gate; False when the server closed meanwhile."""
+        closing = self.server_owner._closing
+        if answer.delay > 0 and closing.wait(answer.delay):
+            return False
+        if answer.gate is not None:
+            while not answer.gate.wait(0.05):
+                if closing.is_set():
+                    return False
+        return True
+
     def _answer_embeddings(self, body: Any) -> None:
         owner = self.server_owner
         if not isinstance(body, dict):
@@ -406,12 +422,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         scripted = owner._next_embedding_answer()
         if scripted is not None:
-            if scripted.delay > 0 and owner._closing.wait(scripted.delay):
+            if not self._held(scripted):
                 return
-            if scripted.gate is not None:
-                while not scripted.gate.wait(0.05):
-                    if owner._closing.is_set():
-                        return
             if scripted.body is not None:
                 self._send(scripted.status, scripted.body)
                 return
@@ -435,7 +447,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(400, {"error": {"message": "the body must be a JSON object"}})
             return
         answer, _refused = owner._next_answer(body)
-        if answer.delay > 0 and owner._closing.wait(answer.delay):
+        if not self._held(answer):
             return  # the server is closing; drop the answer
         if answer.body is not None:
             self._send(answer.status, answer.body)

@@ -28,7 +28,7 @@ from rq_scheduler.utils import to_unix
 from app.logs import configure_logging
 from app.settings import Settings, load_settings
 from app.store.connection import UNAVAILABLE_ERRORS
-from jobs import agent_state_sweep, consolidation, erasure
+from jobs import agent_state_sweep, consolidation, erasure, recall_embed
 from jobs.outage import ride_out
 from jobs.periodic import JOB_ID_PREFIX, Periodic
 from jobs.queues import PASSES, queue_connection
@@ -53,6 +53,7 @@ def periodic_jobs(settings: Settings) -> list[Periodic]:
     definitions = [
         agent_state_sweep.periodic(settings),
         erasure.periodic(settings),  # enqueues again an erasure whose worker died
+        recall_embed.periodic(settings),  # vectors for rows no write's job embedded
         Periodic(PASS_FUNC, PASSES, settings.structured_profile_interval_seconds),
     ]
     if settings.profile_consolidation_enabled:

@@ -53,9 +53,11 @@ def periodic_jobs(settings: Settings) -> list[Periodic]:
     definitions = [
         agent_state_sweep.periodic(settings),
         erasure.periodic(settings),  # enqueues again an erasure whose worker died
-        recall_embed.periodic(settings),  # vectors for rows no write's job embedded
         Periodic(PASS_FUNC, PASSES, settings.structured_profile_interval_seconds),
     ]
+    if settings.embed_base_url and settings.embed_model:
+        # Vectors for facts no write's job embedded; with no endpoint it could call nothing.
+        definitions.append(recall_embed.periodic(settings))
     if settings.profile_consolidation_enabled:
         # Off by default (seed 000): no fold is scheduled, so no fold's model call is made.
         definitions.append(Periodic(consolidation.PASS_FUNC, PASSES,

@@ -12,7 +12,8 @@ range of postings per term, best first: app/store/lua/recall_posting.lua) and
 A search reaches one or more users' slots. It first reads, for each slot, the document count,
 the summed length and each query term's document frequency (one pipeline), sums them into one
 set of idf weights and one average length, then scores every slot with those same weights in
-``recall_search.lua``, so the scores of several users' facts compare and the merge is a sort.
+``recall_search.lua``, so the scores of several users' facts compare: on one server a single
+call over every reached user keeps one top; on a cluster one call a user, merged by a sort.
 This is exact BM25 over the reached rows; no approximate index is involved. The script reads
 each term's postings best first and stops as soon as no unread posting can change the top
 (``pruned``); its answer is the one scoring every posting gives (``exhaustive``, kept for the
@@ -112,24 +113,27 @@ class RecallStore:
                 weights += [term, math.log(1 + (docs - df + 0.5) / (df + 0.5))]
         mode = "exhaustive" if exhaustive else "pruned"
         args: list[str | float | int] = [top, K1, B, length / docs, mode, *weights]
-        calls = [([keys.recall_postings(org, namespace, user_id),
-                   keys.recall_docs(org, namespace, user_id),
-                   keys.recall_stats(org, namespace, user_id)], args) for user_id in reached]
+        def user_keys(user_id: str) -> list[str]:
+            return [keys.recall_postings(org, namespace, user_id),
+                    keys.recall_docs(org, namespace, user_id),
+                    keys.recall_stats(org, namespace, user_id)]
+
         if self._clustered:
-            # Users live in different slots: one script call per user.
-            answers = [self._search(keys=k, args=a) for k, a in calls]
+            # Users live in different slots: one script call per user, each its own top.
+            calls = [([user_id], user_keys(user_id)) for user_id in reached]
         else:
-            pipe = self.redis.pipeline(transaction=False)
-            for script_keys, script_args in calls:
-                self._search(keys=script_keys, args=script_args, client=pipe)
-            answers = pipe.execute()
+            # One call over every user: one top, so a user whose best rows cannot reach it
+            # reads no further than that.
+            calls = [(reached, [k for user_id in reached for k in user_keys(user_id)])]
         named = [str(w) for w in weights[0::2]]
         hits: list[LexicalHit] = []
-        for user_id, answer in zip(reached, answers, strict=True):
+        for called, script_keys in calls:
+            answer = self._search(keys=script_keys, args=args)
             flat = [v.decode() if isinstance(v, bytes) else str(v) for v in answer]
-            for k in range(0, len(flat), 3):
-                matched = tuple(named[int(n) - 1] for n in flat[k + 2].split(","))
-                hits.append(LexicalHit(user_id, flat[k], float(flat[k + 1]), matched))
+            for k in range(0, len(flat), 4):
+                matched = tuple(named[int(n) - 1] for n in flat[k + 3].split(","))
+                hits.append(LexicalHit(called[int(flat[k]) - 1], flat[k + 1],
+                                       float(flat[k + 2]), matched))
         hits.sort(key=lambda hit: (-hit.score, hit.memory_id))
         return hits[:top]
 

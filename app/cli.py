@@ -200,3 +200,40 @@ def export_user(user_id: str, org: str | None, namespace: str, handles: tuple[st
         with open(out, "w", encoding="utf-8") as handle:
             handle.write(text + "\n")
         click.echo(f"wrote {out}", err=True)
+
+
+# --- recall ------------------------------------------------------------------------------------
+
+
+@loom_cli.group("recall")
+def recall_cli() -> None:
+    """Maintain memory.search's indexes."""
+
+
+@recall_cli.command("backfill")
+@click.option("--vectors/--no-vectors", default=True, show_default=True,
+              help="Also enqueue the embeddings job of every user whose facts wait for a vector "
+                   "(when LOOM_EMBED_* is set).")
+@with_appcontext
+def recall_backfill(vectors: bool) -> None:
+    """Move every user's lexical index onto the current posting layout, a bounded step at a
+    time beside live traffic; run it again after an interruption, it resumes."""
+    from app.store.recall import RecallStore
+    from app.store.recall_vectors import RecallVectorStore
+
+    services = current_app.extensions["loom"]
+    recall = services.store(RecallStore)
+    users = moved = 0
+    for org, namespace, user_id in recall.indexed_users():
+        users += 1
+        moved += recall.relayout(org, namespace, user_id)
+    click.echo(f"lexical index: {users} users, {moved} facts moved to the current layout")
+    if not vectors:
+        return
+    store = services.store(RecallVectorStore)
+    if not store.enabled:
+        click.echo("vectors: no embeddings endpoint (LOOM_EMBED_*); nothing enqueued")
+        return
+    due = store.users_due()
+    requested = sum(store.request(u.org, u.namespace, u.user_id) for u in due)
+    click.echo(f"vectors: {len(due)} users with facts waiting, {requested} jobs enqueued")

@@ -230,6 +230,11 @@ SETTINGS: tuple[Setting, ...] = (
             "Timeout of one embeddings call."),
     Setting("LOOM_EMBED_BATCH_SIZE", "64", _int_range(1, 2048),
             "Most texts sent in one embeddings call."),
+    Setting("LOOM_RECALL_EMBED_SWEEP_INTERVAL_SECONDS", "300", _SECONDS,
+            "Time between sweeps that request the embeddings job of users whose facts still "
+            "wait for a vector (written before the endpoint was set, or whose job failed)."),
+    Setting("LOOM_RECALL_EMBED_SWEEP_USERS_PER_PASS", "100", _int_range(1, 100000),
+            "Most users one embeddings sweep requests a job for; the rest get the next turn."),
     Setting("LOOM_MODEL_BUDGET_WINDOW_SECONDS", "86400", _SECONDS,
             "Length of the rolling window the model-call budgets (budget.set) count over."),
     Setting("LOOM_STRUCTURED_PROFILE_MEMORY_LIMIT", "100", _int_range(1, 10000),
@@ -348,6 +353,8 @@ class Settings:
     embed_dimensions: int = 0
     embed_timeout_seconds: float = 30.0
     embed_batch_size: int = 64
+    recall_embed_sweep_interval_seconds: int = 300
+    recall_embed_sweep_users_per_pass: int = 100
     model_budget_window_seconds: int = 86400
     structured_profile_memory_limit: int = 100
     structured_profile_interval_seconds: int = 60

@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/recall.py [--user-facts 10000] [--namespace-facts 100000]
     .venv/bin/python bench/recall.py --writes-only [--tree PATH]   # the rate alone
+    .venv/bin/python bench/recall.py --alternate PATH [--rounds 5]  # PATH's rate against this
 
 Starts its own redis-server on a free loopback port and calls the Flask app in-process (test
 client), so the figures are Loom's own cost with no HTTP server in between:
@@ -9,6 +10,10 @@ client), so the figures are Loom's own cost with no HTTP server in between:
 1. ``memory.set`` write rate: ``--writes`` facts of about twelve words through the app, one
    user, after a warm-up. ``--tree`` runs the same loop against another checkout's app (an
    older commit, to compare the rate before the recall index with the rate after it).
+   ``--alternate PATH`` runs that loop ``--rounds`` times for each tree, PATH's and this one's
+   in turn (each in its own process, so each imports its own app), and reports the median of
+   each and their ratios, wall and per CPU second: alternating spreads whatever else the
+   machine runs over both trees alike.
 2. ``memory.search`` p50/p99 over ``--queries`` queries of three words at read_scope
    ``own_user`` on one user holding ``--user-facts`` facts, and at read_scope ``namespace``
    over ``--namespace-facts`` facts spread over ``--users`` users. The facts are written by
@@ -27,9 +32,12 @@ have long postings and rare ones short.
 from __future__ import annotations
 
 import argparse
+import os
 import random
+import re
 import secrets
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -85,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--namespace-facts", type=int, default=100_000)
     parser.add_argument("--users", type=int, default=100)
     parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--alternate", default=None, help="a checkout to compare rates with")
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
+    if args.alternate:
+        return alternate(Path(args.alternate).resolve(), args.rounds, args.writes)
     _import_tree(Path(args.tree).resolve())
     from app import create_app
     from app.local import RedisServerProcess
@@ -172,6 +184,34 @@ def main(argv: list[str] | None = None) -> int:
                   f"p99 {percentile(spread, 0.99):.2f} ms (target p50 < 50 ms)", flush=True)
         finally:
             server.stop()
+    return 0
+
+
+_RATE = re.compile(r"memory.set: ([\d,]+) writes/s wall, .*?, ([\d,]+) writes per CPU second")
+
+
+def alternate(before: Path, rounds: int, writes: int) -> int:
+    """``--writes-only`` for ``before`` and this tree in turn; the medians and their ratios."""
+    rates: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
+    for n in range(rounds):
+        for name, tree in (("before", before), ("after", ROOT)):
+            out = subprocess.run(
+                [sys.executable, __file__, "--writes-only", "--writes", str(writes),
+                 "--tree", str(tree)], capture_output=True, text=True, check=True).stdout
+            found = _RATE.search(out)
+            assert found, out
+            wall, per_cpu = (float(g.replace(",", "")) for g in found.groups())
+            rates[name].append((wall, per_cpu))
+            print(f"round {n + 1} {name:<6} {wall:,.0f} writes/s wall, {per_cpu:,.0f} per CPU "
+                  f"second (load {os.getloadavg()[0]:.2f})", flush=True)
+    medians = {name: (statistics.median(w for w, _ in got), statistics.median(c for _, c in got))
+               for name, got in rates.items()}
+    (wall_b, cpu_b), (wall_a, cpu_a) = medians["before"], medians["after"]
+    print(f"median before: {wall_b:,.0f} writes/s wall, {cpu_b:,.0f} per CPU second "
+          f"(tree {before.name})")
+    print(f"median after:  {wall_a:,.0f} writes/s wall, {cpu_a:,.0f} per CPU second")
+    print(f"after / before: {wall_a / wall_b:.2f} wall, {cpu_a / cpu_b:.2f} per CPU second "
+          f"(target at least 0.8)")
     return 0
 
 

@@ -19,15 +19,21 @@ builds queue; the request computes nothing. ``embed_user`` is that job:
 * With more rows due than one job takes, it enqueues the next job of the user itself.
 
 No endpoint configured (``LOOM_EMBED_BASE_URL``/``LOOM_EMBED_MODEL``), or model calls switched
-off for the org: nothing is called, the rows stay due, and they are embedded once calls are
-possible and the user is written again.
+off for the org: nothing is called and the rows stay due.
+
+``sweep`` is the periodic pass that gives those rows their vectors without a further write: the
+facts written before an endpoint was configured, and those whose job failed or ran out of
+budget. Every ``LOOM_RECALL_EMBED_SWEEP_INTERVAL_SECONDS`` it requests the job of at most
+``LOOM_RECALL_EMBED_SWEEP_USERS_PER_PASS`` users with rows due, starting after the user the last
+pass stopped at, so every user gets a turn; the jobs it enqueues are the ones a write enqueues,
+with the same budgets, ledger and follow-ups. It calls no model itself.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.embeddings import USAGE_WORKER, EmbeddingsOutOfBudget, embed_within_budget
 from app.services import Services
@@ -37,11 +43,17 @@ from app.store.recall_vectors import EMBED_FUNC as RECALL_EMBED_FUNC
 from app.store.recall_vectors import RecallVectorStore, encode_vector, fingerprint
 from app.store.usage import UsageStore
 from jobs.context import services
+from jobs.periodic import Periodic
 from jobs.provider import ModelCallFailed, embedder_from_settings
+from jobs.queues import MAINTENANCE
+
+if TYPE_CHECKING:
+    from app.settings import Settings
 
 log = logging.getLogger("loom.jobs.recall_embed")
 
 EMBED_FUNC = RECALL_EMBED_FUNC
+SWEEP_FUNC = "jobs.recall_embed.sweep"
 # Most due rows one job reads; a user with more gets a follow-up job.
 ROWS_PER_JOB = 1000
 
@@ -145,3 +157,49 @@ def _count(result: EmbedResult, status: str, *, unchanged: bool = False) -> None
         result.moved += 1
     elif status == "GONE":
         result.gone += 1
+
+
+def sweep() -> dict[str, Any]:
+    """The sweep's entry point (RQ): ``sweep_due`` with the process's services."""
+    return sweep_due(services())
+
+
+def sweep_due(svc: Services) -> dict[str, Any]:
+    """Request the embeddings job of the next users with rows due (see the module)."""
+    vectors = svc.store(RecallVectorStore)
+    totals = {"users_due": 0, "requested": 0, "already_queued": 0, "model_off": 0}
+    if not vectors.enabled:
+        # No endpoint: a job could call nothing, so none is asked for and nothing is read.
+        return {**totals, "stopped": "model_off"}
+    usage = svc.store(UsageStore)
+    due = vectors.users_due()
+    totals["users_due"] = len(due)
+    after = vectors.sweep_position()
+    turn = [u for u in due if u.position > after] + [u for u in due if u.position <= after]
+    calls_on: dict[str, bool] = {}
+    reached = ""
+    for user in turn:
+        if totals["requested"] >= svc.settings.recall_embed_sweep_users_per_pass:
+            break
+        reached = user.position
+        if user.org not in calls_on:
+            calls_on[user.org] = usage.model_calls_enabled(user.org)
+        if not calls_on[user.org]:
+            totals["model_off"] += 1
+        elif vectors.request(user.org, user.namespace, user.user_id):
+            totals["requested"] += 1
+        else:
+            totals["already_queued"] += 1
+    if reached:
+        vectors.set_sweep_position(reached)
+    log.info("recall_embeddings sweep: %(users_due)d users with rows due, %(requested)d jobs "
+             "requested, %(already_queued)d already queued, %(model_off)d with model calls off",
+             totals)
+    return {**totals, "stopped": ""}
+
+
+def periodic(settings: Settings) -> Periodic:
+    """The schedule entry: every LOOM_RECALL_EMBED_SWEEP_INTERVAL_SECONDS on the maintenance
+    queue (the jobs it requests run on the builds queue, as a write's do)."""
+    return Periodic(func=SWEEP_FUNC, queue=MAINTENANCE,
+                    interval_seconds=settings.recall_embed_sweep_interval_seconds)

@@ -28,7 +28,7 @@ from app.clock import Clock
 from app.logs import configure_logging
 from app.settings import Settings, load_settings
 from app.store.connection import UNAVAILABLE_ERRORS
-from jobs import agent_state_sweep, consolidation, erasure
+from jobs import agent_state_sweep, consolidation, erasure, recall_embed
 from jobs.outage import ride_out
 from jobs.periodic import JOB_ID_PREFIX, Periodic
 from jobs.queues import PASSES, queue_connection
@@ -55,6 +55,9 @@ def periodic_jobs(settings: Settings) -> list[Periodic]:
         erasure.periodic(settings),  # enqueues again an erasure whose worker died
         Periodic(PASS_FUNC, PASSES, settings.structured_profile_interval_seconds),
     ]
+    if settings.embed_base_url and settings.embed_model:
+        # Vectors for facts no write's job embedded; with no endpoint it could call nothing.
+        definitions.append(recall_embed.periodic(settings))
     if settings.profile_consolidation_enabled:
         # Off by default (seed 000): no fold is scheduled, so no fold's model call is made.
         definitions.append(Periodic(consolidation.PASS_FUNC, PASSES,

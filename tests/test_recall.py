@@ -48,6 +48,16 @@ def org_of(app) -> str:
     return app.extensions["loom"].settings.default_org
 
 
+def posting(term: str, tf: int, length: int, memory_id: str) -> str:
+    """A posting as app/store/lua/recall_posting.lua writes it (layout 2)."""
+    return f"{term}\x01{99_999_999 - tf:08d}{length:08d}{memory_id}"
+
+
+def posting_v1(term: str, tf: int, length: int, memory_id: str) -> str:
+    """A posting of the first layout, as an install before it wrote them."""
+    return f"{term}\x00{memory_id}\x00{tf}\x00{length}"
+
+
 def index_matches_rows(app, namespace: str, user_id: str) -> None:
     """The user's postings, docs and stats are exactly what the live facts say they are."""
     services = app.extensions["loom"]
@@ -70,12 +80,13 @@ def index_matches_rows(app, namespace: str, user_id: str) -> None:
         counts = decode(stored)
         size = sum(counts.values())
         length += size
-        postings |= {f"{t}\x00{memory_id}\x00{tf}\x00{size}" for t, tf in counts.items()}
+        postings |= {posting(t, tf, size, memory_id) for t, tf in counts.items()}
     found = {text(m) for m in
              redis.zrange(keys.recall_postings(org, namespace, user_id), 0, -1)}
     assert found == postings
     stats = {text(k): int(v) for k, v in
              redis.hgetall(keys.recall_stats(org, namespace, user_id)).items()}
+    assert stats.get("layout") == 2
     assert stats.get("docs", 0) == len(docs)
     assert stats.get("length", 0) == length
 
@@ -322,3 +333,95 @@ def test_export_carries_the_facts_but_never_the_index_fields(client):
     ok(client, "memory.set", key="a", value="harbour walk at dawn")
     out = ok(client, "subject.export", user_id="u-42")
     assert "recall_terms" not in str(out) and "harbour walk at dawn" in str(out)
+
+
+# --- pruning: the same answer as scoring every posting -------------------------------------------
+
+
+def _random_corpus(app, rng, users: list[str], docs: int) -> list[str]:
+    """Facts of Zipf-drawn words (repeats in a fact, some facts twice, so tf runs and score ties
+    both occur), written by the store's own write path, with a share rewritten and deleted."""
+    from app.store.memory import Content, Location
+
+    vocabulary = [f"w{i}" for i in range(60)]
+    weights = [1 / (rank + 1) for rank in range(len(vocabulary))]
+    store = app.extensions["loom"].store(MemoryStore)
+    org = org_of(app)
+    texts: list[str] = []
+    for _ in range(docs):
+        if texts and rng.random() < 0.1:
+            text_ = rng.choice(texts)
+        else:
+            text_ = " ".join(rng.choices(vocabulary, weights, k=rng.randint(1, 14)))
+        texts.append(text_)
+        where = Location(org, "support", rng.choice(users), "triage-bot", "-",
+                         f"k{rng.randint(0, docs)}")
+        if rng.random() < 0.05:
+            store.delete(where, written_by="triage-bot")
+        else:
+            store.set(where, Content(value=text_, actor="triage-bot"), written_by="triage-bot")
+    return vocabulary
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_pruned_search_answers_exactly_what_scoring_every_posting_does(app, seed):
+    import random
+
+    from app.store.recall import RecallStore
+
+    rng = random.Random(seed)
+    users = ["u-1", "u-2", "u-3"]
+    vocabulary = _random_corpus(app, rng, users, 400)
+    recall = app.extensions["loom"].store(RecallStore)
+    org = org_of(app)
+    compared = 0
+    for _ in range(60):
+        terms = list(dict.fromkeys(rng.choices(vocabulary, k=rng.randint(1, 4))))
+        reach = rng.choice([users[:1], users])
+        for top in (1, 3, 10, 40, 1000):
+            pruned = recall.lexical(org, "support", reach, terms, top)
+            exhaustive = recall.lexical(org, "support", reach, terms, top, exhaustive=True)
+            assert pruned == exhaustive, (terms, reach, top)
+            compared += bool(pruned)
+    assert compared > 200
+
+
+def _back_to_layout_1(app, namespace: str, user_id: str) -> None:
+    """Rewrite a user's postings as an install before the current layout left them."""
+    redis = app.extensions["loom"].redis
+    org = org_of(app)
+    postings = keys.recall_postings(org, namespace, user_id)
+    redis.delete(postings)
+    for memory_id, stored in redis.hgetall(keys.recall_docs(org, namespace, user_id)).items():
+        counts = decode(text(stored))
+        size = sum(counts.values())
+        redis.zadd(postings, {posting_v1(t, tf, size, text(memory_id)): 0
+                              for t, tf in counts.items()})
+    redis.hdel(keys.recall_stats(org, namespace, user_id), "layout")
+
+
+def test_an_index_on_the_first_layout_answers_the_same_and_the_backfill_moves_it(client, app):
+    for i in range(12):
+        ok(client, "memory.set", key=f"walk{i}", value="harbour walk " * (i % 3 + 1) + f"n{i}")
+    ok(client, "memory.set", key="other", value="harbour ferry", user_id="u-7")
+    before = search(client, "harbour walk", read_scope="namespace")
+    _back_to_layout_1(app, "support", "u-42")
+    _back_to_layout_1(app, "support", "u-7")
+    # Searched exhaustively until it is moved: the same hits, the same scores.
+    assert search(client, "harbour walk", read_scope="namespace") == before
+    # Writes on the old layout take out the old postings and write new ones beside them.
+    ok(client, "memory.set", key="walk3", value="a quiet harbour")
+    ok(client, "memory.delete", key="walk4")
+    ok(client, "memory.set", key="walk99", value="walk walk walk")
+    mixed = search(client, "harbour walk", read_scope="own_user", limit=50)
+    assert "walk4" not in keys_of(mixed) and "walk99" in keys_of(mixed)
+    result = app.test_cli_runner().invoke(args=["loom", "recall", "backfill"])
+    assert result.exit_code == 0, result.output
+    assert "lexical index: 2 users, 13 facts moved" in result.output
+    assert "vectors: no embeddings endpoint" in result.output
+    index_matches_rows(app, "support", "u-42")
+    index_matches_rows(app, "support", "u-7")
+    assert search(client, "harbour walk", read_scope="own_user", limit=50) == mixed
+    # Run again, it finds nothing to move.
+    again = app.test_cli_runner().invoke(args=["loom", "recall", "backfill"])
+    assert "2 users, 0 facts moved" in again.output

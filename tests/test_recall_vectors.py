@@ -466,3 +466,72 @@ def test_the_engine_is_detected_and_none_on_a_server_without_modules(app, redis_
     # The suite's Valkey has no vector sets and no search module: exact cosine it is.
     assert detect_engine(redis_client) == "none"
     assert app.extensions["loom"].store(RecallVectorStore).engine == "none"
+
+
+# --- the sweep: vectors for facts no write's job embedded -------------------------------------
+
+
+def run_sweep(app) -> None:
+    """One sweep pass as the scheduler enqueues it, then the jobs it requests, by RQ workers."""
+    from app.queue_names import MAINTENANCE
+    from jobs.recall_embed import SWEEP_FUNC
+
+    services = app.extensions["loom"]
+    Queue(MAINTENANCE, connection=services.queue_redis).enqueue(SWEEP_FUNC)
+    context.use_services(services)
+    try:
+        _Worker([Queue(MAINTENANCE, connection=services.queue_redis),
+                 Queue(BUILDS, connection=services.queue_redis)],
+                connection=services.queue_redis).work(burst=True, logging_level="WARNING")
+    finally:
+        context.use_services(None)
+
+
+def test_the_sweep_embeds_facts_written_before_the_endpoint_in_turns(app_factory, srv):
+    before = app_factory()  # no embeddings endpoint yet
+    old = before.test_client()
+    for user_id in ("u-1", "u-2", "u-3"):
+        ok(old, "memory.set", key="commute", value=f"{user_id} drives an automobile",
+           user_id=user_id)
+    services = before.extensions["loom"]
+    assert Queue(BUILDS, connection=services.queue_redis).count == 0
+    run_sweep(before)  # without an endpoint the sweep asks for nothing
+    assert srv.embedding_requests == [] and len(due_of(before, "u-1")) == 1
+    after = app_factory(embed_base_url=srv.base_url, embed_model=MODEL,
+                        recall_embed_sweep_users_per_pass=2)
+    from jobs.recall_embed import SWEEP_FUNC
+    from jobs.scheduler import periodic_jobs
+
+    # The scheduler runs the sweep once an endpoint is set, never before.
+    assert SWEEP_FUNC not in {d.func for d in periodic_jobs(services.settings)}
+    assert SWEEP_FUNC in {d.func for d in periodic_jobs(after.extensions["loom"].settings)}
+    run_sweep(after)
+    embedded = {u for u in ("u-1", "u-2", "u-3") if vectors_of(after, u)}
+    assert len(embedded) == 2 and len(srv.embedding_requests) == 2
+    # The next pass starts after the last user reached: the third gets its turn.
+    run_sweep(after)
+    assert all(vectors_of(after, u) and not due_of(after, u) for u in ("u-1", "u-2", "u-3"))
+    assert len(srv.embedding_requests) == 3
+    assert ledger(after.test_client())["model_calls"] == 3
+    # Nothing due: a pass calls nothing.
+    run_sweep(after)
+    assert len(srv.embedding_requests) == 3
+    hits = search(after.test_client(), "which vehicle", user_id="u-2", read_scope="own_user")
+    assert hits == [("commute", ["vector"])]
+
+
+def test_the_sweep_retries_a_failed_job_and_skips_an_org_with_calls_off(app, client, srv):
+    facts(client)
+    srv.script_embedding(status=500)
+    run_jobs(app)
+    assert vectors_of(app) == {} and len(due_of(app)) == 3
+    assert ledger(client)["failures"] == 1
+    switched = client.post("/v1/org.set_model_calls", json={"enabled": False})
+    assert switched.status_code == 200, switched.get_json()
+    run_sweep(app)
+    assert len(srv.embedding_requests) == 1 and len(due_of(app)) == 3
+    switched = client.post("/v1/org.set_model_calls", json={"enabled": True})
+    assert switched.status_code == 200, switched.get_json()
+    run_sweep(app)
+    assert len(vectors_of(app)) == 3 and due_of(app) == []
+    assert ledger(client)["model_calls"] == 2

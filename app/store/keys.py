@@ -26,6 +26,13 @@ def user_tag(org: str, namespace: str, user_id: str = "-") -> str:
     return "{" + escape(org) + "/" + escape(namespace) + "/" + escape(user_id) + "}"
 
 
+def user_tag_parts(key: str) -> tuple[str, str, str]:
+    """(org, namespace, user_id) of a key that ends with ``user_tag``."""
+    # escape() writes only %XX escapes, which unquote undoes; the tag holds no ':'.
+    org, namespace, user_id = key.rsplit(":", 1)[1].strip("{}").split("/")
+    return unquote(org), unquote(namespace), unquote(user_id)
+
+
 def namespace_tag(org: str, namespace: str) -> str:
     return "{" + escape(org) + "/" + escape(namespace) + "}"
 
@@ -272,14 +279,25 @@ def recall_docs(org: str, namespace: str, user_id: str) -> str:
 
 
 def recall_postings(org: str, namespace: str, user_id: str) -> str:
-    """Sorted set (all scores 0) of ``term NUL memory_id NUL tf NUL doc_length``: one lex range
-    per term holds its postings and their count is its document frequency."""
+    """Sorted set (all scores 0) of postings (app/store/lua/recall_posting.lua): one lex range
+    per term holds its postings, best first, and their count is its document frequency."""
     return f"{PREFIX}:recall-post:{user_tag(org, namespace, user_id)}"
 
 
 def recall_stats(org: str, namespace: str, user_id: str) -> str:
-    """Hash: ``docs`` (indexed rows) and ``length`` (their summed term counts), for BM25."""
+    """Hash: ``docs`` (indexed rows) and ``length`` (their summed term counts), for BM25, and
+    ``layout``, the postings' layout (absent: the first)."""
     return f"{PREFIX}:recall-stats:{user_tag(org, namespace, user_id)}"
+
+
+def recall_stats_pattern() -> str:
+    """SCAN pattern of every user's ``recall_stats``: the users with a lexical index."""
+    return f"{PREFIX}:recall-stats:*"
+
+
+def recall_stats_parts(key: str) -> tuple[str, str, str]:
+    """(org, namespace, user_id) of a key ``recall_stats`` built."""
+    return user_tag_parts(key)
 
 
 def recall_users(org: str, namespace: str) -> str:
@@ -304,6 +322,23 @@ def recall_vectors_due(org: str, namespace: str, user_id: str) -> str:
     """Sorted set (all scores 0) of the memory_ids whose text changed since their vector was
     stored: what the next embeddings job of the user embeds."""
     return f"{PREFIX}:recall-vec-due:{user_tag(org, namespace, user_id)}"
+
+
+def recall_vectors_due_pattern() -> str:
+    """SCAN pattern of every user's ``recall_vectors_due``: the users with rows waiting for a
+    vector (the embeddings sweep, jobs/recall_embed.py)."""
+    return f"{PREFIX}:recall-vec-due:*"
+
+
+def recall_vectors_due_parts(key: str) -> tuple[str, str, str]:
+    """(org, namespace, user_id) of a key ``recall_vectors_due`` built."""
+    return user_tag_parts(key)
+
+
+def recall_vectors_sweep() -> str:
+    """String: where the last embeddings sweep stopped, as the sha1 of the last due key it
+    reached (never a user id), so the next one starts after it and every user gets a turn."""
+    return f"{PREFIX}:recall-vec-sweep"
 
 
 def recall_vectors_generation(org: str, namespace: str, user_id: str) -> str:

@@ -5,20 +5,28 @@ app/store/lua/memory_write.lua), in the same script as the row, so a fact is fin
 when its row is live, unredacted and not a profile section; a lock or pin leaves it as it is,
 a delete, a redact or a profile type takes it out. Per user (the user's slot):
 ``keys.recall_docs`` (memory_id -> its ``term:tf`` pairs), ``keys.recall_postings`` (one lex
-range of postings per term) and ``keys.recall_stats`` (documents and summed length). Per
-namespace: ``keys.recall_users``, the users a namespace search fans out over.
+range of postings per term, best first: app/store/lua/recall_posting.lua) and
+``keys.recall_stats`` (documents, summed length, posting layout). Per namespace:
+``keys.recall_users``, the users a namespace search fans out over.
 
 A search reaches one or more users' slots. It first reads, for each slot, the document count,
 the summed length and each query term's document frequency (one pipeline), sums them into one
 set of idf weights and one average length, then scores every slot with those same weights in
-``recall_search.lua``, so the scores of several users' facts compare and the merge is a sort.
-This is exact BM25 over the reached rows; no approximate index is involved.
+``recall_search.lua``, so the scores of several users' facts compare: on one server a single
+call over every reached user keeps one top; on a cluster one call a user, merged by a sort.
+This is exact BM25 over the reached rows; no approximate index is involved. The script reads
+each term's postings best first and stops as soon as no unread posting can change the top
+(``pruned``); its answer is the one scoring every posting gives (``exhaustive``, kept for the
+test that compares them and for an index still on the first posting layout).
+
+``relayout`` moves an install's indexes written before that layout onto it
+(``flask loom recall backfill``), a bounded step at a time.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,6 +40,7 @@ if TYPE_CHECKING:
     from app.store.services import StoreServices
 
 NUL = "\x00"
+SOH = "\x01"
 # BM25's usual constants (Robertson and Zaragoza); bm25s uses the same.
 K1 = 1.5
 B = 0.75
@@ -51,6 +60,7 @@ class RecallStore:
     def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self._search = script(self.redis, "recall_search")
+        self._relayout = script(self.redis, "recall_relayout")
         self._clustered = isinstance(self.redis, redis.RedisCluster)
 
     def namespace_users(self, org: str, namespace: str) -> list[str]:
@@ -66,9 +76,11 @@ class RecallStore:
                                                list(memory_ids)))
 
     def lexical(
-        self, org: str, namespace: str, user_ids: Sequence[str], terms: Sequence[str], top: int
+        self, org: str, namespace: str, user_ids: Sequence[str], terms: Sequence[str], top: int,
+        *, exhaustive: bool = False,
     ) -> list[LexicalHit]:
-        """The ``top`` best facts of these users for the query ``terms``, best first."""
+        """The ``top`` best facts of these users for the query ``terms``, best first (the same
+        answer either way; ``exhaustive`` scores every posting instead of pruning)."""
         if not terms or not user_ids:
             return []
         users = list(dict.fromkeys(user_ids))
@@ -77,7 +89,8 @@ class RecallStore:
             pipe.hmget(keys.recall_stats(org, namespace, user_id), ["docs", "length"])
             postings = keys.recall_postings(org, namespace, user_id)
             for term in terms:
-                pipe.zlexcount(postings, "[" + term + NUL, "[" + term + NUL + "\xff")
+                # Both posting layouts: term NUL ... (1) and term SOH ... (2).
+                pipe.zlexcount(postings, "[" + term + NUL, "[" + term + SOH + "\xff")
         replies = pipe.execute()
         docs = length = 0
         frequency = [0] * len(terms)
@@ -98,22 +111,48 @@ class RecallStore:
             if df:
                 # BM25's idf as Lucene and bm25s take it: never negative.
                 weights += [term, math.log(1 + (docs - df + 0.5) / (df + 0.5))]
-        args: list[str | float | int] = [top, K1, B, length / docs, *weights]
-        calls = [([keys.recall_postings(org, namespace, user_id)], args) for user_id in reached]
+        mode = "exhaustive" if exhaustive else "pruned"
+        args: list[str | float | int] = [top, K1, B, length / docs, mode, *weights]
+        def user_keys(user_id: str) -> list[str]:
+            return [keys.recall_postings(org, namespace, user_id),
+                    keys.recall_docs(org, namespace, user_id),
+                    keys.recall_stats(org, namespace, user_id)]
+
         if self._clustered:
-            # Users live in different slots: one script call per user.
-            answers = [self._search(keys=k, args=a) for k, a in calls]
+            # Users live in different slots: one script call per user, each its own top.
+            calls = [([user_id], user_keys(user_id)) for user_id in reached]
         else:
-            pipe = self.redis.pipeline(transaction=False)
-            for script_keys, script_args in calls:
-                self._search(keys=script_keys, args=script_args, client=pipe)
-            answers = pipe.execute()
+            # One call over every user: one top, so a user whose best rows cannot reach it
+            # reads no further than that.
+            calls = [(reached, [k for user_id in reached for k in user_keys(user_id)])]
         named = [str(w) for w in weights[0::2]]
         hits: list[LexicalHit] = []
-        for user_id, answer in zip(reached, answers, strict=True):
+        for called, script_keys in calls:
+            answer = self._search(keys=script_keys, args=args)
             flat = [v.decode() if isinstance(v, bytes) else str(v) for v in answer]
-            for k in range(0, len(flat), 3):
-                matched = tuple(named[int(n) - 1] for n in flat[k + 2].split(","))
-                hits.append(LexicalHit(user_id, flat[k], float(flat[k + 1]), matched))
+            for k in range(0, len(flat), 4):
+                matched = tuple(named[int(n) - 1] for n in flat[k + 3].split(","))
+                hits.append(LexicalHit(called[int(flat[k]) - 1], flat[k + 1],
+                                       float(flat[k + 2]), matched))
         hits.sort(key=lambda hit: (-hit.score, hit.memory_id))
         return hits[:top]
+
+    def indexed_users(self) -> Iterator[tuple[str, str, str]]:
+        """(org, namespace, user_id) of every user with a lexical index, on every node."""
+        for key in self.redis.scan_iter(match=keys.recall_stats_pattern(), count=1000):
+            yield keys.recall_stats_parts(key.decode() if isinstance(key, bytes) else key)
+
+    def relayout(self, org: str, namespace: str, user_id: str, step: int = 500) -> int:
+        """Move a user's index onto the current posting layout; the docs moved (0 when it was
+        on it). Each step is one script of at most ``step`` docs, so no step holds the server
+        long, and a write between steps is already on the new layout."""
+        user_keys = [keys.recall_postings(org, namespace, user_id),
+                     keys.recall_docs(org, namespace, user_id),
+                     keys.recall_stats(org, namespace, user_id)]
+        cursor, moved = "0", 0
+        while True:
+            answer = self._relayout(keys=user_keys, args=[cursor, step])
+            cursor = answer[0].decode() if isinstance(answer[0], bytes) else str(answer[0])
+            moved += int(answer[1])
+            if cursor == "0":
+                return moved

@@ -71,6 +71,16 @@ class VectorHit:
 
 
 @dataclass(frozen=True, slots=True)
+class DueUser:
+    """A user with rows waiting for a vector, and its place in the sweep's turn order."""
+
+    position: str
+    org: str
+    namespace: str
+    user_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class DueRow:
     """A row listed as due for a vector: its memory_id and its row key (None: gone)."""
 
@@ -208,6 +218,24 @@ class RecallVectorStore:
             self.redis.delete(keys.recall_vectors_queued(org, namespace, user_id))
             return False
         return True
+
+    def users_due(self) -> list[DueUser]:
+        """Every user with rows due for a vector, on every node, in the sweep's turn order
+        (the sha1 of the due key: stable, and unrelated to when or what was written)."""
+        found = []
+        for raw in self.redis.scan_iter(match=keys.recall_vectors_due_pattern(), count=1000):
+            key = raw.decode() if isinstance(raw, bytes) else str(raw)
+            found.append(DueUser(hashlib.sha1(key.encode()).hexdigest(),
+                                 *keys.recall_vectors_due_parts(key)))
+        return sorted(found, key=lambda user: user.position)
+
+    def sweep_position(self) -> str:
+        """Where the last sweep stopped ('' before the first)."""
+        found = self.redis.get(keys.recall_vectors_sweep())
+        return found.decode() if isinstance(found, bytes) else (found or "")
+
+    def set_sweep_position(self, position: str) -> None:
+        self.redis.set(keys.recall_vectors_sweep(), position)
 
     def due(self, org: str, namespace: str, user_id: str, limit: int) -> list[DueRow]:
         """Up to ``limit`` rows due for a vector, each with its row key."""

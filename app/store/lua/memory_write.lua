@@ -6,6 +6,7 @@
 -- (KEYS[SHARED_KEYS + 1] on).
 --#include version
 --#include memory_digest
+--#include recall_posting
 local SOURCE_TYPES = {semantic = true, preference = true, decision = true}
 local NUL = string.char(0)
 local SHARED_KEYS = 17
@@ -68,30 +69,34 @@ local function index_recall(r)
   else
     redis.call('ZREM', KEYS[16], mid)
   end
-  -- The postings of a stored term list, and its length: one ZREM or ZADD moves them all.
-  local function postings(stored, with_scores)
-    local pairs_, len = {}, 0
-    for term, tf in string.gmatch(stored, '([^ ]+):(%d+)') do
-      pairs_[#pairs_ + 1] = {term, tf}
-      len = len + tonumber(tf)
-    end
-    local args = {}
-    for _, p in ipairs(pairs_) do
-      if with_scores then args[#args + 1] = 0 end
-      args[#args + 1] = p[1] .. NUL .. mid .. NUL .. p[2] .. NUL .. len
-    end
-    return args, len
+  -- A user still on layout 1 (recall_posting.lua) may hold the old row's postings in either
+  -- form; a user with no document starts on layout 2.
+  local stats = redis.call('HMGET', KEYS[14], 'docs', 'layout')
+  local current = stats[2] == LAYOUT
+  if not current and tonumber(stats[1] or '0') == 0 then
+    redis.call('HSET', KEYS[14], 'layout', LAYOUT)
+    current = true
   end
   local docs, length = 0, 0
   if old then
-    local members, len = postings(old, false)
+    local found, len = recall_pairs(old)
+    local members = {}
+    for _, p in ipairs(found) do
+      members[#members + 1] = recall_posting(p[1], p[2], len, mid)
+      if not current then members[#members + 1] = recall_posting_v1(p[1], p[2], len, mid) end
+    end
     if #members > 0 then redis.call('ZREM', KEYS[13], unpack(members)) end
     redis.call('HDEL', KEYS[12], mid)
     docs, length = docs - 1, length - len
   end
   if new then
-    local members, len = postings(new, true)
-    if #members > 0 then redis.call('ZADD', KEYS[13], unpack(members)) end
+    local found, len = recall_pairs(new)
+    local args = {}
+    for _, p in ipairs(found) do
+      args[#args + 1] = 0
+      args[#args + 1] = recall_posting(p[1], p[2], len, mid)
+    end
+    if #args > 0 then redis.call('ZADD', KEYS[13], unpack(args)) end
     redis.call('HSET', KEYS[12], mid, new)
     docs, length = docs + 1, length + len
   end

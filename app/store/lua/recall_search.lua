@@ -1,42 +1,237 @@
--- BM25 over one user's lexical recall index. KEYS: 1 recall postings. ARGV: 1 how many hits
--- to answer, 2 k1, 3 b, 4 average document length, then per query term: the term and its idf
--- (computed by the caller over every slot the search reaches, so scores from several users
--- compare). Answers flat (memory_id, score, matched term numbers "1,3") best first.
-local NUL = string.char(0)
+-- BM25 over the lexical recall index of one or more users. KEYS: per user, in turn, its recall
+-- postings, recall docs and recall stats (one user a call on Redis Cluster, where users live in
+-- different slots; every reached user in one call on a single server). ARGV: 1 how many hits to
+-- answer, 2 k1, 3 b, 4 average document length, 5 'pruned' or 'exhaustive', then per query
+-- term: the term and its idf (computed by the caller over every slot the search reaches, so
+-- scores from several users compare). Answers flat (user number, memory_id, score, matched
+-- term numbers "1,3") best first, ties by memory_id, then user number.
+--
+-- 'pruned' answers exactly what 'exhaustive' does, reading far fewer postings (Fagin's
+-- threshold algorithm over the layout of recall_posting.lua): the best unread posting over
+-- every term's runs is read next, a row met for the first time is scored in full from its
+-- stored terms, and the reading stops once the top's worst score beats the sum of every term's
+-- best unread posting, the most any row not met yet can score. A user still on layout 1 is
+-- scored exhaustively into the same top.
+--#include recall_posting
 local top = tonumber(ARGV[1])
 local k1, b, avgdl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 if avgdl <= 0 then avgdl = 1 end
-local score, matched, order = {}, {}, {}
-local n = 0
-for i = 5, #ARGV, 2 do
-  n = n + 1
-  local term, idf = ARGV[i], tonumber(ARGV[i + 1])
-  local low = '[' .. term .. NUL
-  local high = '[' .. term .. NUL .. '\255'
-  for _, posting in ipairs(redis.call('ZRANGEBYLEX', KEYS[1], low, high)) do
-    local _, mid, tf, len = string.match(posting, '^(.-)%z(.-)%z(%d+)%z(%d+)$')
-    tf, len = tonumber(tf), tonumber(len)
-    local s = idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len / avgdl))
-    if score[mid] then
-      score[mid] = score[mid] + s
-      matched[mid] = matched[mid] .. ',' .. n
-    else
-      score[mid] = s
-      matched[mid] = tostring(n)
-      order[#order + 1] = mid
+local prune = ARGV[5] == 'pruned'
+local terms, idfs = {}, {}
+for i = 6, #ARGV, 2 do
+  terms[#terms + 1] = ARGV[i]
+  idfs[#idfs + 1] = tonumber(ARGV[i + 1])
+end
+local users = #KEYS / 3
+
+-- The one formula both ways use, so a pruned score is bit for bit the exhaustive one.
+local function bm25(idf, tf, len)
+  return idf * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len / avgdl))
+end
+
+-- (tf, len, memory_id) of a layout 2 posting of a term of n bytes.
+local function parse(posting, n)
+  return POSTING_MAX - tonumber(string.sub(posting, n + 2, n + 9)),
+    tonumber(string.sub(posting, n + 10, n + 17)), string.sub(posting, n + 18)
+end
+
+-- The kept rows, each 'user number NUL memory_id': a min-heap, its root the worst kept.
+local heap, score, matched, mid_of, user_of = {}, {}, {}, {}, {}
+local function worse(x, y)
+  if score[x] ~= score[y] then return score[x] < score[y] end
+  if mid_of[x] ~= mid_of[y] then return mid_of[x] > mid_of[y] end
+  return user_of[x] > user_of[y]
+end
+local function keep(row)
+  if #heap < top then
+    heap[#heap + 1] = row
+    local i = #heap
+    while i > 1 do
+      local parent = math.floor(i / 2)
+      if not worse(heap[i], heap[parent]) then break end
+      heap[i], heap[parent] = heap[parent], heap[i]
+      i = parent
+    end
+  elseif worse(heap[1], row) then
+    heap[1] = row
+    local i, size = 1, #heap
+    while true do
+      local l, r, m = 2 * i, 2 * i + 1, i
+      if l <= size and worse(heap[l], heap[m]) then m = l end
+      if r <= size and worse(heap[r], heap[m]) then m = r end
+      if m == i then break end
+      heap[i], heap[m] = heap[m], heap[i]
+      i = m
     end
   end
 end
--- Ties keep a stable order (memory_id), so a page does not shuffle between calls.
-table.sort(order, function(x, y)
-  if score[x] ~= score[y] then return score[x] > score[y] end
-  return x < y
-end)
+local function row_of(u, mid)
+  local row = u .. '\0' .. mid
+  mid_of[row], user_of[row] = mid, u
+  return row
+end
+
+-- Every posting of every term of user u, summed per row over the terms in their order.
+local function score_all(u)
+  local postings = KEYS[3 * u - 2]
+  local rows, total, hit = {}, {}, {}
+  local function add(n, mid, s)
+    if total[mid] then
+      total[mid], hit[mid] = total[mid] + s, hit[mid] .. ',' .. n
+    else
+      total[mid], hit[mid] = s, tostring(n)
+      rows[#rows + 1] = mid
+    end
+  end
+  for n, term in ipairs(terms) do
+    local idf = idfs[n]
+    for _, posting in ipairs(redis.call('ZRANGEBYLEX', postings, '[' .. term .. '\1',
+                                        '[' .. term .. '\1\255')) do
+      local tf, len, mid = parse(posting, #term)
+      add(n, mid, bm25(idf, tf, len))
+    end
+    for _, posting in ipairs(redis.call('ZRANGEBYLEX', postings, '[' .. term .. '\0',
+                                        '[' .. term .. '\0\255')) do
+      local _, mid, tf, len = string.match(posting, '^(.-)%z(.-)%z(%d+)%z(%d+)$')
+      add(n, mid, bm25(idf, tonumber(tf), tonumber(len)))
+    end
+  end
+  for _, mid in ipairs(rows) do
+    local row = row_of(u, mid)
+    score[row], matched[row] = total[mid], hit[mid]
+    keep(row)
+  end
+end
+
+-- A term's postings of one tf in one user are a run, read in pages; its head is the next
+-- unread one.
+local PAGE_FIRST, PAGE_MAX = 16, 1024
+local function head(run)
+  if run.pos > #run.buf then
+    if run.ended then return nil end
+    local page = redis.call('ZRANGEBYLEX', run.key, '(' .. run.last, '[' .. run.prefix .. '\255',
+                            'LIMIT', 0, run.page)
+    run.buf, run.pos = page, 1
+    run.ended = #page < run.page
+    run.page = math.min(run.page * 2, PAGE_MAX)
+    if #page == 0 then return nil end
+    run.last = page[#page]
+  end
+  return run.buf[run.pos]
+end
+
+-- Every tf run of every term of every pruned user, found by its first posting.
+local runs = {}
+for n = 1, #terms do runs[n] = {} end
+for u = 1, users do
+  if prune and redis.call('HGET', KEYS[3 * u], 'layout') == LAYOUT then
+    local key = KEYS[3 * u - 2]
+    for n, term in ipairs(terms) do
+      local from, high = '[' .. term .. '\1', '[' .. term .. '\1\255'
+      while true do
+        local first = redis.call('ZRANGEBYLEX', key, from, high, 'LIMIT', 0, 1)[1]
+        if not first then break end
+        local prefix = string.sub(first, 1, #term + 9)
+        runs[n][#runs[n] + 1] = {user = u, key = key, prefix = prefix, buf = {first}, pos = 1,
+                                 last = first, page = PAGE_FIRST, ended = false}
+        from = '(' .. prefix .. '\255'
+      end
+    end
+  else
+    score_all(u)
+  end
+end
+
+-- A row's whole score, summed over the terms in their order as the exhaustive way sums.
+local function score_row(u, mid, len)
+  local stored = redis.call('HGET', KEYS[3 * u - 1], mid)
+  if not stored then return end
+  stored = ' ' .. stored
+  local total, hit = nil, nil
+  for n, term in ipairs(terms) do
+    local _, at = string.find(stored, ' ' .. term .. ':', 1, true)
+    if at then
+      local s = bm25(idfs[n], tonumber(string.match(stored, '^%d+', at + 1)), len)
+      if total then
+        total, hit = total + s, hit .. ',' .. n
+      else
+        total, hit = s, tostring(n)
+      end
+    end
+  end
+  if total then
+    local row = row_of(u, mid)
+    score[row], matched[row] = total, hit
+    keep(row)
+  end
+end
+
+-- Each term's runs in a max-heap on the score of their head, so the next posting and the bound
+-- cost a heap step, not a look at every run of every user.
+local function sift(h, i)
+  local size = #h
+  while true do
+    local l, r, m = 2 * i, 2 * i + 1, i
+    if l <= size and h[l].value > h[m].value then m = l end
+    if r <= size and h[r].value > h[m].value then m = r end
+    if m == i then return end
+    h[i], h[m] = h[m], h[i]
+    i = m
+  end
+end
+local function value_of(run, n)
+  local posting = head(run)
+  if not posting then return nil end
+  local tf, len = parse(posting, #terms[n])
+  return bm25(idfs[n], tf, len)
+end
+local heads = {}
+for n = 1, #terms do
+  local h = {}
+  for _, run in ipairs(runs[n]) do
+    run.value = value_of(run, n)
+    h[#h + 1] = run
+  end
+  for i = math.floor(#h / 2), 1, -1 do sift(h, i) end
+  heads[n] = h
+end
+
+local seen = {}
+while true do
+  -- Each term's best unread posting; their sum bounds every row not met yet.
+  local bound, best, best_value = nil, nil, -1
+  for n = 1, #terms do
+    local first = heads[n][1]
+    local value = first and first.value or 0
+    if first and value > best_value then best, best_value = n, value end
+    if bound then bound = bound + value else bound = value end
+  end
+  if not best then break end
+  if #heap >= top and score[heap[1]] > bound then break end
+  local h = heads[best]
+  local run = h[1]
+  local posting = run.buf[run.pos]
+  run.pos = run.pos + 1
+  run.value = value_of(run, best)
+  if not run.value then
+    h[1] = h[#h]
+    h[#h] = nil
+  end
+  if #h > 0 then sift(h, 1) end
+  local _, len, mid = parse(posting, #terms[best])
+  local where = run.user .. '\0' .. mid
+  if not seen[where] then
+    seen[where] = true
+    score_row(run.user, mid, len)
+  end
+end
+
+table.sort(heap, function(x, y) return worse(y, x) end)
 local reply = {}
-for i = 1, math.min(top, #order) do
-  local mid = order[i]
-  reply[#reply + 1] = mid
-  reply[#reply + 1] = string.format('%.17g', score[mid])
-  reply[#reply + 1] = matched[mid]
+for _, row in ipairs(heap) do
+  reply[#reply + 1] = user_of[row]
+  reply[#reply + 1] = mid_of[row]
+  reply[#reply + 1] = string.format('%.17g', score[row])
+  reply[#reply + 1] = matched[row]
 end
 return reply

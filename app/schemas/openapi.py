@@ -202,7 +202,11 @@ class LoomMarshmallowPlugin(MarshmallowPlugin):
         version = self.openapi_version
         json_schema_nulls = version is not None and (version.major, version.minor) >= (3, 1)
         if json_schema_nulls:  # a document's nested schemas (OPENAPI 3.0 words in metadata)
-            for prop in converted.get("properties", {}).values():
+            properties = converted.get("properties", {})
+            for name, prop in properties.items():
+                # A copy: apispec hands a field's metadata over as it is, nested dicts and all,
+                # and rewriting those in place changed every document built after this one.
+                properties[name] = prop = copy.deepcopy(prop)
                 nulls_as_json_schema(prop)
         if issubclass(schema_class, IdentityArgs):  # an op's input: null reads as left out
             state_null_as_absent(converted, null_means_absent(schema_class),

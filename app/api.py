@@ -243,8 +243,11 @@ def make_view(op: Op, services: Services) -> Callable[..., Any]:
     is_get = op.http_method == "GET"
 
     def view(**path_args: Any) -> dict[str, Any]:
-        headers = request.headers
         environ = request.environ
+        # The request itself from its environ, where werkzeug's Request puts it: a read
+        # through ``flask.request`` costs a proxy lookup each time.
+        current = environ.get("werkzeug.request") or request
+        headers = current.headers
         # A header the request lacks costs werkzeug's headers a raised KeyError: the two that
         # are often absent are read from the environ (authenticate reads only Authorization).
         principal: Principal = authenticate(
@@ -253,8 +256,8 @@ def make_view(op: Op, services: Services) -> Callable[..., Any]:
         body = read_json_body(environ, max_bytes)
         if path_args:
             body = {**body, **path_args}
-        if is_get and request.args:
-            body = {**request.args.to_dict(), **body}
+        if is_get and current.args:
+            body = {**current.args.to_dict(), **body}
         return run_op(op, body, principal, services, lambda: _client_name(headers),
                       idempotency_key=environ.get(_IDEMPOTENCY_KEY))
 

@@ -20,6 +20,7 @@ HTTP status, ``org`` at most ``LOOM_METRICS_MAX_ORGS`` orgs plus ``_other``, ``o
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections import defaultdict
@@ -34,6 +35,7 @@ from prometheus_client import (
     Histogram,
     disable_created_metrics,
     generate_latest,
+    values,
 )
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -58,6 +60,23 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 
 # The _created series double every counter's size and multiprocess mode drops them anyway.
 disable_created_metrics()
+
+# This process's id, read again in a forked child only. In multiprocess mode every value's
+# inc asks its process identifier whether the process forked, and os.getpid is a system call
+# each time: three a request. ``MultiProcessValue`` takes the identifier as its documented
+# argument; a C-level callable reading the kept id costs no call into the kernel, and the
+# fork hook keeps it true (an exec'd child imports everything anew).
+_PID = [os.getpid()]
+
+
+def _forked() -> None:
+    _PID[0] = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+if values.ValueClass is not values.MutexValue:  # multiprocess mode: chosen at import
+    values.ValueClass = values.MultiProcessValue(
+        process_identifier=functools.partial(_PID.__getitem__, 0))
 
 # Created once per process into a private registry: never the global default one, so tests
 # and embedded uses do not see prometheus_client's process collectors twice.

@@ -20,6 +20,7 @@ import logging
 import random
 import re
 import time
+from contextvars import ContextVar, Token
 from typing import Any
 from urllib.parse import urlparse
 
@@ -80,9 +81,15 @@ def request_id_of(environ: dict[str, Any]) -> str:
     return new_request_id()
 
 
-# What ``finish_request`` needs of the request, kept in its environ when it starts: when it
-# started, its id, its op label and its method.
-_REQUEST_STATE = "loom.request"
+# What ``finish_request`` needs of the request, kept from its start to its teardown: when it
+# started, its id, its op label, its method, and the token that restores what was kept before
+# (a request made inside another one, as a test client can, gives the outer one its own back).
+# A context variable, not the request: every read of ``flask.request`` goes through its
+# proxy, whose lookup costs a failed attribute search and two Python calls, where a context
+# variable's ``get`` is one C call. Flask keeps its own request in a context variable too,
+# so this one is as per-thread and per-greenlet as Flask's.
+_STATE: ContextVar[tuple[float, str, str, str, Token[Any]] | None] = ContextVar(
+    "loom_request_state", default=None)
 # Polled every second by a load balancer: a line each would drown the rest.
 _NO_ACCESS_LINE = frozenset(("healthz", "readyz"))
 
@@ -94,20 +101,24 @@ def register_operations(app: Flask, services: Services) -> None:
     def start_request() -> None:
         started = time.perf_counter()
         environ = request.environ
+        # The request itself, read once from where werkzeug's Request puts it in its environ:
+        # each further read through ``flask.request`` would cost a proxy lookup.
+        current = environ.get("werkzeug.request") or request
         request_id = request_id_of(environ)
-        op = request_op_label(app)
-        # In the request's environ, a plain dict: ``g`` takes a Python-level __setattr__.
-        environ[_REQUEST_STATE] = (started, request_id, op, environ["REQUEST_METHOD"])
+        op = request_op_label(app, current)
+        token = _STATE.set(None)
+        _STATE.set((started, request_id, op, environ["REQUEST_METHOD"], token))
         logs.bind_fresh(request_id=request_id, op=op)
 
     @app.after_request
     def finish_request(response: Response) -> Response:
-        state = request.environ.get(_REQUEST_STATE)
+        state = _STATE.get()
         if state is None:  # refused before start_request ran
             response.headers[REQUEST_ID_HEADER] = request_id_of(request.environ)
             return response
-        started, request_id, op, method = state
-        response.headers[REQUEST_ID_HEADER] = request_id
+        started, request_id, op, method, _token = state
+        # set, not item assignment: the same replacement without the index and slice tests.
+        response.headers.set(REQUEST_ID_HEADER, request_id)
         seconds = time.perf_counter() - started
         status = response.status_code
         metrics.observe_request(op, status, seconds)
@@ -118,6 +129,12 @@ def register_operations(app: Flask, services: Services) -> None:
 
     @app.teardown_request
     def forget_request(_error: BaseException | None) -> None:
+        state = _STATE.get()
+        if state is not None:
+            try:
+                _STATE.reset(state[4])
+            except (ValueError, RuntimeError):  # set in another context: nothing to restore
+                _STATE.set(None)
         logs.clear()
 
     @app.get("/healthz")

@@ -207,12 +207,30 @@ def wrk_mixed_load(wrk: str, port: int, paths: dict[str, str], connections: int,
 
 
 def mixed_load(port: int, paths: dict[str, str], connections: int, total: int) -> MixedResult:
-    """``connections`` threads take request numbers from one counter until ``total`` are sent."""
+    """``connections`` threads take request numbers from one counter until ``total`` are sent
+    (a closed loop: each latency counts from its send)."""
+    return _drive(port, paths, connections, total, rate=None)
+
+
+def offered_load(port: int, paths: dict[str, str], connections: int, rate: float,
+                 seconds: float) -> MixedResult:
+    """``rate`` requests a second over ``connections`` connections for ``seconds``: request n
+    is due at ``start + n / rate``; a thread takes the next number, waits until it is due,
+    sends it and counts its latency from that instant (an open loop: a late answer delays
+    no later request's clock, and its lateness is in every request that waited behind it)."""
+    return _drive(port, paths, connections, max(1, int(rate * seconds)), rate=rate)
+
+
+def _drive(port: int, paths: dict[str, str], connections: int, total: int,
+           rate: float | None) -> MixedResult:
+    """Both loads: with ``rate``, request n waits until it is due and its latency counts from
+    then; without, it is sent at once and counts from its send."""
     counter = iter(range(total))
     lock = threading.Lock()
     gate = threading.Barrier(connections + 1)
     latencies: list[list[float]] = [[] for _ in range(connections)]
     failed = [0] * connections
+    start = [0.0]
 
     def run(writer: int) -> None:
         gate.wait()
@@ -222,11 +240,17 @@ def mixed_load(port: int, paths: dict[str, str], connections: int, total: int) -
                 n = next(counter, None)
             if n is None:
                 break
+            if rate is None:
+                began = time.perf_counter()
+            else:
+                began = start[0] + n / rate
+                wait = began - time.perf_counter()
+                if wait > 0:
+                    time.sleep(wait)
             op, body = request_body(n)
             request = (f"POST {paths[op]} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
                        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
                        ).encode() + body
-            began = time.perf_counter()
             try:
                 if sock is None:
                     sock = socket.create_connection(("127.0.0.1", port), timeout=30)
@@ -251,70 +275,6 @@ def mixed_load(port: int, paths: dict[str, str], connections: int, total: int) -
     threads = [threading.Thread(target=run, args=(w,)) for w in range(connections)]
     for thread in threads:
         thread.start()
-    began = time.monotonic()
-    gate.wait()
-    for thread in threads:
-        thread.join()
-    elapsed = time.monotonic() - began
-    flat = [x for per in latencies for x in per]
-    bad = sum(failed)
-    return MixedResult(ok=len(flat) - bad, failed=bad, elapsed=elapsed, latencies_ms=flat)
-
-
-def offered_load(port: int, paths: dict[str, str], connections: int, rate: float,
-                 seconds: float) -> MixedResult:
-    """``rate`` requests a second over ``connections`` connections for ``seconds``: request n
-    is due at ``start + n / rate``; a thread takes the next number, waits until it is due,
-    sends it and counts its latency from that instant (an open loop: a late answer delays
-    no later request's clock, and its lateness is in every request that waited behind it)."""
-    total = max(1, int(rate * seconds))
-    counter = iter(range(total))
-    lock = threading.Lock()
-    gate = threading.Barrier(connections + 1)
-    latencies: list[list[float]] = [[] for _ in range(connections)]
-    failed = [0] * connections
-    start = [0.0]
-
-    def run(writer: int) -> None:
-        gate.wait()
-        sock: socket.socket | None = None
-        while True:
-            with lock:
-                n = next(counter, None)
-            if n is None:
-                break
-            due = start[0] + n / rate
-            wait = due - time.perf_counter()
-            if wait > 0:
-                time.sleep(wait)
-            op, body = request_body(n)
-            request = (f"POST {paths[op]} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-                       f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-                       ).encode() + body
-            try:
-                if sock is None:
-                    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.sendall(request)
-                status, keep = _read_response(sock)
-            except OSError:
-                failed[writer] += 1
-                if sock is not None:
-                    sock.close()
-                sock = None
-                continue
-            latencies[writer].append((time.perf_counter() - due) * 1000)
-            if status != 200:
-                failed[writer] += 1
-            if not keep:
-                sock.close()
-                sock = None
-        if sock is not None:
-            sock.close()
-
-    threads = [threading.Thread(target=run, args=(w,)) for w in range(connections)]
-    for thread in threads:
-        thread.start()
     start[0] = time.perf_counter() + 0.05
     began = time.monotonic()
     gate.wait()
@@ -323,8 +283,9 @@ def offered_load(port: int, paths: dict[str, str], connections: int, rate: float
     elapsed = time.monotonic() - began
     flat = [x for per in latencies for x in per]
     bad = sum(failed)
+    client = "python" if rate is None else f"python, offered {rate:g}/s"
     return MixedResult(ok=len(flat) - bad, failed=bad, elapsed=elapsed, latencies_ms=flat,
-                       client=f"python, offered {rate:g}/s")
+                       client=client)
 
 
 def seed(redis_url: str, workdir: Path) -> None:

@@ -236,3 +236,25 @@ def test_the_lease_is_renewed_while_a_pass_runs(redis_url, tmp_path, model):
     assert min(ttls) > 0, ttls  # never lapsed
     assert world.structured("u-0")["status"] == "ready"
     assert not world.services.redis.exists(keys.worker_lease(LEASE))  # released at the end
+
+
+def test_a_read_between_a_builds_row_and_its_record_is_stale_not_pending(
+        redis_url, tmp_path, model):
+    # The worker writes the profile row, then the build's record: a read in between once
+    # answered "pending" with an all-null profile (seen as a flake in the live tests).
+    world = slow_world(redis_url, tmp_path, model)
+    model.default = lambda request: answer(preferred_name="First")
+    world.run_pass()
+    assert world.structured("u-0")["status"] == "ready"
+    memory = world.services.store(MemoryStore)
+    memory.set(profile_location("default", "support", "u-0"),
+               Content(memory_type="profile", value={"preferred_name": "Second"},
+                       provenance="derived", actor=WORKER),
+               written_by=WORKER)  # the row of a build whose record is not written yet
+    out = world.structured("u-0")
+    assert out["status"] == "stale" and out["profile"]["preferred_name"] == "Second"
+    # A caller's row over the worker's is still no profile.
+    memory.set(profile_location("default", "support", "u-0"),
+               Content(memory_type="profile", value={"preferred_name": "Caller"}),
+               written_by="chat")
+    assert world.structured("u-0")["status"] == "pending"

@@ -101,6 +101,14 @@ class Snapshot:
         row = self.row
         return row if row is not None and row_is_served(row, self.record, now_ns) else None
 
+    def build_landing(self, now_ns: int) -> bool:
+        """Whether the row is a live one the worker wrote whose build is not recorded yet (its
+        content is not the record's): between a build's row write and its record."""
+        row, record = self.row, self.record
+        return (row is not None and record is not None and row.written_by == WORKER
+                and row.live and not row.redacted and row.label != "high"
+                and not row.expired(now_ns) and row.content_sha256 != record.content_sha256)
+
     def worker_row(self) -> bool:
         """Whether the row at the key is one the worker wrote (served or not: redacted or
         expired since), as opposed to no row or a row a caller wrote over it."""
@@ -119,6 +127,16 @@ class Snapshot:
         if schema is None or schema.doc is None:
             return _answer("no_schema", {}, None, None)
         row = self.served_row(now_ns)
+        if row is None and self.build_landing(now_ns):
+            # The worker writes its row a step before the build's record: a read between the
+            # two has the new profile, not yet recorded. It is the worker's; stale until the
+            # record lands (never "pending", which would blank a profile for a moment).
+            profile = null_profile(schema.doc)
+            landing = self.row
+            assert landing is not None
+            if isinstance(landing.value, dict):
+                profile.update({k: v for k, v in landing.value.items() if k in profile})
+            return _answer("stale", profile, landing, self.record)
         if row is None:
             status = "ready" if self.row is None and self.digest.count == 0 else "pending"
             return _answer(status, null_profile(schema.doc), None, None)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import time
+from types import SimpleNamespace
 
 import redis
 from flask import Flask, jsonify, request
@@ -53,10 +54,12 @@ append_script = r.register_script(source("working_memory_append"))
 
 
 class _Services:
-    """What the stores take from Loom's services: the client and the clock."""
+    """What the stores take from Loom's services: the client, the clock, and settings with no
+    embeddings endpoint (Loom's bench deploy has none either, so no vector job is queued)."""
 
     redis = r
     clock = Clock()
+    settings = SimpleNamespace(embed_base_url="", embed_model="")
 
 
 memory = MemoryStore(_Services())  # type: ignore[arg-type]

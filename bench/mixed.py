@@ -315,6 +315,13 @@ def _load_average() -> str:
     return f"{one:.2f} (1 min), {five:.2f} (5 min)"
 
 
+def _print_medians(by_app: dict[str, list[MixedResult]]) -> None:
+    for name, runs in by_app.items():
+        print(f"  {name:<8} {statistics.median(r.rate for r in runs):6.0f} req/s  p50 "
+              f"{statistics.median(r.percentile(0.5) for r in runs):5.1f} ms  p99 "
+              f"{statistics.median(r.percentile(0.99) for r in runs):5.1f} ms")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--client", choices=("auto", "wrk", "python"), default="auto",
@@ -406,19 +413,13 @@ def main(argv: list[str] | None = None) -> int:
         a.rate / b.rate for a, b in zip(results["loom"], results["baseline"], strict=True))
     print(f"\nMixed workload, {args.connections} connections, "
           f"{'wrk' if wrk else 'Python client'} (medians of {args.rounds} rounds)")
-    for name, runs in results.items():
-        print(f"  {name:<8} {statistics.median(r.rate for r in runs):6.0f} req/s  p50 "
-              f"{statistics.median(r.percentile(0.5) for r in runs):5.1f} ms  p99 "
-              f"{statistics.median(r.percentile(0.99) for r in runs):5.1f} ms")
+    _print_medians(results)
     p99 = statistics.median(r.percentile(0.99) for r in results["loom"])
     p99_run = "at saturation"
     if args.rate:
         print(f"Offered rate {args.rate:g} requests/s in all, open loop, latency from each "
               f"request's due time (medians of {args.rounds} rounds)")
-        for name, runs in offered.items():
-            print(f"  {name:<8} {statistics.median(r.rate for r in runs):6.0f} req/s  p50 "
-                  f"{statistics.median(r.percentile(0.5) for r in runs):5.1f} ms  p99 "
-                  f"{statistics.median(r.percentile(0.99) for r in runs):5.1f} ms")
+        _print_medians(offered)
         p99 = statistics.median(r.percentile(0.99) for r in offered["loom"])
         p99_run = f"at {args.rate:g}/s offered"
     # A failed request is no answer to compare: a ratio over runs with failures says nothing.

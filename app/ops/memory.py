@@ -735,13 +735,17 @@ def memory_delete(call: Call) -> dict[str, Any]:
     }
 
 
+def _named_version(args: dict[str, Any]) -> int:
+    """The version a call names, by number or by its text (the schema checked they agree)."""
+    return args["version"] if args["version"] is not None else int(args["version_text"])
+
+
 @op("memory.delete_version", role="admin", kind="write", listed=False,
     args=MemoryDeleteVersionArgs, answer=MemoryDeleteVersionAnswer,
     example={**_WHO, "key": "invoice_currency", "version_text": "1800000000000000000"})
 def memory_delete_version(call: Call) -> dict[str, Any]:
     """Remove one version of a row (by version or version_text); the row records the removal."""
-    a = call.args
-    version = a["version"] if a["version"] is not None else int(a["version_text"])
+    version = _named_version(call.args)
     location, memory_id = _write_target(call)
     written = memory_store(call).delete_version(
         location, version, written_by=call.identity.agent, memory_id=memory_id
@@ -865,8 +869,7 @@ def _revision_answer(written: Written) -> dict[str, Any]:
     example={**_WHO, "key": "invoice_currency", "version_text": "1800000000000000000"})
 def memory_revert(call: Call) -> dict[str, Any]:
     """Bring back a stored version's content (by version or version_text) as a new version."""
-    a = call.args
-    version = a["version"] if a["version"] is not None else int(a["version_text"])
+    version = _named_version(call.args)
     location, memory_id = _write_target(call)
     written = memory_store(call).revert(
         location, version, written_by=call.identity.agent, memory_id=memory_id

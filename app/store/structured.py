@@ -131,12 +131,9 @@ class Snapshot:
             # The worker writes its row a step before the build's record: a read between the
             # two has the new profile, not yet recorded. It is the worker's; stale until the
             # record lands (never "pending", which would blank a profile for a moment).
-            profile = null_profile(schema.doc)
             landing = self.row
             assert landing is not None
-            if isinstance(landing.value, dict):
-                profile.update({k: v for k, v in landing.value.items() if k in profile})
-            return _answer("stale", profile, landing, self.record)
+            return _answer("stale", _profile_of(schema.doc, landing), landing, self.record)
         if row is None:
             status = "ready" if self.row is None and self.digest.count == 0 else "pending"
             return _answer(status, null_profile(schema.doc), None, None)
@@ -151,10 +148,8 @@ class Snapshot:
             # the profile already holds a fact that is no longer true.
             and not self.digest.expiry_due(now_ns)
         )
-        profile = null_profile(schema.doc)
-        if isinstance(row.value, dict):
-            profile.update({k: v for k, v in row.value.items() if k in profile})
-        return _answer("ready" if current else "stale", profile, row, record)
+        return _answer("ready" if current else "stale", _profile_of(schema.doc, row), row,
+                       record)
 
 
 def row_state(row_version: int, blacklisted_since: int | None) -> str:
@@ -183,6 +178,14 @@ def row_is_served(row: MemoryRow, record: BuildRecord | None, now_ns: int) -> bo
     if row.label == "high" or row.expired(now_ns):
         return False
     return row.content_sha256 == record.content_sha256
+
+
+def _profile_of(schema_doc: dict[str, Any], row: MemoryRow) -> dict[str, Any]:
+    """The schema's properties, null where the row's value does not name them."""
+    profile = null_profile(schema_doc)
+    if isinstance(row.value, dict):
+        profile.update({k: v for k, v in row.value.items() if k in profile})
+    return profile
 
 
 def _answer(

@@ -114,6 +114,7 @@ class _Types:
         self.defined[name] = []  # claimed first: a schema may refer to itself
         required = set(schema.get("required", [])) - optional_names
         lines = [f"export interface {name} {{"]
+        marks: list[str] = []
         for key, value in schema.get("properties", {}).items():
             kind = self.type_of(value, name + _camel(key), defs, key)
             description = value.get("description") if isinstance(value, dict) else None
@@ -121,11 +122,17 @@ class _Types:
                 lines.append("  /** " + description.replace("*/", "*\\/") + " */")
             # Answers may leave out a field that does not apply (the Python SDK's total=False).
             mark = "" if self.side == "input" and key in required else "?"
+            marks.append(mark)
             lines.append(f"  {_key(key)}{mark}: {kind};")
         extra = schema.get("additionalProperties")
         if "patternProperties" in schema:
-            # Keys of the caller's choosing beside the named ones (a field's retention).
-            lines.append(f"  [field: string]: {self.value_type(schema, name, defs)};")
+            # Keys of the caller's choosing beside the named ones (a field's retention). An
+            # optional named key is `T | undefined` to the compiler, so the index type that
+            # covers every key holds undefined too (else TS2411 under strict).
+            values = self.value_type(schema, name, defs)
+            if any(mark == "?" for mark in marks):
+                values += " | undefined"
+            lines.append(f"  [field: string]: {values};")
         elif extra is not False and self.side == "input" and not schema.get("properties"):
             lines.append("  [field: string]: unknown;")
         lines.append("}")

@@ -749,7 +749,7 @@ export interface ObjectTypesSetInputTypesItemAgentState {
 
 export interface ObjectTypesSetInputTypesItemRetention {
   state?: number | string;
-  [field: string]: number | string;
+  [field: string]: number | string | undefined;
 }
 
 export interface OrgSetModelCallsInput {

@@ -9,6 +9,7 @@ collide with another split of the same characters.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from urllib.parse import unquote
 
 PREFIX = "loom"
@@ -22,6 +23,8 @@ def escape(component: str) -> str:
     return component.translate(_ESCAPES)
 
 
+# A write builds some twenty keys of one user: the tag is escaped once, not per key.
+@lru_cache(maxsize=4096)
 def user_tag(org: str, namespace: str, user_id: str = "-") -> str:
     return "{" + escape(org) + "/" + escape(namespace) + "/" + escape(user_id) + "}"
 
@@ -33,6 +36,7 @@ def user_tag_parts(key: str) -> tuple[str, str, str]:
     return unquote(org), unquote(namespace), unquote(user_id)
 
 
+@lru_cache(maxsize=1024)
 def namespace_tag(org: str, namespace: str) -> str:
     return "{" + escape(org) + "/" + escape(namespace) + "}"
 

@@ -208,9 +208,16 @@ local function commit(r, now, member, old_type, keep_change)
   return update_sources(KEYS[7], KEYS[8], KEYS[9], r.memory_id, entry, valid_to, r.version)
 end
 
+-- The reply: status, whether the digest moved, the row's fields but its recall terms (the
+-- index's copy, which no caller reads back).
 local function done(status, moved, r)
   local reply = {status, moved and '1' or '0'}
-  for _, item in ipairs(flatten(r)) do reply[#reply + 1] = item end
+  for k, v in pairs(r) do
+    if k ~= 'recall_terms' then
+      reply[#reply + 1] = k
+      reply[#reply + 1] = v
+    end
+  end
   return reply
 end
 

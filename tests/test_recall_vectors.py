@@ -468,6 +468,47 @@ def test_the_engine_is_detected_and_none_on_a_server_without_modules(app, redis_
     assert app.extensions["loom"].store(RecallVectorStore).engine == "none"
 
 
+def test_nearest_over_many_users_equals_ranking_every_vector(app, redis_client):
+    """The namespace merge keeps each user's best and selects once over them: its answer is
+    the exhaustive ranking's, ties (equal vectors under different ids) ordered by memory_id,
+    and no vector pointing away from the query."""
+    import numpy as np
+
+    from app.store.recall_vectors import decode_vector, encode_vector
+
+    rng = np.random.default_rng(3)
+    store = app.extensions["loom"].store(RecallVectorStore)
+    org, namespace, width = "merge-org", "merge-ns", 16
+    stored: dict[tuple[str, str], str] = {}
+    twin = encode_vector(rng.standard_normal(width).tolist(), "0" * FINGERPRINT_CHARS)
+    for u in range(7):
+        user = f"m{u}"
+        mapping = {f"id{u}-{i:02d}": encode_vector(rng.standard_normal(width).tolist(),
+                                                   "0" * FINGERPRINT_CHARS)
+                   for i in range(3 + 4 * u)}
+        # The same vector under several users: a tie the selection must keep whole.
+        mapping[f"twin-{u}"] = twin
+        redis_client.hset(keys.recall_vectors(org, namespace, user), mapping=mapping)
+        stored.update({(user, mid): value for mid, value in mapping.items()})
+    users = [f"m{u}" for u in range(7)]
+    for query in [decode_vector(twin).tolist()] + [rng.standard_normal(width).tolist()
+                                                    for _ in range(5)]:
+        wanted = np.asarray(query, dtype=np.float32) / np.linalg.norm(query)
+        every = []
+        for (user, mid), value in stored.items():
+            vector = decode_vector(value)
+            score = float(vector @ wanted / max(np.linalg.norm(vector), 1e-12))
+            if score > 0:
+                every.append((-score, mid, user))
+        every.sort()
+        for top in (1, 5, 12, 400):
+            got = store.nearest(org, namespace, users, query, top)
+            assert [(hit.user_id, hit.memory_id) for hit in got] == [
+                (user, mid) for _, mid, user in every[:top]]
+            assert [hit.score for hit in got] == pytest.approx(
+                [-score for score, _, _ in every[:top]], abs=1e-5)
+
+
 # --- the sweep: vectors for facts no write's job embedded -------------------------------------
 
 

@@ -49,6 +49,25 @@ def test_every_op_is_a_typed_method_and_every_error_code_a_class(tmp_path: Path)
         assert f'  "{code}": ' in fresh["errors.ts"], code
 
 
+def test_an_index_type_covers_every_named_key(tmp_path: Path) -> None:
+    """Under ``strict`` an optional named key is ``T | undefined``: an interface with keys of
+    the caller's choosing must hold undefined in its index type too, or tsc refuses the file
+    (TS2411), as it did for a field's retention beside its optional ``state``."""
+    ops = next(text for path, text in generated_files(tmp_path).items()
+               if path.name == "ops.ts")
+    checked = 0
+    for body in re.findall(r"\nexport interface \w+ \{\n(.*?)\n\}", ops, re.S):
+        index = re.search(r"^  \[field: string\]: (.+);$", body, re.M)
+        if index is None:
+            continue
+        named = [line for line in body.splitlines() if re.match(r"^  [\w\"]+(\?)?: ", line)]
+        for line in named:
+            if "?: " in line:
+                assert "undefined" in index.group(1).split(" | "), body
+                checked += 1
+    assert checked, "no interface with an index type and an optional key was generated"
+
+
 def test_a_changed_registry_shows_as_behind(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

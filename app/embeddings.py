@@ -21,6 +21,7 @@ from app.model_errors import ModelCallFailed
 from app.model_http import OpenAICompatibleClient, int_or_none, snippet
 
 if TYPE_CHECKING:
+    from app.settings import Settings
     from app.store.services import StoreServices
 
 
@@ -193,6 +194,13 @@ def embedder_from_settings(
         dimensions=dimensions or None,
         batch_size=batch_size,
     )
+
+
+def embedder_for(settings: Settings) -> OpenAICompatibleEmbedder | None:
+    """``embedder_from_settings`` over a process's ``LOOM_EMBED_*`` settings."""
+    return embedder_from_settings(
+        settings.embed_base_url, settings.embed_api_key, settings.embed_model,
+        settings.embed_timeout_seconds, settings.embed_dimensions, settings.embed_batch_size)
 
 
 # --- within budget ---------------------------------------------------------------------------

@@ -401,6 +401,12 @@ class Settings:
     def queue_redis_url(self) -> str:
         return self.queue_url or self.redis_url
 
+    @property
+    def embeddings_configured(self) -> bool:
+        """Whether an embeddings endpoint and model are set (LOOM_EMBED_BASE_URL and
+        LOOM_EMBED_MODEL): the one test of every vector leg, job and schedule entry."""
+        return bool(self.embed_base_url.strip() and self.embed_model.strip())
+
 
 _GENERATED_START = "    # --- generated from SETTINGS: python -m app.readme ---\n"
 _GENERATED_END = "    # --- end of generated fields ---\n"

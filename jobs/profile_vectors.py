@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from app.embeddings import EmbeddingsOutOfBudget, embed_within_budget, embedder_from_settings
+from app.embeddings import EmbeddingsOutOfBudget, embed_within_budget, embedder_for
 from app.model_errors import ModelCallFailed
 from app.services import Services
 from app.store.memory import MemoryRow, MemoryStore, SectionReach, canonical_json
@@ -55,9 +55,7 @@ def refresh_sections(org: str, namespace: str, user_id: str,
     current = {row.memory_id for row in sections}
     dropped = vectors.drop(org, namespace, user_id,
                            [memory_id for memory_id in stored if memory_id not in current])
-    embedder = embedder_from_settings(settings.embed_base_url, settings.embed_api_key,
-                                      settings.embed_model, settings.embed_timeout_seconds,
-                                      settings.embed_dimensions, settings.embed_batch_size)
+    embedder = embedder_for(settings)
     if embedder is None:
         return {"embedded": 0, "dropped": dropped, "skipped": "no embeddings endpoint"}
     dimensions = settings.embed_dimensions or None

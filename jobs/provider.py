@@ -6,9 +6,9 @@ LM Studio all speak ``POST {base_url}/chat/completions``), the settings that tur
 or off, and the per-task output-cap base (``LLM_MAX_TOKENS`` and its overrides).
 
 The embeddings client (``EmbeddingProvider.embed``, ``POST {base_url}/embeddings`` in batches,
-``embedder_from_settings`` over the ``LOOM_EMBED_*`` settings) lives in app/embeddings.py, since
-``memory.search`` embeds its query in the request; it is re-exported here with
-``ModelCallFailed`` (app/model_errors.py), so a worker imports one module.
+``embedder_from_settings`` and ``embedder_for`` over the ``LOOM_EMBED_*`` settings) lives in
+app/embeddings.py, since ``memory.search`` embeds its query in the request; it is re-exported
+here with ``ModelCallFailed`` (app/model_errors.py), so a worker imports one module.
 
 Failures, drawn as a hierarchy::
 
@@ -37,6 +37,7 @@ from app.embeddings import EMBED_BATCH_SIZE as EMBED_BATCH_SIZE
 from app.embeddings import EmbeddingProvider as EmbeddingProvider
 from app.embeddings import Embeddings as Embeddings
 from app.embeddings import OpenAICompatibleEmbedder as OpenAICompatibleEmbedder
+from app.embeddings import embedder_for as embedder_for
 from app.embeddings import embedder_from_settings as embedder_from_settings
 from app.embeddings import estimate_embedding_tokens as estimate_embedding_tokens
 from app.model_errors import ModelCallFailed as ModelCallFailed

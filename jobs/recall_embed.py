@@ -44,7 +44,7 @@ from app.store.recall_vectors import RecallVectorStore, encode_vector, fingerpri
 from app.store.usage import UsageStore
 from jobs.context import services
 from jobs.periodic import Periodic
-from jobs.provider import ModelCallFailed, embedder_from_settings
+from jobs.provider import ModelCallFailed, embedder_for
 from jobs.queues import MAINTENANCE
 
 if TYPE_CHECKING:
@@ -84,9 +84,7 @@ def embed_due(svc: Services, org: str, namespace: str, user_id: str,
     usage = svc.store(UsageStore)
     result = EmbedResult()
     vectors.claim_queued(org, namespace, user_id)
-    embedder = embedder_from_settings(
-        settings.embed_base_url, settings.embed_api_key, settings.embed_model,
-        settings.embed_timeout_seconds, settings.embed_dimensions, settings.embed_batch_size)
+    embedder = embedder_for(settings)
     if embedder is None or not usage.model_calls_enabled(org):
         if embedder is not None:
             embedder.close()

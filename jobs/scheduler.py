@@ -55,7 +55,7 @@ def periodic_jobs(settings: Settings) -> list[Periodic]:
         erasure.periodic(settings),  # enqueues again an erasure whose worker died
         Periodic(PASS_FUNC, PASSES, settings.structured_profile_interval_seconds),
     ]
-    if settings.embed_base_url and settings.embed_model:
+    if settings.embeddings_configured:
         # Vectors for facts no write's job embedded; with no endpoint it could call nothing.
         definitions.append(recall_embed.periodic(settings))
     if settings.profile_consolidation_enabled:

@@ -29,7 +29,7 @@ from typing import Any
 from marshmallow import Schema, fields, validate
 
 from app.auth import row_visible
-from app.embeddings import EmbeddingsOutOfBudget, embed_within_budget, embedder_from_settings
+from app.embeddings import EmbeddingsOutOfBudget, embed_within_budget, embedder_for
 from app.model_errors import ModelCallFailed
 from app.ops.memory import (
     TAG_MAX,
@@ -234,9 +234,7 @@ def query_vector(call: Call, query: str, users: Sequence[str]) -> list[float] | 
     services = call.services
     settings = services.settings
     identity = call.identity
-    embedder = embedder_from_settings(
-        settings.embed_base_url, settings.embed_api_key, settings.embed_model,
-        settings.embed_timeout_seconds, settings.embed_dimensions, settings.embed_batch_size)
+    embedder = embedder_for(settings)
     if embedder is None:
         return None
     with embedder:

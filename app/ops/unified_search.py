@@ -26,7 +26,7 @@ from typing import Any
 
 from marshmallow import Schema, fields, validate
 
-from app.embeddings import EmbeddingsOutOfBudget, embed_within_budget, embedder_from_settings
+from app.embeddings import EmbeddingsOutOfBudget, embed_within_budget, embedder_for
 from app.model_errors import ModelCallFailed
 from app.ops.memory import record_profile_read
 from app.ops.profile import section_text, sections_in_scope
@@ -124,9 +124,7 @@ def vector_scores(call: Call, query: str, sections: list[MemoryRow]) -> dict[str
     svc = call.services
     settings = svc.settings
     identity = call.identity
-    embedder = embedder_from_settings(settings.embed_base_url, settings.embed_api_key,
-                                      settings.embed_model, settings.embed_timeout_seconds,
-                                      settings.embed_dimensions, settings.embed_batch_size)
+    embedder = embedder_for(settings)
     if embedder is None:
         return None
     with embedder:

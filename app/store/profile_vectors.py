@@ -141,8 +141,7 @@ class ProfileVectorStore:
     # --- the writes' side --------------------------------------------------------------------
 
     def embeddings_on(self) -> bool:
-        settings = self.services.settings
-        return bool(settings.embed_base_url.strip() and settings.embed_model.strip())
+        return self.services.settings.embeddings_configured
 
     def section_written(self, org: str, namespace: str, user_id: str) -> None:
         """A profile row of the user was written: enqueue a refresh of the user's section

@@ -175,8 +175,7 @@ class RecallVectorStore:
         self._cache: OrderedDict[tuple[str, str, str, int], _Block] = OrderedDict()
         self._cached_vectors = 0
         self._cache_lock = threading.Lock()
-        settings = services.settings
-        self.enabled = bool(settings.embed_base_url and settings.embed_model)
+        self.enabled = services.settings.embeddings_configured
         # Reported once per process, when the vector leg is on: which engine the server has.
         # Scoring is exact cosine either way (docs/decisions.md, Recall).
         self.engine = detect_engine(self.redis) if self.enabled else "none"

@@ -113,18 +113,14 @@ class RecallStore:
                 weights += [term, math.log(1 + (docs - df + 0.5) / (df + 0.5))]
         mode = "exhaustive" if exhaustive else "pruned"
         args: list[str | float | int] = [top, K1, B, length / docs, mode, *weights]
-        def user_keys(user_id: str) -> list[str]:
-            return [keys.recall_postings(org, namespace, user_id),
-                    keys.recall_docs(org, namespace, user_id),
-                    keys.recall_stats(org, namespace, user_id)]
-
         if self._clustered:
             # Users live in different slots: one script call per user, each its own top.
-            calls = [([user_id], user_keys(user_id)) for user_id in reached]
+            calls = [([user_id], _index_keys(org, namespace, user_id)) for user_id in reached]
         else:
             # One call over every user: one top, so a user whose best rows cannot reach it
             # reads no further than that.
-            calls = [(reached, [k for user_id in reached for k in user_keys(user_id)])]
+            calls = [(reached, [k for user_id in reached
+                                for k in _index_keys(org, namespace, user_id)])]
         named = [str(w) for w in weights[0::2]]
         hits: list[LexicalHit] = []
         for called, script_keys in calls:
@@ -146,9 +142,7 @@ class RecallStore:
         """Move a user's index onto the current posting layout; the docs moved (0 when it was
         on it). Each step is one script of at most ``step`` docs, so no step holds the server
         long, and a write between steps is already on the new layout."""
-        user_keys = [keys.recall_postings(org, namespace, user_id),
-                     keys.recall_docs(org, namespace, user_id),
-                     keys.recall_stats(org, namespace, user_id)]
+        user_keys = _index_keys(org, namespace, user_id)
         cursor, moved = "0", 0
         while True:
             answer = self._relayout(keys=user_keys, args=[cursor, step])
@@ -156,3 +150,11 @@ class RecallStore:
             moved += int(answer[1])
             if cursor == "0":
                 return moved
+
+
+def _index_keys(org: str, namespace: str, user_id: str) -> list[str]:
+    """A user's lexical index as recall_search.lua and recall_relayout.lua take it: postings,
+    docs, stats."""
+    return [keys.recall_postings(org, namespace, user_id),
+            keys.recall_docs(org, namespace, user_id),
+            keys.recall_stats(org, namespace, user_id)]

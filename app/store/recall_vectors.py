@@ -354,7 +354,7 @@ class RecallVectorStore:
         # then ordered by (-score, memory_id): the same answer as sorting every candidate.
         found_scores: list[np.ndarray] = []
         found_rows: list[np.ndarray] = []
-        for block in (block for _user_id, block in blocks):
+        for _user_id, block in blocks:
             scores = block.matrix @ wanted
             count = min(top, len(block.ids))
             best = (np.argpartition(-scores, count - 1)[:count] if count < len(block.ids)

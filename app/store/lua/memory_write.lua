@@ -80,22 +80,15 @@ local function index_recall(r)
   local docs, length = 0, 0
   if old then
     local found, len = recall_pairs(old)
-    local members = {}
-    for _, p in ipairs(found) do
-      members[#members + 1] = recall_posting(p[1], p[2], len, mid)
-      if not current then members[#members + 1] = recall_posting_v1(p[1], p[2], len, mid) end
-    end
+    local members = recall_postings_into({}, found, len, mid, LAYOUT, false)
+    if not current then recall_postings_into(members, found, len, mid, '1', false) end
     if #members > 0 then redis.call('ZREM', KEYS[13], unpack(members)) end
     redis.call('HDEL', KEYS[12], mid)
     docs, length = docs - 1, length - len
   end
   if new then
     local found, len = recall_pairs(new)
-    local args = {}
-    for _, p in ipairs(found) do
-      args[#args + 1] = 0
-      args[#args + 1] = recall_posting(p[1], p[2], len, mid)
-    end
+    local args = recall_postings_into({}, found, len, mid, LAYOUT, true)
     if #args > 0 then redis.call('ZADD', KEYS[13], unpack(args)) end
     redis.call('HSET', KEYS[12], mid, new)
     docs, length = docs + 1, length + len

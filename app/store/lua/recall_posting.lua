@@ -19,6 +19,21 @@ local function recall_posting_v1(term, tf, len, mid)
   return term .. '\0' .. mid .. '\0' .. tf .. '\0' .. len
 end
 
+-- A row's postings in one layout (LAYOUT, or '1' for the first), appended to ``into``: its
+-- (term, tf) pairs from recall_pairs, its length and its memory_id. ``with_scores`` puts the
+-- score 0 before each, as ZADD takes them; without, they are ZREM's members.
+local function recall_postings_into(into, found, len, mid, layout, with_scores)
+  for _, p in ipairs(found) do
+    if with_scores then into[#into + 1] = 0 end
+    if layout == LAYOUT then
+      into[#into + 1] = recall_posting(p[1], p[2], len, mid)
+    else
+      into[#into + 1] = recall_posting_v1(p[1], p[2], len, mid)
+    end
+  end
+  return into
+end
+
 -- The (term, tf) pairs of a stored ``term:tf`` list, and the row's length (the sum of tf).
 local function recall_pairs(stored)
   local found, len = {}, 0

@@ -12,12 +12,8 @@ local flat, moved = reply[2], 0
 for i = 1, #flat, 2 do
   local mid = flat[i]
   local found, len = recall_pairs(flat[i + 1])
-  local old, new = {}, {}
-  for _, p in ipairs(found) do
-    old[#old + 1] = recall_posting_v1(p[1], p[2], len, mid)
-    new[#new + 1] = 0
-    new[#new + 1] = recall_posting(p[1], p[2], len, mid)
-  end
+  local old = recall_postings_into({}, found, len, mid, '1', false)
+  local new = recall_postings_into({}, found, len, mid, LAYOUT, true)
   if #old > 0 then
     redis.call('ZREM', KEYS[1], unpack(old))
     redis.call('ZADD', KEYS[1], unpack(new))

@@ -15,12 +15,22 @@ stopping its server holds the master up to 4 s at shutdown; Loom does not use ``
 Address: the rule of every Loom process (``app.settings.listen_host``): ``HOST`` when set,
 else loopback unless ``LOOM_AUTH=on``; the port is ``PORT``. A ``--bind`` on the command line
 wins over it (the tests' own gunicorn uses one).
+
+Restart (Linux): each worker listens on a socket of its own with ``SO_REUSEPORT``, so a master
+started after its predecessor was killed binds at once, while that predecessor's workers still
+hold their sockets; a worker takes SIGTERM when its master dies, so that it stops the way a
+stop asks (closes its listener, then finishes what it is serving) rather than by exiting at
+its parent check. The master holds an abstract
+socket named by each address it serves, so a second master on the same address is refused as
+it would be without ``SO_REUSEPORT`` (docs/decisions.md, "Restart").
 """
 
 from __future__ import annotations
 
 import os as _os
 import shutil as _shutil
+import socket as _socket
+import sys as _sys
 import tempfile as _tempfile
 
 if not _os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -31,6 +41,7 @@ else:
 
 from gunicorn.glogging import Logger as _GunicornLogger
 
+from app.local import die_with_parent as _die_with_parent
 from app.logs import make_formatter as _make_formatter
 from app.settings import listen_host as _listen_host
 
@@ -41,6 +52,10 @@ control_socket_disable = True
 limit_request_line = 8190
 
 bind = [f"{_listen_host()}:{_os.environ.get('PORT', '8000').strip() or '8000'}"]
+# Linux only: elsewhere SO_REUSEPORT does not spread connections, and there is no abstract
+# socket to refuse a second master with.
+_LINUX = _sys.platform.startswith("linux")
+reuse_port = _LINUX
 
 
 class _LoomGunicornLogger(_GunicornLogger):
@@ -63,11 +78,42 @@ logger_class = _LoomGunicornLogger
 access_log_format = '%(h)s %(l)s - %(t)s "%(r)s" %(s)s %(b)s "-" "%(a)s"'
 
 
+# The master's claims on its addresses (abstract sockets, Linux): released by the kernel the
+# moment the master dies, kill -9 included, and closed in every worker so that only the master
+# holds them.
+_address_claims: list[_socket.socket] = []
+
+
+def _claim_addresses(server) -> None:
+    for address in server.cfg.address:
+        claim = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        name = address if isinstance(address, str) else ":".join(map(str, address))
+        try:
+            claim.bind(f"\0loom-web {name}")
+        except OSError:
+            claim.close()
+            server.log.error("another Loom web master serves %s: stop it first", name)
+            _sys.exit(1)
+        _address_claims.append(claim)
+
+
 def on_starting(server):
+    if _LINUX:
+        _claim_addresses(server)
     directory = _os.environ["PROMETHEUS_MULTIPROC_DIR"]
     # Values left by an earlier run would be added to this one's.
     _shutil.rmtree(directory, ignore_errors=True)
     _os.makedirs(directory, exist_ok=True)
+
+
+def post_fork(server, worker):
+    for claim in _address_claims:
+        claim.close()
+    # A worker whose master died stops as a SIGTERM asks, at its next tick (within a second):
+    # it closes its listener, which the kernel would otherwise go on handing new connections,
+    # then finishes its requests. Had the master died before this line, gunicorn's own parent
+    # check, on the same tick, stops the worker.
+    _die_with_parent()
 
 
 def child_exit(server, worker):

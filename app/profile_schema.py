@@ -58,7 +58,8 @@ MAX_ARRAY_ITEMS = 50
 DEFAULT_ARRAY_ITEMS = MAX_ARRAY_ITEMS
 MAX_ANSWER_VALUES = 256
 MAX_OUTPUT_CAP_TOKENS = 16_384
-# Same number as jobs.provider.LLM_MAX_TOKENS; repeated here so app/ does not import jobs/.
+# The seed's LLM_MAX_TOKENS: the base output allowance a schema's estimate is added to (the
+# chat client's default, app.model.chat).
 DEFAULT_BASE_TOKENS = 32
 
 CHARS_PER_TOKEN = 2

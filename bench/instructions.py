@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
 import os
 import re
@@ -48,7 +47,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,55 +54,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench.wsgi_call import call  # noqa: E402
+
 OPS = ("get", "set", "append")
 APPS = ("loom", "baseline")
 # Only get does the same Redis work in both apps (see ``report``).
 TARGETS = {"get": 0.8}
 ORG = "default"
 NAMESPACE = "bench"
-
-
-def environ_for(path: str, body: bytes) -> dict[str, Any]:
-    """What gunicorn hands an app for one keep-alive POST from a load client."""
-    return {
-        "REQUEST_METHOD": "POST",
-        "SCRIPT_NAME": "",
-        "PATH_INFO": path,
-        "QUERY_STRING": "",
-        "RAW_URI": path,
-        "SERVER_NAME": "127.0.0.1",
-        "SERVER_PORT": "8000",
-        "SERVER_PROTOCOL": "HTTP/1.1",
-        "SERVER_SOFTWARE": "gunicorn/23.0.0",
-        "REMOTE_ADDR": "127.0.0.1",
-        "REMOTE_PORT": "50000",
-        "CONTENT_TYPE": "application/json",
-        "CONTENT_LENGTH": str(len(body)),
-        "HTTP_HOST": "127.0.0.1:8000",
-        "HTTP_CONTENT_TYPE": "application/json",
-        "HTTP_CONTENT_LENGTH": str(len(body)),
-        "wsgi.version": (1, 0),
-        "wsgi.url_scheme": "http",
-        "wsgi.input": io.BytesIO(body),
-        "wsgi.input_terminated": True,
-        "wsgi.errors": sys.stderr,
-        "wsgi.multithread": True,
-        "wsgi.multiprocess": True,
-        "wsgi.run_once": False,
-    }
-
-
-def call(app: Callable[..., Any], path: str, body: bytes) -> str:
-    status: list[str] = []
-    chunks = app(environ_for(path, body), lambda s, h, e=None: status.append(s))
-    try:
-        for _chunk in chunks:
-            pass
-    finally:
-        close = getattr(chunks, "close", None)
-        if close:
-            close()
-    return status[0]
 
 
 # --- the process under valgrind -------------------------------------------------------------

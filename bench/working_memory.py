@@ -76,7 +76,7 @@ import requests  # noqa: E402
 
 from app.local import RedisServerProcess, free_port  # noqa: E402
 from app.store import keys  # noqa: E402
-from bench.instructions import call as wsgi_call  # noqa: E402
+from bench.wsgi_call import call as wsgi_call  # noqa: E402
 
 NAMESPACE = "bench"
 AGENT = "bench"

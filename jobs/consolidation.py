@@ -31,7 +31,7 @@ stopped.
   structured build does: LOOM_STRUCTURED_PROFILE_BACKOFF_BASE_SECONDS, doubling up to
   LOOM_STRUCTURED_PROFILE_BACKOFF_CAP_SECONDS; a refused one is tried again after
   LOOM_STRUCTURED_PROFILE_REFUSAL_RETRY_SECONDS even when nothing changed.
-* The call draws on the namespace's and the org's model-call budgets (``jobs.budget``): one
+* The call draws on the namespace's and the org's model-call budgets (``app.model.budget``): one
   that would pass either is not made, the user keeps its place, and the pass skips the rest of
   that namespace (or, for the org's budget, of that org).
 """
@@ -48,6 +48,9 @@ from enum import StrEnum
 from typing import Any
 
 from app.errors import LoomError, UserBeingErased
+from app.model.budget import OutOfBudget, complete_within_budget
+from app.model.chat import base_max_tokens, parse_max_tokens_overrides, provider_from_settings
+from app.model.errors import ModelCallFailed
 from app.profile_schema import max_tokens_for
 from app.services import Services
 from app.store.consolidation import (
@@ -64,15 +67,8 @@ from app.store.memory import DEFAULT_PROFILE_CHAR_LIMIT, Content, MemoryRow, Mem
 from app.store.memory import VersionMoved as SectionWrittenMeanwhile
 from app.store.metrics import record_pass
 from app.store.usage import UsageStore
-from jobs.budget import OutOfBudget, complete_within_budget
 from jobs.context import services
 from jobs.planner import PlannerSettings, next_backoff
-from jobs.provider import (
-    ModelCallFailed,
-    base_max_tokens,
-    parse_max_tokens_overrides,
-    provider_from_settings,
-)
 
 # The worker this module's costs are counted under in the ledger (usage.get by_worker).
 USAGE_WORKER = "profile_consolidation"

@@ -6,7 +6,7 @@ live sections, embeds those whose vector is missing or was made from other conte
 another model, and drops the vectors of sections that are gone (deleted, redacted, expired,
 retyped). It is idempotent: run twice, the second run finds every fingerprint current and makes
 no call. The embeddings call is one call under the namespace's and the org's budgets and in the
-ledger, as every model call is (``app.embeddings.embed_within_budget``); out of budget, or with
+ledger, as every model call is (``app.model.budget.embed_within_budget``); out of budget, or with
 the endpoint failing, the sections keep no vector and the search scores them lexically until a
 later write enqueues the job again.
 """
@@ -16,8 +16,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from app.embeddings import EmbeddingsOutOfBudget, embed_within_budget, embedder_for
-from app.model_errors import ModelCallFailed
+from app.model.budget import EmbeddingsOutOfBudget, embed_within_budget
+from app.model.embeddings import embedder_for
+from app.model.errors import ModelCallFailed
 from app.services import Services
 from app.store.memory import MemoryRow, MemoryStore, SectionReach, canonical_json
 from app.store.memory_row import Location

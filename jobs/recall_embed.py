@@ -10,7 +10,7 @@ builds queue; the request computes nothing. ``embed_user`` is that job:
   and model (the fingerprint, app/store/recall_vectors.py) costs no call: it is taken off the
   list and counted ``skipped_unchanged``.
 * The rest are embedded ``LOOM_EMBED_BATCH_SIZE`` to a call, each call under the namespace's and
-  the org's model-call budgets (``app.embeddings.embed_within_budget``) and counted in the
+  the org's model-call budgets (``app.model.budget.embed_within_budget``) and counted in the
   ledger under ``recall_embeddings``. A call out of budget or failed stops the job; its rows
   stay due for the user's next job (their next write, or a later batch of this one).
 * Each vector is stored only if the row is still at the version whose text was embedded
@@ -35,7 +35,9 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from app.embeddings import USAGE_WORKER, EmbeddingsOutOfBudget, embed_within_budget
+from app.model.budget import USAGE_WORKER, EmbeddingsOutOfBudget, embed_within_budget
+from app.model.embeddings import embedder_for
+from app.model.errors import ModelCallFailed
 from app.services import Services
 from app.store.memory import MemoryRow, MemoryStore
 from app.store.recall_terms import row_text
@@ -44,7 +46,6 @@ from app.store.recall_vectors import RecallVectorStore, encode_vector, fingerpri
 from app.store.usage import UsageStore
 from jobs.context import services
 from jobs.periodic import Periodic
-from jobs.provider import ModelCallFailed, embedder_for
 from jobs.queues import MAINTENANCE
 
 if TYPE_CHECKING:

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.errors import LoomError
+from app.model.budget import OutOfBudget, complete_within_budget
+from app.model.chat import base_max_tokens, parse_max_tokens_overrides, provider_from_settings
+from app.model.errors import ModelCallFailed
 from app.profile_schema import max_tokens_for, null_profile, validate_answer
 from app.services import Services
 from app.store.identity import Identity
@@ -33,15 +36,8 @@ from app.store.structured import (
     profile_location,
 )
 from app.store.usage import UsageStore
-from jobs.budget import OutOfBudget, complete_within_budget
 from jobs.pass_lease import LimitReached
 from jobs.planner import Outcome, refusal_fingerprint
-from jobs.provider import (
-    ModelCallFailed,
-    base_max_tokens,
-    parse_max_tokens_overrides,
-    provider_from_settings,
-)
 
 # The worker this module's costs are counted under in the ledger (usage.get by_worker).
 USAGE_WORKER = "structured_profile"

@@ -8,12 +8,12 @@ import logging
 
 import pytest
 
+from app.model.chat import estimate_call_tokens
 from app.store.budget import BudgetStore
 from app.store.profile_schema import split_namespace_member
 from app.store.usage import UsageStore
 from jobs import consolidation
 from jobs.planner import Outcome
-from jobs.provider import estimate_call_tokens
 from jobs.structured_profile import run_pass
 from tests.support.model_server import ScriptedAnswer, ScriptedModelServer
 from tests.test_consolidation import World as FoldWorld
@@ -98,7 +98,7 @@ def test_a_namespace_budget_stops_at_its_cap_and_resumes_when_the_window_moves(
     budgets = builds.services.store(BudgetStore)
     usage = builds.services.store(UsageStore)
 
-    with caplog.at_level(logging.WARNING, logger="loom.jobs.budget"):
+    with caplog.at_level(logging.WARNING, logger="loom.model.budget"):
         first = builds.run_pass()
         builds.clock.advance(60)
         second = builds.run_pass()

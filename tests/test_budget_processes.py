@@ -21,7 +21,7 @@ import requests
 from rq import Queue
 
 from app.local import die_with_parent
-from jobs.provider import estimate_call_tokens
+from app.model.chat import estimate_call_tokens
 from jobs.queues import BUILDS
 from tests.conftest import TEST_SECRET
 from tests.support.live_server import LiveServer

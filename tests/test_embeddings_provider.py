@@ -8,12 +8,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from jobs.provider import (
-    ModelCallFailed,
+from app.model.embeddings import (
     OpenAICompatibleEmbedder,
     embedder_from_settings,
     estimate_embedding_tokens,
 )
+from app.model.errors import ModelCallFailed
 from tests.support.model_server import ScriptedModelServer, hashed_embedding
 
 

@@ -1,6 +1,7 @@
-"""The layers import downwards only, on the whole import graph of app/, jobs/ and sdk/loom:
-no module imports itself round a circle, a store reaches nothing above it, the web reaches no
-job, the SDK nothing of the server, and only the stores and the jobs speak Redis. Every import
+"""The layers import downwards only, on the whole import graph of app/, jobs/, bench/ and
+sdk/loom: no module imports itself round a circle, a store reaches nothing above it, the server
+(app/, the model client included) reaches no job and no bench, the SDK nothing of the server,
+and only the stores and the jobs speak Redis. Every import
 counts, inside functions and under ``TYPE_CHECKING`` too (tests/support/import_graph.py).
 """
 
@@ -17,7 +18,8 @@ from mypy.options import PER_MODULE_OPTIONS
 from tests.support import import_graph
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = {"app": ROOT / "app", "jobs": ROOT / "jobs", "loom": ROOT / "sdk" / "loom"}
+PACKAGES = {"app": ROOT / "app", "jobs": ROOT / "jobs", "bench": ROOT / "bench",
+            "loom": ROOT / "sdk" / "loom"}
 
 # What a store may import outside app/store: modules below every layer, which import none of
 # the layers above (the check is transitive, so they are held to it too).
@@ -56,16 +58,11 @@ def test_the_graph_holds_every_module(graph):
     assert "app.services" in graph.edges["app.registry"]
 
 
-def test_no_module_of_the_server_or_the_sdk_imports_itself_round_a_circle(graph):
-    circles = [cycle for cycle in graph.cycles()
-               if not any(_in(module, "jobs") for module in cycle)]
-    assert circles == []
-
-
-def test_no_job_imports_itself_round_a_circle(graph):
-    circles = [cycle for cycle in graph.cycles()
-               if any(_in(module, "jobs") for module in cycle)]
-    assert circles == []
+def test_no_module_imports_itself_round_a_circle(graph):
+    # The server, the jobs, the benches and the SDK alike.
+    assert {package for package in PACKAGES
+            if not any(_in(module, package) for module in graph.modules)} == set()
+    assert graph.cycles() == []
 
 
 def test_a_store_reaches_nothing_above_it(graph):
@@ -79,24 +76,13 @@ def test_a_store_reaches_nothing_above_it(graph):
     assert above == {}
 
 
-# The job modules the web may call, each for the reason given; they reach no other job.
-JOBS_THE_WEB_CALLS = {
-    # memory.ask makes its one model call inside the request, through the workers' own client
-    # and budget wrapper, so it is reserved, settled and counted as every model call is.
-    "jobs.provider", "jobs.budget",
-}
-
-
-def test_the_web_reaches_no_job(graph):
+def test_the_server_imports_no_job_and_no_bench(graph):
+    # app/ is below jobs/ and bench/: the model client, the stores and the ops are theirs to
+    # call, never the other way (memory.ask's model call goes through app/model like a worker's).
     reached = {module: sorted(name for name in graph.reach(module)
-                              if _in(name, "jobs") and name not in JOBS_THE_WEB_CALLS)
+                              if _in(name, "jobs") or _in(name, "bench"))
                for module in graph.modules if _in(module, "app")}
-    assert {module: jobs for module, jobs in reached.items() if jobs} == {}
-
-
-def test_the_jobs_the_web_calls_reach_no_other_job(graph):
-    for module in JOBS_THE_WEB_CALLS:
-        assert {name for name in graph.reach(module) if _in(name, "jobs")} <= JOBS_THE_WEB_CALLS
+    assert {module: above for module, above in reached.items() if above} == {}
 
 
 def test_the_sdk_reaches_nothing_of_the_server_and_no_redis(graph):
@@ -108,8 +94,9 @@ def test_the_sdk_reaches_nothing_of_the_server_and_no_redis(graph):
 
 
 def test_only_the_stores_and_the_jobs_speak_redis(graph):
+    # The benches set up and read Redis beside the apps they measure; they are not the server.
     speaking = {module for module in graph.modules
-                if graph.external[module] & REDIS_CLIENTS}
+                if graph.external[module] & REDIS_CLIENTS and not _in(module, "bench")}
     others = {module for module in speaking
               if not _in(module, "app.store") and not _in(module, "jobs")}
     assert others == SPEAKS_REDIS_OUTSIDE_THE_STORES

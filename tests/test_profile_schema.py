@@ -334,7 +334,7 @@ def test_estimate_of_empty_arrays_and_zero_lengths() -> None:
 
 
 def test_max_tokens_base_is_llm_max_tokens() -> None:
-    from jobs.provider import LLM_MAX_TOKENS
+    from app.model.chat import LLM_MAX_TOKENS
 
     assert max_tokens_for(schema(a=prop("boolean"))) == LLM_MAX_TOKENS + 3 + 12
 

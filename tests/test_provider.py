@@ -11,14 +11,12 @@ from typing import Any
 import pytest
 import requests
 
-from app.profile_schema import max_tokens_for
-from jobs.provider import (
+from app.model.chat import (
     LLM_MAX_TOKENS,
     MODE_JSON_OBJECT,
     MODE_JSON_SCHEMA,
     MODE_PROMPT,
     Completion,
-    ModelCallFailed,
     ModelProvider,
     OpenAICompatibleProvider,
     base_max_tokens,
@@ -26,6 +24,8 @@ from jobs.provider import (
     parse_max_tokens_overrides,
     provider_from_settings,
 )
+from app.model.errors import ModelCallFailed
+from app.profile_schema import max_tokens_for
 from tests.support.model_server import ScriptedAnswer, ScriptedModelServer
 
 SCHEMA: dict[str, Any] = {

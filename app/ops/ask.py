@@ -28,15 +28,15 @@ from typing import Any
 from marshmallow import Schema, fields
 
 from app.errors import ModelBudgetExceeded, ModelCallError, ModelCallsOff, ModelTimedOut
-from app.model_errors import ModelCallFailed
+from app.model.budget import OutOfBudget, complete_within_budget
+from app.model.chat import base_max_tokens, parse_max_tokens_overrides, provider_from_settings
+from app.model.errors import ModelCallFailed
 from app.ops.memory import read_scope_for
 from app.ops.recall import MemorySearchArgs, ScratchpadBlock, SearchHit, search_answer
 from app.profile_schema import max_tokens_for
 from app.registry import Call, op
 from app.schemas.common import Answer
 from app.store.usage import UsageStore
-from jobs.budget import OutOfBudget, complete_within_budget
-from jobs.provider import base_max_tokens, parse_max_tokens_overrides, provider_from_settings
 
 log = logging.getLogger("loom.ops.ask")
 

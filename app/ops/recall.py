@@ -29,8 +29,9 @@ from typing import Any
 from marshmallow import Schema, fields, validate
 
 from app.auth import row_visible
-from app.embeddings import EmbeddingsOutOfBudget, embed_within_budget, embedder_for
-from app.model_errors import ModelCallFailed
+from app.model.budget import EmbeddingsOutOfBudget, embed_within_budget
+from app.model.embeddings import embedder_for
+from app.model.errors import ModelCallFailed
 from app.ops.memory import (
     TAG_MAX,
     memory_type_field,

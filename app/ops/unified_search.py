@@ -26,8 +26,9 @@ from typing import Any
 
 from marshmallow import Schema, fields, validate
 
-from app.embeddings import EmbeddingsOutOfBudget, embed_within_budget, embedder_for
-from app.model_errors import ModelCallFailed
+from app.model.budget import EmbeddingsOutOfBudget, embed_within_budget
+from app.model.embeddings import embedder_for
+from app.model.errors import ModelCallFailed
 from app.ops.memory import record_profile_read
 from app.ops.profile import section_text, sections_in_scope
 from app.ops.recall import QUERY_VECTOR_MEMO, MemorySearchAnswer, MemorySearchArgs, search_answer

@@ -1,5 +1,5 @@
-"""What Loom's two OpenAI-compatible clients share: the chat provider (jobs/provider.py) and
-the embeddings client (app/embeddings.py) both POST JSON to ``{base_url}/<path>`` with an
+"""What Loom's two OpenAI-compatible clients share: the chat client (app/model/chat.py) and
+the embeddings client (app/model/embeddings.py) both POST JSON to ``{base_url}/<path>`` with an
 optional bearer key, over a ``requests`` session they own unless one is lent to them, and read
 the server's answers with the same two small readers."""
 

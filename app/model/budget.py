@@ -1,12 +1,17 @@
-"""Model calls within budget: the one way a worker calls the model once budgets exist.
+"""Model calls within budget: the one way Loom calls a model, chat or embeddings, in a worker
+or in a request, so every call is reserved, settled and counted in the ledger
+(``app.store.usage``) the same way.
 
-``complete_within_budget`` reserves the call's estimate (``jobs.provider.estimate_call_tokens``)
+``complete_within_budget`` reserves the call's estimate (``app.model.chat.estimate_call_tokens``)
 against the namespace's and the org's budgets (``app.store.budget``) before the call, settles
 the reservation with the usage the model reported after it, and releases it when the call
 failed without a reported cost. A call that would pass a budget is not made: it raises
 ``OutOfBudget``, counts ``deferred_for_budget`` in the namespace's ledger, and is logged once per
 namespace per window (not once per user). Out of budget is not a failure: the caller keeps the
 user listed, without a backoff, for the first pass after the window has room.
+
+``embed_within_budget`` does the same for one embeddings call (a fact's in the job, a query's in
+``memory.search``), counted under the ledger's ``recall_embeddings`` worker.
 """
 
 from __future__ import annotations
@@ -14,14 +19,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import redis
-
+from app.model.chat import Completion, ModelProvider, estimate_call_tokens
+from app.model.embeddings import EmbeddingProvider, Embeddings, estimate_embedding_tokens
+from app.model.errors import ModelCallFailed
 from app.services import Services
 from app.store.budget import BudgetStore, Reservation
+from app.store.connection import STORE_ERROR
+from app.store.services import StoreServices
 from app.store.usage import WORKERS, UsageStore
-from jobs.provider import Completion, ModelCallFailed, ModelProvider, estimate_call_tokens
 
-log = logging.getLogger("loom.jobs.budget")
+log = logging.getLogger("loom.model.budget")
 
 
 class OutOfBudget(Exception):
@@ -49,7 +56,7 @@ def _finish(budgets: BudgetStore, reservation: Reservation, real_tokens: int | N
             budgets.release(reservation)
         else:
             budgets.settle(reservation, real_tokens)
-    except redis.RedisError as error:
+    except STORE_ERROR as error:
         log.warning("budget: could not settle a reservation for %s/%s: %s",
                     reservation.org, reservation.namespace, error)
 
@@ -91,3 +98,53 @@ def complete_within_budget(
     _finish(budgets, reservation,
             _reported(completion.prompt_tokens, completion.completion_tokens), release=False)
     return completion
+
+
+# --- embeddings ------------------------------------------------------------------------------
+
+# The ledger's worker for every embeddings call, a fact's (the job) or a query's (the search).
+USAGE_WORKER = "recall_embeddings"
+
+
+class EmbeddingsOutOfBudget(Exception):
+    """The call would pass a model-call budget (budget.set); ``scope``: namespace or org."""
+
+    def __init__(self, org: str, namespace: str, scope: str) -> None:
+        super().__init__(f"the embeddings call would pass the {scope} budget of {org}/{namespace}")
+        self.org = org
+        self.namespace = namespace
+        self.scope = scope
+
+
+def embed_within_budget(
+    services: StoreServices, org: str, namespace: str, embedder: EmbeddingProvider,
+    texts: list[str],
+) -> Embeddings:
+    """One embeddings call (``texts`` at most one batch) as every model call is made: one call
+    and its estimate reserved against the namespace's and the org's budgets first (refused:
+    ``EmbeddingsOutOfBudget``, counted ``deferred_for_budget``), settled with the tokens the
+    server reported, and counted in the ledger under ``recall_embeddings`` (a failure as a
+    call and a failure, then ``ModelCallFailed`` again)."""
+    budgets = services.store(BudgetStore)
+    usage = services.store(UsageStore)
+    reservation = budgets.reserve(org, namespace, estimate_embedding_tokens(texts))
+    if not reservation.granted:
+        usage.add(org, namespace, worker=USAGE_WORKER, deferred_for_budget=1)
+        raise EmbeddingsOutOfBudget(org, namespace, reservation.over)
+    try:
+        result = embedder.embed(texts)
+    except ModelCallFailed as error:
+        if error.prompt_tokens is None:
+            budgets.release(reservation)
+        else:
+            budgets.settle(reservation, error.prompt_tokens)
+        usage.add(org, namespace, worker=USAGE_WORKER, model_calls=1, failures=1,
+                  prompt_tokens=error.prompt_tokens or 0)
+        raise
+    except BaseException:
+        budgets.release(reservation)
+        raise
+    budgets.settle(reservation, result.prompt_tokens)
+    usage.add(org, namespace, worker=USAGE_WORKER, model_calls=result.calls,
+              prompt_tokens=result.prompt_tokens or 0)
+    return result

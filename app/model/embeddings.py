@@ -5,8 +5,7 @@
 batches; ``embedder_from_settings`` reads the ``LOOM_EMBED_*`` settings (off when unset). Every
 failure (connection, timeout, non-200, an answer without one vector per text, vectors of the
 wrong length) raises ``ModelCallFailed``, as a chat call does. The workers embed facts
-(jobs/recall_embed.py); ``memory.search`` embeds its query in the request, which is why this
-module sits in app/ and not beside the chat provider in jobs/ (the web reaches no job).
+(jobs/recall_embed.py); ``memory.search`` embeds its query in the request.
 """
 
 from __future__ import annotations
@@ -17,15 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import requests
 
-from app.model_errors import ModelCallFailed
-from app.model_http import OpenAICompatibleClient, int_or_none, snippet
+from app.model.errors import ModelCallFailed
+from app.model.http import OpenAICompatibleClient, int_or_none, snippet
 
 if TYPE_CHECKING:
     from app.settings import Settings
-    from app.store.services import StoreServices
 
-
-# --- embeddings ------------------------------------------------------------------------------
 
 # Texts sent in one POST /embeddings; OpenAI takes 2048, self-hosted servers often far fewer.
 EMBED_BATCH_SIZE = 64
@@ -201,56 +197,3 @@ def embedder_for(settings: Settings) -> OpenAICompatibleEmbedder | None:
     return embedder_from_settings(
         settings.embed_base_url, settings.embed_api_key, settings.embed_model,
         settings.embed_timeout_seconds, settings.embed_dimensions, settings.embed_batch_size)
-
-
-# --- within budget ---------------------------------------------------------------------------
-
-# The ledger's worker for every embeddings call, a fact's (the job) or a query's (the search).
-USAGE_WORKER = "recall_embeddings"
-
-
-class EmbeddingsOutOfBudget(Exception):
-    """The call would pass a model-call budget (budget.set); ``scope``: namespace or org."""
-
-    def __init__(self, org: str, namespace: str, scope: str) -> None:
-        super().__init__(f"the embeddings call would pass the {scope} budget of {org}/{namespace}")
-        self.org = org
-        self.namespace = namespace
-        self.scope = scope
-
-
-def embed_within_budget(
-    services: StoreServices, org: str, namespace: str, embedder: EmbeddingProvider,
-    texts: list[str],
-) -> Embeddings:
-    """One embeddings call (``texts`` at most one batch) as every model call is made: one call
-    and its estimate reserved against the namespace's and the org's budgets first (refused:
-    ``EmbeddingsOutOfBudget``, counted ``deferred_for_budget``), settled with the tokens the
-    server reported, and counted in the ledger under ``recall_embeddings`` (a failure as a
-    call and a failure, then ``ModelCallFailed`` again)."""
-    from app.store.budget import BudgetStore
-    from app.store.usage import UsageStore
-
-    budgets = services.store(BudgetStore)
-    usage = services.store(UsageStore)
-    reservation = budgets.reserve(org, namespace, estimate_embedding_tokens(texts))
-    if not reservation.granted:
-        usage.add(org, namespace, worker=USAGE_WORKER, deferred_for_budget=1)
-        raise EmbeddingsOutOfBudget(org, namespace, reservation.over)
-    try:
-        result = embedder.embed(texts)
-    except ModelCallFailed as error:
-        if error.prompt_tokens is None:
-            budgets.release(reservation)
-        else:
-            budgets.settle(reservation, error.prompt_tokens)
-        usage.add(org, namespace, worker=USAGE_WORKER, model_calls=1, failures=1,
-                  prompt_tokens=error.prompt_tokens or 0)
-        raise
-    except BaseException:
-        budgets.release(reservation)
-        raise
-    budgets.settle(reservation, result.prompt_tokens)
-    usage.add(org, namespace, worker=USAGE_WORKER, model_calls=result.calls,
-              prompt_tokens=result.prompt_tokens or 0)
-    return result

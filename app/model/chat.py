@@ -1,14 +1,12 @@
-"""The model provider: how Loom's workers ask a model for an answer.
+"""The chat client: how Loom asks a model for an answer, in a worker or in ``memory.ask``.
 
-This module owns the one interface the workers call (``ModelProvider.complete``), its
+This module owns the one interface the callers use (``ModelProvider.complete``), its
 OpenAI-compatible implementation over ``requests`` (OpenAI, vLLM, Ollama, llama.cpp server,
 LM Studio all speak ``POST {base_url}/chat/completions``), the settings that turn model calls on
 or off, and the per-task output-cap base (``LLM_MAX_TOKENS`` and its overrides).
 
-The embeddings client (``EmbeddingProvider.embed``, ``POST {base_url}/embeddings`` in batches,
-``embedder_from_settings`` and ``embedder_for`` over the ``LOOM_EMBED_*`` settings) lives in
-app/embeddings.py, since ``memory.search`` embeds its query in the request; it is re-exported
-here with ``ModelCallFailed`` (app/model_errors.py), so a worker imports one module.
+The embeddings client is its sibling (app/model/embeddings.py); the budgets and the ledger
+every call goes through are app/model/budget.py.
 
 Failures, drawn as a hierarchy::
 
@@ -32,19 +30,13 @@ from typing import Any
 
 import requests
 
-# Re-exported, so a worker imports one module for every model call.
-from app.embeddings import EMBED_BATCH_SIZE as EMBED_BATCH_SIZE
-from app.embeddings import EmbeddingProvider as EmbeddingProvider
-from app.embeddings import Embeddings as Embeddings
-from app.embeddings import OpenAICompatibleEmbedder as OpenAICompatibleEmbedder
-from app.embeddings import embedder_for as embedder_for
-from app.embeddings import embedder_from_settings as embedder_from_settings
-from app.embeddings import estimate_embedding_tokens as estimate_embedding_tokens
-from app.model_errors import ModelCallFailed as ModelCallFailed
-from app.model_http import OpenAICompatibleClient, int_or_none, snippet
+from app.model.errors import ModelCallFailed
+from app.model.http import OpenAICompatibleClient, int_or_none, snippet
+from app.profile_schema import DEFAULT_BASE_TOKENS
 
-# The seed's base output allowance for a model-written entry, before a schema's estimate.
-LLM_MAX_TOKENS = 32
+# The seed's base output allowance for a model-written entry, before a schema's estimate (the
+# profile schemas' estimate adds its own to the same number).
+LLM_MAX_TOKENS = DEFAULT_BASE_TOKENS
 
 # Ways of asking for JSON, strongest first. A server that refuses one is asked the next way.
 MODE_JSON_SCHEMA = "json_schema"

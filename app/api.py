@@ -197,8 +197,7 @@ def run_op(
     logs.bind(org=identity.org, namespace=identity.namespace)
     call = Call(op, args, identity, principal, services, client, by_console)
 
-    def answer() -> dict[str, Any]:
-        result = op.handler(call)
+    def completed(result: dict[str, Any]) -> dict[str, Any]:
         known = _known_fields(op.args)
         ignored = [name for name in body if name not in known]
         if principal.single_user and args.get("org") not in (None, identity.org):
@@ -208,8 +207,11 @@ def run_op(
         result["ignored_args"] = ignored
         return result
 
+    def answer() -> dict[str, Any]:
+        return completed(op.handler(call))
+
     if idempotency_key is not None and op.kind != "read":
-        result = idempotency.run_once(call, idempotency_key, body, answer)
+        result = idempotency.run_once(call, idempotency_key, body, answer, completed)
     else:
         result = answer()
     if services.settings.validate_answers:

@@ -1,25 +1,36 @@
 """Idempotency-Key on write ops: a repeat within a day answers the first answer, applies nothing.
 
 A write op called with an ``Idempotency-Key`` header runs at most once per (caller, op,
-identity, key). Before the handler runs, one script reserves the key (``app.store.idempotency``);
-a concurrent duplicate finds the reservation and is answered ``409 IDEMPOTENCY_IN_PROGRESS``
-with ``Retry-After``. After the handler, the answer (or the op's own refusal, a 4xx) is stored
-and every repeat gets it back unchanged. The same key with a different body is ``422
+identity, key). Before the handler runs, one script reserves the key (``app.store.idempotency``)
+for a short lease (``LEASE_MS``) that this process renews while the try runs; a concurrent
+duplicate finds the live lease and is answered ``409 IDEMPOTENCY_IN_PROGRESS`` with
+``Retry-After``. After the handler, the answer (or the op's own refusal, a 4xx) is stored and
+every repeat gets it back unchanged. The same key with a different body is ``422
 IDEMPOTENCY_KEY_REUSED``.
 
-The reservation comes first so that no write runs twice: when a call ends without an answer
-(the store hung or dropped mid-write, the process died), the write may have been applied, so
-the key is marked unknown (or, when even that cannot be written, its reservation simply
-outlives ``RUNNING_MS``) and a repeat is answered ``409 IDEMPOTENCY_OUTCOME_UNKNOWN``, never run
-again. A refusal that says "try again" (a 429 or a contended write, both with ``Retry-After``)
-applied nothing and frees the key.
+The memory writes (the ops declared with a ``replay``) keep their answer in the key's record in
+the same script step as the write, and write only while their try holds the key. So when a try
+ends without an answer (its process died, the store went away mid-write), the record says
+which it was: the answer is there (the write committed; a repeat gets it), or the key is free
+once the lease lapses (the write never ran; the next try runs it). A try that lost its lease to
+a later one writes nothing and is answered 409 ``IDEMPOTENCY_IN_PROGRESS``.
+
+For every other op the write and its answer are separate steps, so a try that ends without an
+answer may have been applied: the key is marked unknown (or, when even that cannot be written,
+its lease simply lapses) and a repeat is answered ``409 IDEMPOTENCY_OUTCOME_UNKNOWN``, never
+run again. A refusal that says "try again" (a 429 or a contended write, both with
+``Retry-After``) applied nothing and frees the key.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
+import os
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -33,15 +44,18 @@ from app.errors import (
 )
 from app.registry import Call
 from app.store.connection import UNAVAILABLE_ERRORS
-from app.store.idempotency import IdempotencyStore, KeyRecord
+from app.store.idempotency import HeldKey, IdempotencyStore, KeyRecord
 
 log = logging.getLogger("loom.idempotency")
 
 HEADER = "Idempotency-Key"
 MAX_KEY_LENGTH = 255
-# How long a first call may still be at work: past this, a reservation without an answer is an
-# outcome nobody will report (a request never runs this long: gunicorn's timeout is shorter).
-RUNNING_MS = 60_000
+# How long a try holds its key without renewing it: a try whose process died lets go this long
+# after its last renewal, so a repeat settles within seconds, never a minute.
+LEASE_MS = 3_000
+# How often a running try's lease is renewed: three renewals fit in one lease, so one late
+# renewal (a busy process, a slow round trip) does not lose it.
+RENEW_SECONDS = LEASE_MS / 3000
 # Seconds a duplicate of a running call is asked to wait before asking again.
 RUNNING_RETRY_AFTER = 1
 
@@ -75,18 +89,73 @@ def _replay(stored: str) -> dict[str, Any]:
     raise replayed
 
 
+class _Renewer:
+    """Renews the leases of this process's running tries: one daemon thread for all of them
+    (a greenlet where gevent has patched ``threading``), asleep while none runs, started in
+    the process that uses it (a forked worker starts its own)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running = threading.Event()
+        self._held: dict[int, tuple[IdempotencyStore, KeyRecord, str]] = {}
+        self._next = itertools.count()
+        self._pid = 0
+
+    def hold(self, store: IdempotencyStore, record: KeyRecord, holder: str) -> int:
+        with self._lock:
+            ticket = next(self._next)
+            self._held[ticket] = (store, record, holder)
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                threading.Thread(target=self._renew_forever, name="loom-idempotency-leases",
+                                 daemon=True).start()
+            self._running.set()
+        return ticket
+
+    def drop(self, ticket: int) -> None:
+        with self._lock:
+            self._held.pop(ticket, None)
+            if not self._held:
+                self._running.clear()
+
+    def _renew_forever(self) -> None:
+        while True:
+            self._running.wait()
+            time.sleep(RENEW_SECONDS)
+            with self._lock:
+                by_store: dict[int, tuple[IdempotencyStore, list[tuple[KeyRecord, str]]]] = {}
+                for store, record, holder in self._held.values():
+                    by_store.setdefault(id(store), (store, []))[1].append((record, holder))
+            for store, leases in by_store.values():
+                try:
+                    store.renew(leases, LEASE_MS)
+                except Exception as error:
+                    log.warning("could not renew %d %s lease(s): %s: %s", len(leases), HEADER,
+                                type(error).__name__, error)
+
+
+_renewer = _Renewer()
+
+
 def run_once(call: Call, key: str, body: dict[str, Any],
-             run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """``run()``'s answer, computed once per key: repeats get the first answer back."""
+             run: Callable[[], dict[str, Any]],
+             completed: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+    """``run()``'s answer, computed once per key: repeats get the first answer back. A write
+    script's kept reply becomes that answer through the op's ``replay`` and ``completed``
+    (what ``run`` adds to the handler's answer)."""
     identity = call.identity
     record = KeyRecord(identity.org, identity.namespace, identity.user_id,
                        call.principal.actor, call.op.name, checked_key(key))
     store = call.services.store(IdempotencyStore)
     holder = uuid.uuid4().hex
-    begun = store.begin(record, fingerprint(body), holder, RUNNING_MS)
+    replay = call.op.replay
+    begun = store.begin(record, fingerprint(body), holder, LEASE_MS, recorded=replay is not None)
     if begun.state == "DONE":
         assert begun.answer is not None
         return _replay(begun.answer)
+    if begun.state == "RECORDED":
+        assert begun.answer is not None and replay is not None
+        return completed(replay(call, begun.answer))
     if begun.state == "REUSED":
         raise IdempotencyKeyReused(
             f"this {HEADER} was first sent with another body; use a new key for a new request",
@@ -100,22 +169,30 @@ def run_once(call: Call, key: str, body: dict[str, Any],
             f"the first {call.op.name} with this {HEADER} ended without an answer and may "
             "have been applied; read the state, then send with a new key",
             idempotency_key=key)
+    held = HeldKey(record.redis_key, holder) if replay is not None else None
+    call.held_key = held
+    ticket = _renewer.hold(store, record, holder)
     try:
         answer = run()
     except LoomError as refusal:
         if refusal.status < 500 and "retry_after" not in refusal.details:
             _settle(store.finish, record, holder, json.dumps(
                 {"status": refusal.status, "error": refusal.to_dict()}, ensure_ascii=False))
-        elif refusal.status < 500:
+        elif refusal.status < 500 or held is not None:
+            # Nothing applied, or (a write that keeps its answer) either the answer is kept
+            # and the record refuses a release, or the write never ran: the key is free.
             _settle(store.release, record, holder)
         else:
             _settle(store.abandon, record, holder)
         raise
     except BaseException:
-        _settle(store.abandon, record, holder)
+        _settle(store.release if held is not None else store.abandon, record, holder)
         raise
-    _settle(store.finish, record, holder,
-            json.dumps({"status": 200, "answer": answer}, ensure_ascii=False))
+    finally:
+        _renewer.drop(ticket)
+    if held is None or not held.answered:
+        _settle(store.finish, record, holder,
+                json.dumps({"status": 200, "answer": answer}, ensure_ascii=False))
     return answer
 
 

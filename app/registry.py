@@ -21,6 +21,7 @@ from app.principal import ROLE_RANK, Principal, Role
 
 if TYPE_CHECKING:
     from app.services import Services
+    from app.store.idempotency import HeldKey
     from app.store.identity import Identity
 
 Kind = Literal["read", "write", "idempotent"]
@@ -44,6 +45,9 @@ class Call:
     # What one step of the handler computed for a later one (the query's embedding, which
     # loom_search's fact and profile legs share): lives and dies with the call.
     memo: dict[str, Any] = field(default_factory=dict)
+    # The Idempotency-Key this call holds, for an op with a ``replay``: its one write script
+    # keeps the answer in the key's record in the same step (app/idempotency.py).
+    held_key: HeldKey | None = None
 
     @property
     def client(self) -> str:
@@ -85,6 +89,10 @@ class Op:
     # Error statuses this op answers beyond every op's (a model call's 409/429/502/504), each
     # with what it means; the OpenAPI document lists them.
     errors: dict[str, str] = field(default_factory=dict)
+    # For a write whose one script keeps its reply as the Idempotency-Key's answer in the same
+    # step (the memory writes): the answer again from that reply. A try of such an op that
+    # ended without an answer left either the reply or nothing applied, never a doubt.
+    replay: Callable[[Call, str], dict[str, Any]] | None = None
     # The MCP tool's name where the seed gives one (memory.unified_search is ``loom_search``);
     # otherwise ``loom_<op with . as _>``.
     tool: str | None = None

@@ -5,15 +5,19 @@ a call that ends without an answer is never run again."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import redis
 
-from app.idempotency import RUNNING_MS, fingerprint
+from app import idempotency
+from app.errors import IdempotencyInProgress
+from app.idempotency import LEASE_MS, RENEW_SECONDS, fingerprint
 from app.store import keys
-from app.store.idempotency import DAY_MS, IdempotencyStore, KeyRecord
+from app.store.idempotency import DAY_MS, HeldKey, IdempotencyStore, KeyRecord
+from app.store.memory import Content, Location, MemoryStore
 from tests.auth_support import auth_app, bearer, mint
 from tests.conftest import make_app
 from tests.support.owned_redis import OwnedRedis
@@ -138,12 +142,12 @@ def test_a_call_that_stopped_without_an_answer_is_never_run_again(app_factory, c
     # A first call reserved the key, then its process went away before any answer.
     record = KeyRecord("default", "support", "u-1", "single-user", "working_memory.append", "k")
     body = {**BLOCK, "addition": "a"}
-    begun = services.store(IdempotencyStore).begin(record, fingerprint(body), "gone", RUNNING_MS)
+    begun = services.store(IdempotencyStore).begin(record, fingerprint(body), "gone", LEASE_MS)
     assert begun.state == "NEW"
     running = _append(client, "a", "k")
     assert running.status_code == 409 and running.headers["Retry-After"] == "1"
     assert running.get_json()["error"]["code"] == "IDEMPOTENCY_IN_PROGRESS"
-    clock.advance(RUNNING_MS / 1000 + 1)
+    clock.advance(LEASE_MS / 1000 + 1)
     unknown = _append(client, "a", "k")
     assert unknown.status_code == 409
     assert unknown.get_json()["error"]["code"] == "IDEMPOTENCY_OUTCOME_UNKNOWN"
@@ -215,10 +219,164 @@ def test_only_the_holder_settles_a_reservation(app):
     services = app.extensions["loom"]
     store = services.store(IdempotencyStore)
     record = KeyRecord("default", "support", "u-1", "t", "working_memory.append", "k")
-    assert store.begin(record, "f", "mine", RUNNING_MS).state == "NEW"
+    assert store.begin(record, "f", "mine", LEASE_MS).state == "NEW"
     assert not store.finish(record, "theirs", '{"status": 200, "answer": {}}')
     assert store.finish(record, "mine", '{"status": 200, "answer": {"x": 1}}')
     assert not store.release(record, "mine")  # settled once: a done record stays
-    begun = store.begin(record, "f", "next", RUNNING_MS)
+    begun = store.begin(record, "f", "next", LEASE_MS)
     assert begun.state == "DONE" and begun.answer == '{"status": 200, "answer": {"x": 1}}'
-    assert store.begin(record, "other body", "next", RUNNING_MS).state == "REUSED"
+    assert store.begin(record, "other body", "next", LEASE_MS).state == "REUSED"
+
+
+# --- the memory writes: the answer is kept in the write's own step ------------------------------
+
+FACT = {"namespace": "support", "agent": "triage-bot", "user_id": "u-1", "key": "currency",
+        "value": "Prefers EUR invoices.", "memory_type": "preference"}
+
+
+def _set_fact(client, key: str | None, **body):
+    headers = {"Idempotency-Key": key} if key is not None else {}
+    return client.post("/v1/memory.set", json={**FACT, **body}, headers=headers)
+
+
+def _versions(client) -> int:
+    history = client.post("/v1/memory.history", json={**FACT, "value": None})
+    if history.status_code == 404:
+        return 0
+    return len(history.get_json()["versions"])
+
+
+def _fact_record(key: str) -> KeyRecord:
+    return KeyRecord("default", "support", "u-1", "single-user", "memory.set", key)
+
+
+def test_a_memory_write_keeps_its_answer_in_its_own_step(client, redis_client):
+    first = _set_fact(client, "fact-1", unknown_field="x")
+    assert first.status_code == 200
+    record = _fact_record("fact-1").redis_key
+    # The write's script kept its reply; no second step stored an answer beside it.
+    assert redis_client.hget(record, "state") == "done"
+    assert redis_client.hget(record, "reply") and not redis_client.hexists(record, "answer")
+    again = _set_fact(client, "fact-1", unknown_field="x")
+    assert (again.status_code, again.get_json()) == (200, first.get_json())
+    assert again.get_json()["ignored_args"] == ["unknown_field"]
+    assert _versions(client) == 1
+
+
+@pytest.mark.parametrize(("op", "body"), [
+    ("memory.lock", {}), ("memory.restate", {}), ("memory.reinforce", {"confidence": 0.9}),
+    ("memory.delete", {}), ("memory.recall", {}),
+])
+def test_every_kept_answer_replays_as_first_answered(client, op, body):
+    assert _set_fact(client, None).status_code == 200
+    target = {"namespace": "support", "agent": "triage-bot", "user_id": "u-1",
+              "key": "currency", **body}
+    first = client.post(f"/v1/{op}", json=target, headers={"Idempotency-Key": op})
+    assert first.status_code == 200
+    again = client.post(f"/v1/{op}", json=target, headers={"Idempotency-Key": op})
+    assert again.get_json() == first.get_json()
+    assert _versions(client) == 2
+
+
+def test_a_try_that_died_before_its_write_lets_the_next_try_run_once_its_lease_lapses(
+        app_factory, clock):
+    app = app_factory(clock=clock)
+    client = app.test_client()
+    store = app.extensions["loom"].store(IdempotencyStore)
+    body = {**FACT}
+    begun = store.begin(_fact_record("k"), fingerprint(body), "gone", LEASE_MS, recorded=True)
+    assert begun.state == "NEW"
+    held = _set_fact(client, "k")
+    assert held.status_code == 409 and held.headers["Retry-After"] == "1"
+    assert held.get_json()["error"]["code"] == "IDEMPOTENCY_IN_PROGRESS"
+    clock.advance(LEASE_MS / 1000 + 0.1)
+    ran = _set_fact(client, "k")
+    assert ran.status_code == 200 and ran.get_json()["created"] is True
+    assert _set_fact(client, "k").get_json() == ran.get_json()
+    assert _versions(client) == 1
+
+
+def test_a_try_that_died_after_its_write_is_answered_what_it_wrote(app_factory, clock):
+    app = app_factory(clock=clock)
+    client = app.test_client()
+    services = app.extensions["loom"]
+    record = _fact_record("k")
+    body = {**FACT}
+    assert services.store(IdempotencyStore).begin(
+        record, fingerprint(body), "gone", LEASE_MS, recorded=True).state == "NEW"
+    # The first try's write ran, with its key; then its process died before any answer.
+    location = Location("default", "support", "u-1", "triage-bot", "-", "currency")
+    written = services.store(MemoryStore).set(
+        location, Content(memory_type="preference", value=FACT["value"], actor="triage-bot"),
+        written_by="triage-bot", held=HeldKey(record.redis_key, "gone"))
+    clock.advance(LEASE_MS / 1000 + 0.1)
+    answered = _set_fact(client, "k")
+    assert answered.status_code == 200
+    assert answered.get_json()["version_text"] == str(written.row.version)
+    assert answered.get_json()["created"] is True
+    assert _versions(client) == 1
+
+
+def test_a_try_that_lost_its_lease_to_a_later_one_writes_nothing(app_factory, clock):
+    app = app_factory(clock=clock)
+    services = app.extensions["loom"]
+    store = services.store(IdempotencyStore)
+    record = _fact_record("k")
+    assert store.begin(record, "f", "slow", LEASE_MS, recorded=True).state == "NEW"
+    clock.advance(LEASE_MS / 1000 + 0.1)
+    assert store.begin(record, "f", "later", LEASE_MS, recorded=True).state == "NEW"
+    location = Location("default", "support", "u-1", "triage-bot", "-", "currency")
+    with pytest.raises(IdempotencyInProgress):
+        services.store(MemoryStore).set(
+            location, Content(memory_type="preference", value="late", actor="triage-bot"),
+            written_by="triage-bot", held=HeldKey(record.redis_key, "slow"))
+    assert services.store(MemoryStore).read(location) is None
+
+
+def test_an_op_whose_answer_is_a_separate_step_still_says_unknown_after_the_lease(
+        app_factory, clock):
+    app = app_factory(clock=clock)
+    store = app.extensions["loom"].store(IdempotencyStore)
+    record = KeyRecord("default", "support", "u-1", "t", "working_memory.append", "k")
+    assert store.begin(record, "f", "gone", LEASE_MS).state == "NEW"
+    clock.advance(LEASE_MS / 1000 + 0.1)
+    assert store.begin(record, "f", "next", LEASE_MS).state == "UNKNOWN"
+
+
+def test_concurrent_duplicate_memory_writes_apply_once(app):
+    duplicates = 8
+    start = threading.Barrier(duplicates)
+
+    def send(_: int):
+        start.wait()
+        response = _set_fact(app.test_client(), "shared")
+        return response.status_code, response.get_json()
+
+    with ThreadPoolExecutor(max_workers=duplicates) as pool:
+        answers = list(pool.map(send, range(duplicates)))
+    succeeded = [body for status, body in answers if status == 200]
+    assert succeeded and all(body == succeeded[0] for body in succeeded)
+    assert all(status in (200, 409) for status, _ in answers)
+    assert _versions(app.test_client()) == 1
+
+
+@pytest.mark.real
+def test_a_running_try_keeps_its_lease_alive(app, redis_client):
+    """The renewal runs on the process's own thread: a try that runs past its lease keeps the
+    key, and lets go of it once it ends."""
+    store = app.extensions["loom"].store(IdempotencyStore)
+    record = KeyRecord("default", "support", "u-1", "t", "memory.set", "long")
+    assert store.begin(record, "f", "long-try", LEASE_MS, recorded=True).state == "NEW"
+    ticket = idempotency._renewer.hold(store, record, "long-try")
+    try:
+        first = int(redis_client.hget(record.redis_key, "lease_until"))
+        time.sleep(LEASE_MS / 1000 + RENEW_SECONDS)
+        renewed = int(redis_client.hget(record.redis_key, "lease_until"))
+        assert renewed > first + 1000
+        assert store.begin(record, "f", "other", LEASE_MS, recorded=True).state == "RUNNING"
+    finally:
+        idempotency._renewer.drop(ticket)
+    time.sleep(RENEW_SECONDS)  # a renewal already under way when the try ended
+    ended = redis_client.hget(record.redis_key, "lease_until")
+    time.sleep(2 * RENEW_SECONDS)
+    assert redis_client.hget(record.redis_key, "lease_until") == ended

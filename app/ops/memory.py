@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
@@ -526,8 +528,21 @@ def write_answer(written: Written) -> dict[str, Any]:
 # Ops
 
 
+def _replayed(answer_of: Callable[[Call, Written], dict[str, Any]]
+              ) -> Callable[[Call, str], dict[str, Any]]:
+    """An op's ``replay``: its answer again from the reply its write script kept with the
+    call's Idempotency-Key (app/idempotency.py), built by the same ``answer_of`` as the
+    first answer."""
+
+    def replay(call: Call, kept: str) -> dict[str, Any]:
+        return answer_of(call, MemoryStore.written_of(json.loads(kept)))
+
+    return replay
+
+
 @op("memory.set", role="writer", kind="idempotent",
     args=MemorySetArgs, answer=MemoryWriteAnswer,
+    replay=_replayed(lambda _call, written: write_answer(written)),
     example={**_WHO, "key": "invoice_currency", "value": "Prefers EUR invoices.",
              "memory_type": "preference"})
 def memory_set(call: Call) -> dict[str, Any]:
@@ -560,6 +575,7 @@ def memory_set(call: Call) -> dict[str, Any]:
             DEFAULT_PROFILE_CHAR_LIMIT if a["memory_type"] == PROFILE_TYPE else None
         ),
         if_match_sha256=a["if_match_sha256"],
+        held=call.held_key,
     )
     return write_answer(written)
 
@@ -703,8 +719,19 @@ def memory_history(call: Call) -> dict[str, Any]:
     }
 
 
+def _delete_answer(_call: Call, written: Written) -> dict[str, Any]:
+    row = written.row
+    return {
+        "deleted": written.changed,
+        "memory_id": row.memory_id,
+        "key": row.key,
+        "version": row.version,
+        "version_text": str(row.version),
+    }
+
+
 @op("memory.delete", role="writer", kind="idempotent", listed=False,
-    args=MemoryDeleteArgs, answer=MemoryDeleteAnswer,
+    args=MemoryDeleteArgs, answer=MemoryDeleteAnswer, replay=_replayed(_delete_answer),
     example={**_WHO, "key": "invoice_currency"})
 def memory_delete(call: Call) -> dict[str, Any]:
     """Delete a row: a tombstone version; its history stays readable."""
@@ -718,21 +745,14 @@ def memory_delete(call: Call) -> dict[str, Any]:
                 "version_text": ""}
     written = memory_store(call).delete(
         location, written_by=call.identity.agent, memory_id=memory_id,
-        source_trace=a["source_trace"],
+        source_trace=a["source_trace"], held=call.held_key,
     )
     if written is None:
         if memory_id:
             raise _not_found(call)
         return {"deleted": False, "memory_id": "", "key": location.key, "version": None,
                 "version_text": ""}
-    row = written.row
-    return {
-        "deleted": written.changed,
-        "memory_id": row.memory_id,
-        "key": row.key,
-        "version": row.version,
-        "version_text": str(row.version),
-    }
+    return _delete_answer(call, written)
 
 
 def _named_version(args: dict[str, Any]) -> int:
@@ -740,16 +760,8 @@ def _named_version(args: dict[str, Any]) -> int:
     return args["version"] if args["version"] is not None else int(args["version_text"])
 
 
-@op("memory.delete_version", role="admin", kind="write", listed=False,
-    args=MemoryDeleteVersionArgs, answer=MemoryDeleteVersionAnswer,
-    example={**_WHO, "key": "invoice_currency", "version_text": "1800000000000000000"})
-def memory_delete_version(call: Call) -> dict[str, Any]:
-    """Remove one version of a row (by version or version_text); the row records the removal."""
+def _delete_version_answer(call: Call, written: Written) -> dict[str, Any]:
     version = _named_version(call.args)
-    location, memory_id = _write_target(call)
-    written = memory_store(call).delete_version(
-        location, version, written_by=call.identity.agent, memory_id=memory_id
-    )
     row = written.row
     return {
         "memory_id": row.memory_id,
@@ -763,13 +775,29 @@ def memory_delete_version(call: Call) -> dict[str, Any]:
     }
 
 
+@op("memory.delete_version", role="admin", kind="write", listed=False,
+    args=MemoryDeleteVersionArgs, answer=MemoryDeleteVersionAnswer,
+    replay=_replayed(_delete_version_answer),
+    example={**_WHO, "key": "invoice_currency", "version_text": "1800000000000000000"})
+def memory_delete_version(call: Call) -> dict[str, Any]:
+    """Remove one version of a row (by version or version_text); the row records the removal."""
+    version = _named_version(call.args)
+    location, memory_id = _write_target(call)
+    written = memory_store(call).delete_version(
+        location, version, written_by=call.identity.agent, memory_id=memory_id,
+        held=call.held_key,
+    )
+    return _delete_version_answer(call, written)
+
+
 STRUCTURED_PROFILE_KEY = "structured_profile"
 
 
 def _flag(call: Call, flag: str, on: bool) -> dict[str, Any]:
     location, memory_id = _write_target(call)
     written = memory_store(call).set_flag(
-        location, flag, on, written_by=call.identity.agent, memory_id=memory_id
+        location, flag, on, written_by=call.identity.agent, memory_id=memory_id,
+        held=call.held_key,
     )
     row = written.row
     if written.changed and not on and row.key == STRUCTURED_PROFILE_KEY:
@@ -779,6 +807,11 @@ def _flag(call: Call, flag: str, on: bool) -> dict[str, Any]:
         call.services.store(StructuredStore).unpark(
             location.org, location.namespace, location.user_id, call.services.clock.now_ns()
         )
+    return _flag_answer(call, written)
+
+
+def _flag_answer(_call: Call, written: Written) -> dict[str, Any]:
+    row = written.row
     return {
         "memory_id": row.memory_id,
         "key": row.key,
@@ -791,7 +824,7 @@ def _flag(call: Call, flag: str, on: bool) -> dict[str, Any]:
 
 
 @op("memory.lock", role="writer", kind="idempotent", listed=False,
-    args=MemoryTargetArgs, answer=MemoryFlagAnswer,
+    args=MemoryTargetArgs, answer=MemoryFlagAnswer, replay=_replayed(_flag_answer),
     example={**_WHO, "key": "invoice_currency"})
 def memory_lock(call: Call) -> dict[str, Any]:
     """Lock a row: a new version with the same content; every write but unlock is refused."""
@@ -799,7 +832,7 @@ def memory_lock(call: Call) -> dict[str, Any]:
 
 
 @op("memory.unlock", role="writer", kind="idempotent", listed=False,
-    args=MemoryTargetArgs, answer=MemoryFlagAnswer,
+    args=MemoryTargetArgs, answer=MemoryFlagAnswer, replay=_replayed(_flag_answer),
     example={**_WHO, "key": "invoice_currency"})
 def memory_unlock(call: Call) -> dict[str, Any]:
     """Unlock a row: a new version with the same content."""
@@ -807,7 +840,7 @@ def memory_unlock(call: Call) -> dict[str, Any]:
 
 
 @op("memory.pin", role="writer", kind="idempotent", listed=False,
-    args=MemoryTargetArgs, answer=MemoryFlagAnswer,
+    args=MemoryTargetArgs, answer=MemoryFlagAnswer, replay=_replayed(_flag_answer),
     example={**_WHO, "key": "invoice_currency"})
 def memory_pin(call: Call) -> dict[str, Any]:
     """Pin a row: no worker rebuilds it; a new version with the same content."""
@@ -815,7 +848,7 @@ def memory_pin(call: Call) -> dict[str, Any]:
 
 
 @op("memory.unpin", role="writer", kind="idempotent", listed=False,
-    args=MemoryTargetArgs, answer=MemoryFlagAnswer,
+    args=MemoryTargetArgs, answer=MemoryFlagAnswer, replay=_replayed(_flag_answer),
     example={**_WHO, "key": "invoice_currency"})
 def memory_unpin(call: Call) -> dict[str, Any]:
     """Unpin a row: workers may rebuild it again; a new version with the same content."""
@@ -843,7 +876,7 @@ def memory_redact(call: Call) -> dict[str, Any]:
 # Revisions: seed 000 names what each does to a structured profile's digest (docs/decisions.md)
 
 
-def _revision_answer(written: Written) -> dict[str, Any]:
+def _revision_answer(_call: Call, written: Written) -> dict[str, Any]:
     row = written.row
     return {
         "memory_id": row.memory_id,
@@ -865,41 +898,43 @@ def _revision_answer(written: Written) -> dict[str, Any]:
 
 
 @op("memory.revert", role="writer", kind="write", listed=False,
-    args=MemoryRevertArgs, answer=MemoryRevisionAnswer,
+    args=MemoryRevertArgs, answer=MemoryRevisionAnswer, replay=_replayed(_revision_answer),
     example={**_WHO, "key": "invoice_currency", "version_text": "1800000000000000000"})
 def memory_revert(call: Call) -> dict[str, Any]:
     """Bring back a stored version's content (by version or version_text) as a new version."""
     version = _named_version(call.args)
     location, memory_id = _write_target(call)
     written = memory_store(call).revert(
-        location, version, written_by=call.identity.agent, memory_id=memory_id
+        location, version, written_by=call.identity.agent, memory_id=memory_id,
+        held=call.held_key,
     )
-    return _revision_answer(written)
+    return _revision_answer(call, written)
 
 
 @op("memory.restore", role="writer", kind="write", listed=False,
-    args=MemoryTargetArgs, answer=MemoryRevisionAnswer,
+    args=MemoryTargetArgs, answer=MemoryRevisionAnswer, replay=_replayed(_revision_answer),
     example={**_WHO, "key": "invoice_currency"})
 def memory_restore(call: Call) -> dict[str, Any]:
     """Bring a deleted row back with its last content before the delete, as a new version."""
     location, memory_id = _write_target(call)
     written = memory_store(call).revert(
-        location, None, written_by=call.identity.agent, memory_id=memory_id
+        location, None, written_by=call.identity.agent, memory_id=memory_id,
+        held=call.held_key,
     )
-    return _revision_answer(written)
+    return _revision_answer(call, written)
 
 
 def _touch(call: Call, change: str, confidence: float | None = None) -> dict[str, Any]:
     location, memory_id = _write_target(call)
     written = memory_store(call).touch(
         location, change, written_by=call.identity.agent, memory_id=memory_id,
-        confidence=confidence,
+        confidence=confidence, held=call.held_key,
     )
-    return _revision_answer(written)
+    return _revision_answer(call, written)
 
 
 @op("memory.restate", role="writer", kind="write", listed=False,
-    args=MemoryTargetArgs, answer=MemoryRevisionAnswer,
+    args=MemoryTargetArgs, answer=MemoryRevisionAnswer, replay=_replayed(_revision_answer),
     example={**_WHO, "key": "invoice_currency"})
 def memory_restate(call: Call) -> dict[str, Any]:
     """The fact was stated again: a new version with the same content, dated now."""
@@ -907,7 +942,7 @@ def memory_restate(call: Call) -> dict[str, Any]:
 
 
 @op("memory.reinforce", role="writer", kind="write", listed=False,
-    args=MemoryReinforceArgs, answer=MemoryRevisionAnswer,
+    args=MemoryReinforceArgs, answer=MemoryRevisionAnswer, replay=_replayed(_revision_answer),
     example={**_WHO, "key": "invoice_currency", "confidence": 0.9})
 def memory_reinforce(call: Call) -> dict[str, Any]:
     """The fact was confirmed: counted, confidence raised if given, a new version dated now."""
@@ -915,7 +950,7 @@ def memory_reinforce(call: Call) -> dict[str, Any]:
 
 
 @op("memory.recall", role="writer", kind="write", listed=False,
-    args=MemoryTargetArgs, answer=MemoryRevisionAnswer,
+    args=MemoryTargetArgs, answer=MemoryRevisionAnswer, replay=_replayed(_revision_answer),
     example={**_WHO, "key": "invoice_currency"})
 def memory_recall(call: Call) -> dict[str, Any]:
     """The fact was used: counted and timed in a new version that keeps its last change."""
@@ -923,12 +958,12 @@ def memory_recall(call: Call) -> dict[str, Any]:
 
 
 @op("memory.backfill", role="writer", kind="idempotent", listed=False,
-    args=MemoryTargetArgs, answer=MemoryRevisionAnswer,
+    args=MemoryTargetArgs, answer=MemoryRevisionAnswer, replay=_replayed(_revision_answer),
     example={**_WHO, "key": "invoice_currency"})
 def memory_backfill(call: Call) -> dict[str, Any]:
     """Bring a row's recall index entry up to date, keeping its content and last change."""
     location, memory_id = _write_target(call)
     written = memory_store(call).backfill(
-        location, written_by=call.identity.agent, memory_id=memory_id
+        location, written_by=call.identity.agent, memory_id=memory_id, held=call.held_key
     )
-    return _revision_answer(written)
+    return _revision_answer(call, written)

@@ -1,16 +1,22 @@
-"""The Idempotency-Key records of write ops: a reservation, then the first answer, for a day.
+"""The Idempotency-Key records of write ops: a lease while a try runs, then the first answer.
 
-``begin`` reserves a key for one call in a single script (so of two concurrent duplicates one
-runs and the other is told so) or hands back what is already there: the first answer, that the
-first call is still running, that it stopped without an answer, or that the key came with a
-different body. ``settle`` stores the answer, marks the outcome unknown, or gives the key up;
-only the call holding the reservation can settle it.
+``begin`` reserves a key for one try in a single script (so of two concurrent duplicates one
+runs and the other is told so) or hands back what is already there: the first answer, that a
+try still holds the key (its lease is live), that a try stopped without an answer, or that the
+key came with a different body. A try holds the key for a short lease that ``renew`` extends
+while it runs, so a try whose process died lets go within the lease. For an op whose one write
+script keeps its answer in the record in the same step (``HeldKey``, the memory writes), a
+lapsed lease proves the write never ran, and ``begin`` hands the key to the next try.
+``settle`` stores the answer, marks the outcome unknown, or gives the key up; only the try
+holding the reservation can settle it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
+
+import redis
 
 from app.store import keys
 from app.store.lua import script
@@ -21,12 +27,13 @@ if TYPE_CHECKING:
 
 DAY_MS = 24 * 3600 * 1000
 
-State = Literal["NEW", "DONE", "RUNNING", "UNKNOWN", "REUSED"]
+State = Literal["NEW", "DONE", "RECORDED", "RUNNING", "UNKNOWN", "REUSED"]
 
 
 @dataclass(frozen=True, slots=True)
 class Begun:
-    """What ``begin`` found: ``answer`` with DONE, ``running_ms`` left with RUNNING."""
+    """What ``begin`` found: ``answer`` with DONE (the answer as stored) and RECORDED (the
+    write script's reply), ``running_ms`` left of the holder's lease with RUNNING."""
 
     state: State
     answer: str | None = None
@@ -50,24 +57,55 @@ class KeyRecord:
                                 self.key)
 
 
+@dataclass(slots=True)
+class HeldKey:
+    """The key a try holds, handed to a write script that keeps its answer in the record in
+    the same step: the script writes only while ``holder`` holds the key, and the store sets
+    ``answered`` once it has."""
+
+    redis_key: str
+    holder: str
+    answered: bool = False
+
+
 class IdempotencyStore:
     def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self.clock = services.clock
         self._begin = script(self.redis, "idempotency_begin")
         self._settle = script(self.redis, "idempotency_settle")
+        self._renew = script(self.redis, "idempotency_renew")
 
-    def begin(self, record: KeyRecord, fingerprint: str, holder: str,
-              running_ms: int) -> Begun:
-        now_ms = self.clock.now_ns() // 1_000_000
+    def begin(self, record: KeyRecord, fingerprint: str, holder: str, lease_ms: int, *,
+              recorded: bool = False) -> Begun:
+        """Reserve the key for ``holder`` for ``lease_ms``, or say what holds it. With
+        ``recorded`` (the op's write keeps its answer in the record), a lapsed lease hands the
+        key to ``holder``; without, it is an outcome nobody will report."""
         reply = self._begin(keys=[record.redis_key],
-                            args=[fingerprint, holder, now_ms, running_ms, DAY_MS])
+                            args=[fingerprint, holder, self._now_ms(), lease_ms, DAY_MS,
+                                  "1" if recorded else "0"])
         state: State = text(reply[0])  # type: ignore[assignment]  # the script's words
-        if state == "DONE":
+        if state in ("DONE", "RECORDED"):
             return Begun(state, answer=text(reply[1]))
         if state == "RUNNING":
             return Begun(state, running_ms=int(reply[1]))
         return Begun(state)
+
+    def renew(self, leases: list[tuple[KeyRecord, str]], lease_ms: int) -> int:
+        """Extend the leases of these (record, holder) tries, one pipeline for all (one script
+        per record: they live in their users' slots); how many are still held."""
+        until = self._now_ms() + lease_ms
+        if isinstance(self.redis, redis.RedisCluster):
+            # A cluster pipeline does not load a script the node lacks: one call per lease.
+            return sum(int(self._renew(keys=[record.redis_key], args=[holder, until]))
+                       for record, holder in leases)
+        pipe = self.redis.pipeline(transaction=False)
+        for record, holder in leases:
+            self._renew(keys=[record.redis_key], args=[holder, until], client=pipe)
+        return sum(int(held) for held in pipe.execute())
+
+    def _now_ms(self) -> int:
+        return self.clock.now_ns() // 1_000_000
 
     def finish(self, record: KeyRecord, holder: str, answer: str) -> bool:
         """Store the first answer; False when this call no longer holds the key."""

@@ -30,11 +30,14 @@ Lua has no sha256, so the per-entry hash is ``redis.sha1hex``; the digest detect
 does not authenticate. ``source_digest_of`` computes the same value in Python. A script's
 refusals become errors through ``STATUS_ERRORS["memory"]`` (app/store/lua/__init__.py).
 
-Across slots, after the script and in one pipeline: the memory_id pointer
-(``{org/namespace}``), the namespace's set of users with profile sections and its sorted set of
-users whose sources changed. They are re-asserted on every write of the row; a process that dies
-between the two round trips leaves them behind until the row's next write, and the structured
-pass compares digests, so a lost "changed" entry is repaired by its scan (docs/decisions.md).
+Outside the user's slot, the same script decides what a write asserts: the memory_id pointer
+(``{org/namespace}``), the namespace's sets of users with facts or sections, its sorted sets of
+users whose sources changed, and the list of fact namespaces. On one server the script writes
+them itself, so a write is one round trip; on Redis Cluster, where a script reaches one slot,
+it answers them as commands and the store sends them in one pipeline after it. They are
+re-asserted on every write of the row; a process that dies between the two round trips leaves
+them behind until the row's next write, and the structured pass compares digests, so a lost
+"changed" entry is repaired by its scan (docs/decisions.md).
 
 Content (its length and hash) is computed in Python, so ``append`` and ``replace`` read,
 compute and write with a compare-and-swap on the row's version, retrying when another writer
@@ -50,6 +53,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from app.errors import (
     CharLimitExceeded,
     HashMismatch,
@@ -61,6 +66,7 @@ from app.errors import (
 )
 from app.store import keys
 from app.store.batching import pairs
+from app.store.idempotency import HeldKey
 from app.store.lease import Fence, LeaseLost
 from app.store.lua import COMPARE_AND_SWAP_LOST, FENCE_LOST, raise_for_status, script
 from app.store.memory_row import (
@@ -160,6 +166,7 @@ class MemoryStore:
         self._expire = script(self.redis, "memory_expire_sources")
         self._clear_changed = script(self.redis, "clear_unless_changed_since")
         self._section_vectors = ProfileVectorStore(services)
+        self._clustered = isinstance(self.redis, redis.RedisCluster)
 
     # --- reads ---------------------------------------------------------------------------
 
@@ -401,6 +408,7 @@ class MemoryStore:
         required_type: str = "",
         refuse_pinned: bool = False,
         fence: Fence | None = None,
+        held: HeldKey | None = None,
     ) -> Written:
         """Write a new version with ``content``.
 
@@ -410,13 +418,15 @@ class MemoryStore:
         ``required_type`` refuses to overwrite a live row of another type. ``refuse_pinned``
         (the workers) refuses a pinned or ``high`` row, as a lock refuses everyone. With a
         ``fence`` (a worker holding a lease) the write is made only while the fence holds its
-        token, checked in the same script: LeaseLost otherwise.
+        token, checked in the same script: LeaseLost otherwise. With ``held`` (a call's
+        Idempotency-Key) the script writes only while the call holds the key and keeps its
+        reply there in the same step.
         """
         field_list, length = content.fields(location)
         if length > MAX_CHAR_LIMIT:
             raise CharLimitExceeded(length, MAX_CHAR_LIMIT)
         reply = self._set(
-            keys=location.script_keys() + ([fence.key] if fence is not None else []),
+            keys=self._keys(location, [fence.key] if fence is not None else [], held),
             args=[
                 self.clock.now_ns(),
                 new_memory_id(),
@@ -430,19 +440,21 @@ class MemoryStore:
                 "1" if refuse_pinned else "0",
                 fence.token if fence is not None else "",
                 *field_list,
+                self._tail(location, held),
             ],
         )
-        return self._finish(location, reply)
+        return self._finish(location, reply, held)
 
     def set_flag(
-        self, location: Location, flag: str, on: bool, *, written_by: str, memory_id: str = ""
+        self, location: Location, flag: str, on: bool, *, written_by: str, memory_id: str = "",
+        held: HeldKey | None = None,
     ) -> Written:
         """lock / unlock / pin / unpin: a new version with the same content (none when the
         flag is already so)."""
         if flag not in ("locked", "pinned"):
             raise ValueError(f"unknown flag {flag}")
         reply = self._flag(
-            keys=location.script_keys(),
+            keys=self._keys(location, held=held),
             args=[
                 self.clock.now_ns(),
                 flag,
@@ -450,29 +462,33 @@ class MemoryStore:
                 written_by,
                 location.member,
                 memory_id,
+                self._tail(location, held),
             ],
         )
-        return self._finish(location, reply)
+        return self._finish(location, reply, held)
 
     def delete(
-        self, location: Location, *, written_by: str, memory_id: str = "", source_trace: str = ""
+        self, location: Location, *, written_by: str, memory_id: str = "", source_trace: str = "",
+        held: HeldKey | None = None,
     ) -> Written | None:
         """Write a tombstone version; None when there is no row. ``changed`` False: it was
         already deleted."""
         reply = self._delete(
-            keys=location.script_keys(),
-            args=[self.clock.now_ns(), written_by, location.member, memory_id, source_trace],
+            keys=self._keys(location, held=held),
+            args=[self.clock.now_ns(), written_by, location.member, memory_id, source_trace,
+                  self._tail(location, held)],
         )
         if reply[0] == "MISSING":
             return None
-        return self._finish(location, reply)
+        return self._finish(location, reply, held)
 
     def delete_version(
-        self, location: Location, version: int, *, written_by: str, memory_id: str = ""
+        self, location: Location, version: int, *, written_by: str, memory_id: str = "",
+        held: HeldKey | None = None,
     ) -> Written:
         """Remove one version; the removal is a new version traced ``memory.delete_version:``."""
         reply = self._delete_version(
-            keys=location.script_keys(),
+            keys=self._keys(location, held=held),
             args=[
                 self.clock.now_ns(),
                 pad_version(version),
@@ -480,18 +496,20 @@ class MemoryStore:
                 location.member,
                 memory_id,
                 f"{DELETE_VERSION_TRACE}{version}",
+                self._tail(location, held),
             ],
         )
-        return self._finish(location, reply, version=version)
+        return self._finish(location, reply, held, version=version)
 
     def revert(
-        self, location: Location, version: int | None, *, written_by: str, memory_id: str = ""
+        self, location: Location, version: int | None, *, written_by: str, memory_id: str = "",
+        held: HeldKey | None = None,
     ) -> Written:
         """Bring back the content of a stored version as the row's next version: ``version``
         for a revert, None for a restore (a deleted row, with its newest version that is no
         deletion). Either is a change of the fact, dated now unless its valid_at dates it."""
         reply = self._revert(
-            keys=location.script_keys(),
+            keys=self._keys(location, held=held),
             args=[
                 self.clock.now_ns(),
                 "restore" if version is None else "revert",
@@ -499,9 +517,10 @@ class MemoryStore:
                 written_by,
                 location.member,
                 memory_id,
+                self._tail(location, held),
             ],
         )
-        return self._finish(location, reply, version=version)
+        return self._finish(location, reply, held, version=version)
 
     def touch(
         self,
@@ -511,6 +530,7 @@ class MemoryStore:
         written_by: str,
         memory_id: str = "",
         confidence: float | None = None,
+        held: HeldKey | None = None,
     ) -> Written:
         """A new version with the row's content: ``restate`` and ``reinforce`` (which also
         counts, and raises the confidence to ``confidence`` when that is higher) date the fact
@@ -518,7 +538,7 @@ class MemoryStore:
         if change not in ("restate", "reinforce", "recall"):
             raise ValueError(f"unknown change {change}")
         reply = self._touch(
-            keys=location.script_keys(),
+            keys=self._keys(location, held=held),
             args=[
                 self.clock.now_ns(),
                 change,
@@ -528,11 +548,13 @@ class MemoryStore:
                 "" if confidence is None else format_confidence(confidence),
                 "",
                 "",
+                self._tail(location, held),
             ],
         )
-        return self._finish(location, reply)
+        return self._finish(location, reply, held)
 
-    def backfill(self, location: Location, *, written_by: str, memory_id: str = "") -> Written:
+    def backfill(self, location: Location, *, written_by: str, memory_id: str = "",
+                 held: HeldKey | None = None) -> Written:
         """Bring the row's lexical recall entry up to this release's terms and list it for a
         vector when it has none, keeping the row's content and last change; ``changed`` False
         when both were current. The terms are computed here from the row as read, and written
@@ -548,11 +570,12 @@ class MemoryStore:
                 and indexable(row.memory_type, row.tags) else ""
             )
             reply = self._touch(
-                keys=location.script_keys(),
+                keys=self._keys(location, held=held),
                 args=[self.clock.now_ns(), "backfill", written_by, location.member, memory_id,
-                      "", "" if row is None else str(row.version), terms],
+                      "", "" if row is None else str(row.version), terms,
+                      self._tail(location, held)],
             )
-            return self._finish(location, reply)
+            return self._finish(location, reply, held)
 
         return self._with_retries(attempt)
 
@@ -566,17 +589,18 @@ class MemoryStore:
     ) -> Redacted:
         """Scrub the value of every version of the row, and of every profile version of the
         ``derived`` rows whose trace names it; all or nothing."""
-        script_keys = location.script_keys()
+        derived_keys: list[str] = []
         for derived_location in derived:
-            script_keys += [derived_location.row_key(),
-                            keys.memory_versions(*derived_location.parts())]
+            derived_keys += [derived_location.row_key(),
+                             keys.memory_versions(*derived_location.parts())]
         reply = self._redact(
-            keys=script_keys,
-            args=[self.clock.now_ns(), written_by, memory_id, len(derived)],
+            keys=self._keys(location, derived_keys),
+            args=[self.clock.now_ns(), written_by, memory_id, len(derived),
+                  self._tail(location)],
         )
         if reply[0] != "OK":
             self._refuse(location, reply)
-        fields = pairs(reply[2:])
+        fields = pairs(reply[3:])
         count = int(fields.pop("versions_redacted"))
         derived_versions = int(fields.pop("derived_versions_redacted"))
         derived_rows = int(fields.pop("derived_rows_redacted"))
@@ -587,7 +611,7 @@ class MemoryStore:
         scrubbed = [row.memory_id, *(other.memory_id for other in
                                      self.read_row_keys([d.row_key() for d in derived]))]
         self._section_vectors.drop(location.org, location.namespace, location.user_id, scrubbed)
-        self._after_write(location, written, self.clock.now_ns(), redacted=True)
+        self._after_write(location, written, reply[2])
         return Redacted(written, count, derived_rows, derived_versions)
 
     def derived_rows(
@@ -736,69 +760,71 @@ class MemoryStore:
         )
         raise RuntimeError(f"unexpected script reply {reply[0]!r}")
 
-    def _finish(self, location: Location, reply: list[Any], **context: Any) -> Written:
+    @staticmethod
+    def written_of(reply: list[Any]) -> Written:
+        """What a write script's reply (or the copy it kept for an Idempotency-Key) says."""
         status = reply[0]
-        if status not in ("OK", "CREATED", "NOOP"):
-            self._refuse(location, reply, **context)
-        row = MemoryRow.from_fields(pairs(reply[2:]))
-        written = Written(
-            row,
+        return Written(
+            MemoryRow.from_fields(pairs(reply[3:])),
             created=status == "CREATED",
             changed=status != "NOOP",
             sources_moved=reply[1] == "1",
         )
+
+    def _finish(self, location: Location, reply: list[Any], held: HeldKey | None = None,
+                **context: Any) -> Written:
+        status = reply[0]
+        if status not in ("OK", "CREATED", "NOOP"):
+            self._refuse(location, reply, **context)
+        if held is not None:
+            held.answered = True
+        written = self.written_of(reply)
+        row = written.row
         if written.changed:
-            self._after_write(location, written, row.version)
+            self._after_write(location, written, reply[2])
             if row.live and not row.redacted and row.memory_type != PROFILE_TYPE:
                 # The write listed the row as due when its text changed; the job embeds it.
                 self.services.store(RecallVectorStore).request(
                     location.org, location.namespace, location.user_id)
         return written
 
-    def _after_write(
-        self, location: Location, written: Written, changed_at: int, *, redacted: bool = False
-    ) -> None:
-        """The entries in the namespace's slot, which no script over the user's slot can reach
-        on Redis Cluster: re-asserted on every write, so a lost one heals at the next."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.set(
-            keys.memory_pointer(location.org, location.namespace, written.row.memory_id),
-            location.pointer_value(),
-        )
-        if written.row.memory_type != PROFILE_TYPE:
-            # A namespace search fans out over these users (app/store/recall.py).
-            pipe.sadd(keys.recall_users(location.org, location.namespace), location.user_id)
-        if written.row.memory_type == PROFILE_TYPE:
-            pipe.sadd(keys.profile_users(location.org, location.namespace), location.user_id)
-            pipe.sadd(keys.profile_label_users(location.org, location.namespace, location.key),
-                      location.user_id)
-            pipe.sadd(
-                keys.profile_agent_users(location.org, location.namespace, location.agent),
-                location.user_id,
-            )
-        if _is_structured_row(location) and (
-            redacted or written.row.written_by != STRUCTURED_WORKER
-        ):
-            # A caller's write, redact or delete of the worker's row makes it read as no
-            # profile (pending): list the user, or no scan would ever see the row moved.
-            pipe.zadd(
-                keys.profile_changed_users(location.org, location.namespace),
-                {location.user_id: changed_at},
-            )
-        if written.sources_moved:
-            pipe.zadd(
-                keys.profile_changed_users(location.org, location.namespace),
-                {location.user_id: changed_at},
-            )
-            # The consolidation fold's own change list (cleared only by the fold, never by the
-            # structured worker) and the namespaces it visits: app/store/consolidation.py.
-            pipe.zadd(
-                keys.consolidation_changed(location.org, location.namespace),
-                {location.user_id: changed_at},
-            )
-            pipe.sadd(keys.fact_namespaces(),
-                      json.dumps([location.org, location.namespace]))
-        pipe.execute()
+    def _keys(self, location: Location, extra: Sequence[str] = (),
+              held: HeldKey | None = None) -> list[str]:
+        """A write script's keys: the shared ones, the script's own ``extra``, then the
+        Idempotency-Key record the write answers, when it answers one."""
+        return [*location.script_keys(), *extra, *([held.redis_key] if held else [])]
+
+    def _tail(self, location: Location, held: HeldKey | None = None) -> str:
+        """The last argument of every write script (memory_write.lua): the entries the write
+        asserts outside the user's slot, and whether the script writes them itself."""
+        org, namespace = location.org, location.namespace
+        return json.dumps({
+            "apply": not self._clustered,
+            "user_id": location.user_id,
+            "pointer": keys.memory_pointer(org, namespace, ""),
+            "pointer_value": location.pointer_value(),
+            "recall_users": keys.recall_users(org, namespace),
+            "profile_users": keys.profile_users(org, namespace),
+            "label_users": keys.profile_label_users(org, namespace, location.key),
+            "agent_users": keys.profile_agent_users(org, namespace, location.agent),
+            "changed_users": keys.profile_changed_users(org, namespace),
+            "fold_changed": keys.consolidation_changed(org, namespace),
+            "fact_namespaces": keys.fact_namespaces(),
+            "namespace_json": json.dumps([org, namespace]),
+            "structured_row": _is_structured_row(location),
+            "holder": held.holder if held is not None else "",
+        })
+
+    def _after_write(self, location: Location, written: Written, left: list[Any]) -> None:
+        """What a write leaves to its caller: on Redis Cluster, the namespace-slot commands the
+        script answered (one pipeline; a process that dies before it leaves them until the
+        row's next write re-asserts them), and a section's vector refresh."""
+        if left:
+            pipe = self.redis.pipeline(transaction=False)
+            for command in left:
+                # The script's own words (SET, SADD, ZADD): redis-py leaves this one untyped.
+                pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+            pipe.execute()
         if written.row.memory_type == PROFILE_TYPE:
             # loom_search's profile leg: the section's vector is refreshed off the request path.
             self._section_vectors.section_written(location.org, location.namespace,

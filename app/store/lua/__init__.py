@@ -29,6 +29,7 @@ from app.errors import (
     CharLimitExceeded,
     ErasureRunning,
     HashMismatch,
+    IdempotencyInProgress,
     LoomError,
     MemoryLocked,
     MemoryNotDeleted,
@@ -164,6 +165,12 @@ STATUS_ERRORS: dict[str, dict[str, ErrorFactory]] = {
             {"version": [f"version {context['version']} of row {context['key']!r} holds no "
                          "content (a deletion or a redacted version)"]},
         ),
+        # The try answering an Idempotency-Key lost its lease on the key to a later try
+        # (app/idempotency.py), checked in the write's own step: it wrote nothing, and the try
+        # holding the key now answers for it.
+        "LEASE_LOST": lambda _reply, _context: IdempotencyInProgress(
+            "a later try with this Idempotency-Key holds it now; this one wrote nothing",
+            retry_after=1),
         "DERIVED_LOCKED": lambda reply, _: MemoryLocked(
             f"profile row {reply[1]!r}, built from this row, is locked: unlock it, then "
             "redact again",

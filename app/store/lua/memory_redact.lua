@@ -67,11 +67,11 @@ for d = 1, derived do
   if touched then rows = rows + 1 end
 end
 local moved = update_sources(KEYS[7], KEYS[8], KEYS[9], r.memory_id, nil, '', ARGV[1])
-local reply = done('OK', moved, r)
+local reply = reply_of('OK', moved, r, ARGV[1], true)
 reply[#reply + 1] = 'versions_redacted'
 reply[#reply + 1] = tostring(count)
 reply[#reply + 1] = 'derived_versions_redacted'
 reply[#reply + 1] = tostring(reached)
 reply[#reply + 1] = 'derived_rows_redacted'
 reply[#reply + 1] = tostring(rows)
-return reply
+return answered(reply)

@@ -1,11 +1,12 @@
 -- KEYS: see memory_write. ARGV: 1 now, 2 memory_id for a new row, 3 rows-set member,
 -- 4 expected version ('' none, '-' no live row), 5 if_match sha ('' none), 6 default char_limit
 -- ('' none), 7 char_limit ('' keeps the row's), 8 written_by, 9 required type of a live row
--- ('' any), 10 refuse pinned/high ('1'), 11 a lease's fencing token ('' none; the last key is
--- then its fence, in the user's slot), 12.. field/value pairs of the new content.
+-- ('' any), 10 refuse pinned/high ('1'), 11 a lease's fencing token ('' none; KEYS[18] is
+-- then its fence, in the user's slot), 12.. field/value pairs of the new content, then the
+-- tail (memory_write).
 --#include memory_write
 if redis.call('EXISTS', KEYS[10]) == 1 then return {'ERASING'} end
-if ARGV[11] ~= '' and redis.call('GET', KEYS[#KEYS]) ~= ARGV[11] then return {'FENCED'} end
+if ARGV[11] ~= '' and redis.call('GET', KEYS[SHARED_KEYS + 1]) ~= ARGV[11] then return {'FENCED'} end
 local r = load_row()
 local live = r and r.deleted ~= '1'
 if r and r.locked == '1' then return {'LOCKED', r.memory_id} end
@@ -35,7 +36,7 @@ end
 local limit = ARGV[7]
 if limit == '' then limit = r.char_limit or '' end
 if limit == '' then limit = ARGV[6] end
-for i = 12, #ARGV, 2 do r[ARGV[i]] = ARGV[i + 1] end
+for i = 12, #ARGV - 1, 2 do r[ARGV[i]] = ARGV[i + 1] end
 r.char_limit = limit
 if limit ~= '' and tonumber(r.value_length) > tonumber(limit) then
   return {'LIMIT', r.value_length, limit}

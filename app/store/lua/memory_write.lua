@@ -3,13 +3,23 @@
 -- 8 digest, 9 source expiry, 10 the user's erasure marker, 11 live rows, 12 recall docs,
 -- 13 recall postings, 14 recall stats, 15 recall vectors, 16 rows due for a vector, 17 the
 -- vectors' generation. A script that takes more keys takes them after these
--- (KEYS[SHARED_KEYS + 1] on).
+-- (KEYS[SHARED_KEYS + 1] on); when the write answers an Idempotency-Key, that key's record
+-- is the last key of all.
+-- The last ARGV of every memory write script is its tail (JSON, built by
+-- app/store/memory.py _tail): the names and values of the entries the write asserts in the
+-- namespace's slot, whether the script writes them itself (one server) or answers them for
+-- one pipeline (Redis Cluster, where no script over the user's slot reaches them), and the
+-- holder of the Idempotency-Key record the write's answer goes to ('' none).
 --#include version
 --#include memory_digest
 --#include recall_posting
 local SOURCE_TYPES = {semantic = true, preference = true, decision = true}
 local NUL = string.char(0)
 local SHARED_KEYS = 17
+local STRUCTURED_WORKER = 'worker:structured_profile'
+local TAIL = cjson.decode(ARGV[#ARGV])
+local OUTCOME = nil
+if TAIL.holder ~= '' then OUTCOME = KEYS[#KEYS] end
 
 -- The section's three entries in the user's section index (keys.profile_sections).
 local function section_members(key, agent, session_id)
@@ -201,10 +211,55 @@ local function commit(r, now, member, old_type, keep_change)
   return update_sources(KEYS[7], KEYS[8], KEYS[9], r.memory_id, entry, valid_to, r.version)
 end
 
--- The reply: status, whether the digest moved, the row's fields but its recall terms (the
--- index's copy, which no caller reads back).
-local function done(status, moved, r)
-  local reply = {status, moved and '1' or '0'}
+-- keys.escape: a memory_id as a component of a key name.
+local function escape(component)
+  return (string.gsub(component, '[%%{}/:]',
+    function(c) return string.format('%%%02X', string.byte(c)) end))
+end
+
+-- The entries outside the user's slot that a write of r asserts, as commands: the memory_id's
+-- pointer, the namespace's sets of users with facts or sections, and its change lists when the
+-- sources moved (or a caller wrote the structured worker's row). changed_at scores the change.
+local function namespace_commands(r, moved, changed_at, redacted)
+  local t = TAIL
+  local commands = {{'SET', t.pointer .. escape(r.memory_id), t.pointer_value}}
+  if r.memory_type == 'profile' then
+    commands[#commands + 1] = {'SADD', t.profile_users, t.user_id}
+    commands[#commands + 1] = {'SADD', t.label_users, t.user_id}
+    commands[#commands + 1] = {'SADD', t.agent_users, t.user_id}
+  else
+    -- A namespace search fans out over these users (app/store/recall.py).
+    commands[#commands + 1] = {'SADD', t.recall_users, t.user_id}
+  end
+  -- A caller's write, redact or delete of the worker's row makes it read as no profile
+  -- (pending): the user is listed, or no scan would ever see the row moved.
+  local by_caller = t.structured_row and (redacted or r.written_by ~= STRUCTURED_WORKER)
+  if moved or by_caller then
+    commands[#commands + 1] = {'ZADD', t.changed_users, changed_at, t.user_id}
+  end
+  if moved then
+    -- The consolidation fold's own change list and the namespaces it visits.
+    commands[#commands + 1] = {'ZADD', t.fold_changed, changed_at, t.user_id}
+    commands[#commands + 1] = {'SADD', t.fact_namespaces, t.namespace_json}
+  end
+  return commands
+end
+
+-- The reply: status, whether the digest moved, the namespace commands left to the caller
+-- (none on one server, where the script has written them), the row's fields but its recall
+-- terms (the index's copy, which no caller reads back). A write that changed nothing (NOOP)
+-- asserts nothing. changed_at defaults to the new version; redacted marks a redact.
+local function reply_of(status, moved, r, changed_at, redacted)
+  local left = {}
+  if status ~= 'NOOP' then
+    local commands = namespace_commands(r, moved, changed_at or r.version, redacted)
+    if TAIL.apply then
+      for _, command in ipairs(commands) do redis.call(unpack(command)) end
+    else
+      left = commands
+    end
+  end
+  local reply = {status, moved and '1' or '0', left}
   for k, v in pairs(r) do
     if k ~= 'recall_terms' then
       reply[#reply + 1] = k
@@ -214,6 +269,21 @@ local function done(status, moved, r)
   return reply
 end
 
+-- The reply, kept as the Idempotency-Key's answer in the same step when the write answers one
+-- (without the commands left to the caller, which a repeat does not run again).
+local function answered(reply)
+  if OUTCOME then
+    local kept = {reply[1], reply[2], {}}
+    for i = 4, #reply do kept[i] = reply[i] end
+    redis.call('HSET', OUTCOME, 'state', 'done', 'reply', cjson.encode(kept))
+  end
+  return reply
+end
+
+local function done(status, moved, r)
+  return answered(reply_of(status, moved, r))
+end
+
 local function target(expected_id)
   if redis.call('EXISTS', KEYS[10]) == 1 then return nil, {'ERASING'} end
   local r = load_row()
@@ -221,4 +291,11 @@ local function target(expected_id)
     return nil, {'MISSING'}
   end
   return r, nil
+end
+
+-- A write that answers an Idempotency-Key runs only while its try holds the key: a try whose
+-- lease ran out and another try took over writes nothing (app/idempotency.py).
+if OUTCOME then
+  local held = redis.call('HMGET', OUTCOME, 'holder', 'state')
+  if held[1] ~= TAIL.holder or held[2] ~= 'running' then return {'LEASE_LOST'} end
 end

@@ -1,0 +1,454 @@
+"""bench: what writers meet when Redis, a gunicorn worker and the gunicorn master are killed.
+
+Starts the embedded server (append-only, as ``python -m app.local`` runs it) and the Procfile's
+web line on a free loopback port, then runs writers through HTTP for the whole run, half of
+them without an ``Idempotency-Key`` (one try each) and half with one (retried with the same key,
+honouring ``Retry-After``, until an answer settles: 200, or a refusal that is not "try again").
+Each write is a ``working_memory.append`` of a token of its own or a ``memory.set`` of a key of
+its own, in turn. Meanwhile it kills with SIGKILL, ``--kills`` times each and ``--gap`` seconds
+apart: Redis (restarted at once on the same port and data), a gunicorn worker (its master
+starts another) and the gunicorn master (a new one started at once, as a supervisor would).
+
+After the run every write is looked up in Redis: a block's tokens (counted in its content), a
+fact's versions (one per applied ``memory.set``), and each user's recall index against the
+user's facts. It prints:
+
+- acknowledged, lost (acknowledged, absent), duplicated (applied more than once) and
+  refused-but-present (never acknowledged, applied all the same), keyed and unkeyed apart;
+- index drift: facts without a recall entry plus entries without a fact;
+- per target, the keyed writes a kill made retry, their wait from the first failed try to the
+  settled answer (p50, max), and the time each kill took to recover: for the master, from the
+  new master's start to the first ``/readyz`` 200 answered by one of its own workers (the dead
+  master's workers still serve until they stop), beside a cold start of the same command;
+  for Redis and a worker, from the kill to the next ``/readyz`` 200.
+
+It exits 1 when a write was lost or applied twice or the index drifted, and with ``--strict``
+also when a restart took longer than 3 s.
+
+    .venv/bin/python bench/faults.py [--kills 3] [--writers 4] [--keyed 4] [--gap 4] [--strict]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import random
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+import requests
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from app.local import RedisServerProcess, die_with_parent, free_port  # noqa: E402
+from app.store import keys  # noqa: E402
+
+ORG = "default"  # auth off: every call is the default org's
+NAMESPACE = "faults"
+AGENT = "writer"
+RUN_ID = "r"
+TOKENS_PER_BLOCK = 400  # tokens of up to 12 characters: well under the largest block
+BLOCK_CHARS = 16384
+# Answers that say "nothing settled, ask again".
+RETRY_STATUSES = {409, 429, 500, 502, 503, 504}
+SETTLED_409 = {"IDEMPOTENCY_OUTCOME_UNKNOWN"}
+RESTART_TARGET = 3.0  # seconds from a new master's start to its first /readyz 200
+
+
+@dataclass
+class Write:
+    writer: int
+    keyed: bool
+    kind: str  # "append" or "set"
+    name: str  # the token appended, or the fact's key
+    block: str = ""
+    outcome: str = "refused"  # "acknowledged", "refused" or "unsettled"
+    tries: int = 0
+    first_failure: float | None = None
+    settled_at: float | None = None
+
+
+@dataclass
+class Run:
+    url: str
+    writes: list[Write] = field(default_factory=list)
+    # (target, when it was killed, seconds to recover)
+    kills: list[tuple[str, float, float]] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+    def record(self, write: Write) -> None:
+        with self.lock:
+            self.writes.append(write)
+
+
+def user_of(writer: int) -> str:
+    return f"w{writer}"
+
+
+def identity(writer: int) -> dict[str, str]:
+    return {"namespace": NAMESPACE, "agent": AGENT, "user_id": user_of(writer)}
+
+
+def retry_after(answer: requests.Response | None) -> float:
+    if answer is None:
+        return 0.5
+    try:
+        return min(float(answer.headers.get("Retry-After", "1")), 5.0)
+    except ValueError:
+        return 1.0
+
+
+def settled(answer: requests.Response) -> bool:
+    if answer.status_code not in RETRY_STATUSES:
+        return True
+    if answer.status_code == 409:
+        try:
+            code = (answer.json().get("error") or {}).get("code")
+        except ValueError:
+            return False
+        return code in SETTLED_409
+    return False
+
+
+def send(run: Run, session: requests.Session, write: Write, body: dict[str, Any],
+         settle_limit: float) -> None:
+    op = "working_memory.append" if write.kind == "append" else "memory.set"
+    headers = {"Idempotency-Key": str(uuid.uuid4())} if write.keyed else {}
+    while True:
+        write.tries += 1
+        answer: requests.Response | None = None
+        try:
+            answer = session.post(f"{run.url}/v1/{op}", json=body, headers=headers, timeout=5)
+        except requests.RequestException:
+            session.close()
+        if answer is not None and answer.status_code == 200:
+            write.outcome = "acknowledged"
+        elif answer is not None and settled(answer):
+            write.outcome = "refused"
+        else:
+            now = time.monotonic()
+            write.first_failure = write.first_failure or now
+            if not write.keyed:
+                write.outcome = "refused"
+                return
+            if now - write.first_failure > settle_limit:
+                write.outcome = "unsettled"
+                return
+            time.sleep(retry_after(answer))
+            continue
+        if write.first_failure is not None:
+            write.settled_at = time.monotonic()
+        return
+
+
+def writer(run: Run, number: int, keyed: bool, settle_limit: float) -> None:
+    session = requests.Session()
+    n = 0
+    block = ""
+    while not run.stopping.is_set():
+        if n % 2 == 0:
+            if (n // 2) % TOKENS_PER_BLOCK == 0:
+                block = f"b{n // (2 * TOKENS_PER_BLOCK)}"
+                make_block(run, number, block)
+            write = Write(number, keyed, "append", f"|{number}-{n}", block=block)
+            body = {**identity(number), "run_id": RUN_ID, "block_key": block,
+                    "addition": write.name}
+        else:
+            write = Write(number, keyed, "set", f"k{n}")
+            body = {**identity(number), "key": write.name,
+                    "value": f"fact {n} of writer {number}"}
+        send(run, session, write, body, settle_limit)
+        run.record(write)
+        n += 1
+
+
+def make_block(run: Run, number: int, block: str) -> None:
+    """An empty block with the largest cap, before its first append (retried until it is)."""
+    body = {**identity(number), "run_id": RUN_ID, "block_key": block, "content": "",
+            "char_limit": BLOCK_CHARS}
+    while True:
+        try:
+            if requests.post(f"{run.url}/v1/working_memory.set", json=body,
+                             timeout=5).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+
+
+# --- the processes ---------------------------------------------------------------------------
+
+def procfile_web(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """The Procfile's web line as written (the port comes from PORT)."""
+    line = next(row.split(":", 1)[1] for row in (ROOT / "Procfile").read_text().splitlines()
+                if row.startswith("web:"))
+    command = shlex.split(line)
+    with log.open("ab") as output:
+        return subprocess.Popen([sys.executable, "-m", *command], cwd=ROOT, env=env,
+                                stdout=output, stderr=subprocess.STDOUT,
+                                preexec_fn=die_with_parent)
+
+
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started, whichever of its threads started them."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(p) for p in (task / "children").read_text().split()]
+        except FileNotFoundError:
+            continue
+    return found
+
+
+def server_socket_inode(port: int, client_port: int) -> str | None:
+    """The inode of the server's end of a loopback connection, from /proc/net/tcp."""
+    local, remote = f":{port:04X}", f":{client_port:04X}"
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1].endswith(local) and fields[2].endswith(remote) and fields[9] != "0":
+            return fields[9]
+    return None
+
+
+def held_by(pids: Sequence[int], inode: str) -> bool:
+    target = f"socket:[{inode}]"
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except FileNotFoundError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                    return True
+            except OSError:
+                continue
+    return False
+
+
+def ready(port: int, master: int | None = None) -> bool:
+    """``/readyz`` answered 200, with ``master`` by one of its workers (the connection's server
+    end open in it: a worker of a dead master answers too, and closes as it stops)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=0.5)
+    try:
+        connection.request("GET", "/readyz")
+        assert connection.sock is not None
+        client_port = connection.sock.getsockname()[1]
+        answer = connection.getresponse()
+        # Looked up while the connection is open: the answer came from its server end.
+        inode = server_socket_inode(port, client_port) if master is not None else None
+        answer.read()
+        if answer.status != 200:
+            return False
+        if master is None:
+            return True
+        return inode is not None and held_by(children(master), inode)
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        connection.close()
+
+
+def wait_ready(port: int, since: float, master: int | None = None,
+               limit: float = 60.0) -> float:
+    while time.monotonic() - since < limit:
+        if ready(port, master):
+            return time.monotonic() - since
+        time.sleep(0.02)
+    raise RuntimeError(f"no /readyz 200 within {limit:g} s")
+
+
+# --- the checks ------------------------------------------------------------------------------
+
+def look_up(run: Run, client: redis.Redis, writers: int) -> dict[str, Any]:
+    contents: dict[tuple[int, str], str] = {}
+    with requests.Session() as session:
+        for number, block in sorted({(w.writer, w.block) for w in run.writes if w.block}):
+            answer = session.post(f"{run.url}/v1/working_memory.get", json={
+                **identity(number), "run_id": RUN_ID, "block_key": block}, timeout=10)
+            answer.raise_for_status()
+            contents[(number, block)] = answer.json().get("content", "")
+    lines = {block: Counter(content.split("\n")) for block, content in contents.items()}
+    pipe = client.pipeline(transaction=False)
+    sets = [w for w in run.writes if w.kind == "set"]
+    for w in sets:
+        pipe.hlen(keys.memory_versions(ORG, NAMESPACE, user_of(w.writer), AGENT, "-", w.name))
+    versions = dict(zip((id(w) for w in sets), pipe.execute(), strict=True))
+    figures: dict[str, Any] = {}
+    for keyed in (False, True):
+        side = "keyed" if keyed else "unkeyed"
+        mine = [w for w in run.writes if w.keyed == keyed]
+        applied = []
+        for w in mine:
+            if w.kind == "append":
+                # An append adds a line: a token applied twice is two lines.
+                applied.append(lines[(w.writer, w.block)].get(w.name, 0))
+            else:
+                applied.append(versions[id(w)])
+        pairs = list(zip(mine, applied, strict=True))
+        figures[side] = {
+            "writes": len(mine),
+            "acknowledged": sum(w.outcome == "acknowledged" for w in mine),
+            "lost": sum(w.outcome == "acknowledged" and n == 0 for w, n in pairs),
+            "duplicated": sum(n > 1 for _, n in pairs),
+            "refused_but_present": sum(w.outcome != "acknowledged" and n > 0 for w, n in pairs),
+            "refused": sum(w.outcome == "refused" for w in mine),
+            "unsettled": sum(w.outcome == "unsettled" for w in mine),
+        }
+    drift = 0
+    for number in range(writers):
+        facts = set(client.hkeys(keys.memory_ids(ORG, NAMESPACE, user_of(number))))
+        entries = set(client.hkeys(keys.recall_docs(ORG, NAMESPACE, user_of(number))))
+        drift += len(facts ^ entries)
+    figures["index_drift"] = drift
+    figures["facts"] = sum(client.hlen(keys.memory_ids(ORG, NAMESPACE, user_of(n)))
+                           for n in range(writers))
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kills", type=int, default=3, help="kills of each target")
+    parser.add_argument("--writers", type=int, default=4, help="writers without a key")
+    parser.add_argument("--keyed", type=int, default=4, help="writers with a key")
+    parser.add_argument("--gap", type=float, default=4.0, help="seconds of load between kills")
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers")
+    parser.add_argument("--settle-limit", type=float, default=120.0,
+                        help="seconds a keyed write is retried before it counts as unsettled")
+    parser.add_argument("--targets", default="redis,worker,master")
+    parser.add_argument("--strict", action="store_true", help="exit 1 on a restart over 3 s")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="loom-faults-"))
+    server = RedisServerProcess(work / "redis", appendonly=True).start()
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "REDIS_URL": server.url, "PORT": str(port),
+           "LOOM_DATA_DIR": str(work), "LOOM_SECRET_KEY": "faults-bench-secret",
+           "WEB_CONCURRENCY": str(args.workers)}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    log = work / "web.log"
+    run = Run(url=f"http://127.0.0.1:{port}")
+    started = time.monotonic()
+    master = procfile_web(env, log)
+    threads: list[threading.Thread] = []
+    try:
+        cold_start = wait_ready(port, started)
+        total = args.writers + args.keyed
+        threads = [threading.Thread(target=writer,
+                                    args=(run, n, n >= args.writers, args.settle_limit),
+                                    daemon=True) for n in range(total)]
+        for thread in threads:
+            thread.start()
+        loaded_start = None
+        for target in args.targets.split(","):
+            if target == "master":
+                loaded_start = cold_start_beside(env, work, log)
+            for _ in range(args.kills):
+                time.sleep(args.gap)
+                at = time.monotonic()
+                if target == "redis":
+                    assert server.process is not None
+                    server.process.kill()
+                    server.process.wait()
+                    server.start()
+                    recovery = wait_ready(port, at)
+                elif target == "worker":
+                    os.kill(random.choice(children(master.pid)), signal.SIGKILL)
+                    recovery = wait_ready(port, at)
+                else:
+                    master.kill()
+                    master.wait()
+                    restarted = time.monotonic()
+                    master = procfile_web(env, log)
+                    recovery = wait_ready(port, restarted, master=master.pid)
+                run.kills.append((target, at, recovery))
+        time.sleep(args.gap)
+        run.stopping.set()
+        for thread in threads:
+            thread.join(timeout=args.settle_limit + 30)
+        figures = look_up(run, redis.Redis.from_url(server.url), total)
+    finally:
+        run.stopping.set()
+        master.terminate()
+        try:
+            master.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            master.kill()
+        server.stop()
+    in_use = log.read_text(errors="replace").count("Connection in use")
+    return report(run, figures, (cold_start, loaded_start), in_use, args)
+
+
+def cold_start_beside(env: dict[str, str], work: Path, log: Path) -> float:
+    """A cold start of the same command on another port, under the run's load: the baseline
+    a restart is compared with on a machine whose speed the load and its neighbours set."""
+    port = free_port()
+    started = time.monotonic()
+    baseline = procfile_web({**env, "PORT": str(port)}, log.with_name("baseline.log"))
+    try:
+        return wait_ready(port, started, master=baseline.pid)
+    finally:
+        baseline.terminate()
+        baseline.wait(timeout=30)
+
+
+def report(run: Run, figures: dict[str, Any], cold_starts: tuple[float, float | None],
+           in_use: int, args: argparse.Namespace) -> int:
+    print(f"{args.writers} writers without a key, {args.keyed} with one, {args.workers} "
+          f"gunicorn workers; {args.kills} kill(s) of each target, {args.gap:g} s apart")
+    print(f"{'':<10}{'writes':>8}{'acked':>8}{'lost':>6}{'dup':>6}{'refused':>9}"
+          f"{'refused but present':>21}{'unsettled':>11}")
+    for side in ("unkeyed", "keyed"):
+        f = figures[side]
+        print(f"{side:<10}{f['writes']:>8}{f['acknowledged']:>8}{f['lost']:>6}"
+              f"{f['duplicated']:>6}{f['refused']:>9}{f['refused_but_present']:>21}"
+              f"{f['unsettled']:>11}")
+    print(f"index drift: {figures['index_drift']} ({figures['facts']} facts)")
+    kills = sorted(run.kills, key=lambda kill: kill[1])
+    print(f"{'target':<8}{'recovery s (each kill)':<34}{'keyed retried':>14}"
+          f"{'wait p50 s':>12}{'wait max s':>12}")
+    for target in dict.fromkeys(kill[0] for kill in kills):
+        mine = [kill for kill in kills if kill[0] == target]
+        waits = []
+        for _, at, _ in mine:
+            later = [kill[1] for kill in kills if kill[1] > at]
+            until = min(later) if later else float("inf")
+            waits += [w.settled_at - w.first_failure for w in run.writes
+                      if w.keyed and w.first_failure is not None and w.settled_at is not None
+                      and at - 1 <= w.first_failure < until]
+        each = " ".join(f"{kill[2]:.2f}" for kill in mine)
+        p50 = f"{statistics.median(waits):.2f}" if waits else "-"
+        worst = f"{max(waits):.2f}" if waits else "-"
+        print(f"{target:<8}{each:<34}{len(waits):>14}{p50:>12}{worst:>12}")
+    restarts = [kill[2] for kill in kills if kill[0] == "master"]
+    cold, loaded = cold_starts
+    if restarts and loaded is not None:
+        print(f"restart after kill -9 of the master: p50 {statistics.median(restarts):.2f} s, "
+              f"max {max(restarts):.2f} s (target {RESTART_TARGET:g} s); a cold start of the "
+              f"same command: {cold:.2f} s before the load, {loaded:.2f} s beside it "
+              f"(max restart / cold start beside the load: {max(restarts) / loaded:.2f}); "
+              f"'Connection in use' lines: {in_use}")
+    keyed, unkeyed = figures["keyed"], figures["unkeyed"]
+    bad = (unkeyed["lost"] + keyed["lost"] + keyed["duplicated"] + unkeyed["duplicated"]
+           + figures["index_drift"])
+    slow = args.strict and any(restart > RESTART_TARGET for restart in restarts)
+    return 1 if bad or slow else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

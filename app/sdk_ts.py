@@ -7,7 +7,11 @@ document has them) becomes:
 - ``ops.ts``: the op table the transport routes by, one input and one answer interface per
   op, the typed planes of ``bot.client``, and the names of the integer fields that carry
   versions or nanosecond times (parsed as ``bigint``, never rounded through a double);
-- ``errors.ts``: one error class per code of the server's error table (``app.errors``).
+- ``errors.ts``: the error classes below ``LoomAPIError`` with their codes and accessors,
+  ``BY_CODE`` and ``BY_STATUS``, from the Python SDK's catalogue (``sdk/loom/errors.py``, which
+  holds a class for every code of the server's table), and each code's status from that table
+  (``app.errors``). The roots above them are hand-written in ``src/error_base.ts``; the
+  generation stops (and ``--check`` fails) when they differ from the catalogue's.
 
 ``python -m app.sdk_ts`` rewrites them; ``--check`` only compares, and
 ``generated_files(root)`` renders into another folder, so a test can tell when the committed
@@ -16,10 +20,12 @@ files are behind the registry.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,14 +216,38 @@ def render_ops(ops: dict[str, dict[str, Any]]) -> str:
     return HEADER + "\n" + "\n\n".join(blocks) + "\n"
 
 
-# The class each status's codes extend (hand-written in src/errors.ts).
-STATUS_PARENT = {
-    400: "BadRequest", 401: "Unauthorized", 403: "Forbidden", 404: "NotFound",
-    405: "MethodNotAllowed", 409: "Conflict", 412: "PreconditionFailed",
-    413: "PayloadTooLarge", 422: "Unprocessable", 429: "TooManyRequests", 503: "ServerError",
+# What each property of a Python SDK error class is in TypeScript; None where the hand-written
+# LoomAPIError (src/error_base.ts) already answers it for every class. A property missing here
+# stops the generation, so the two SDKs cannot differ in what an error carries.
+TS_ACCESSORS: dict[str, str | None] = {
+    "fields": """\
+  /** Each bad field with its messages. */
+  get fields(): Record<string, unknown> {
+    const found = this.details["fields"];
+    return typeof found === "object" && found !== null ? { ...(found as object) } : {};
+  }""",
+    "value_length": """\
+  get valueLength(): number | null {
+    const found = this.details["value_length"];
+    return typeof found === "number" ? found : null;
+  }""",
+    "char_limit": """\
+  get charLimit(): number | null {
+    const found = this.details["char_limit"];
+    return typeof found === "number" ? found : null;
+  }""",
+    "retry_after": None,
 }
-# Codes whose answers carry value_length and char_limit.
-LIMIT_CODES = frozenset({"WORKING_MEMORY_LIMIT_EXCEEDED", "CHAR_LIMIT_EXCEEDED"})
+# src/error_base.ts: the hand-written roots (their constructors, the transport's flag and
+# retryAfter), each ``export class Name extends Parent`` with its static code.
+ERROR_BASE = Path("sdk-ts") / "src" / "error_base.ts"
+CATALOGUE = Path("sdk") / "loom" / "errors.py"
+_TS_CLASS = re.compile(r'^export class (\w+) extends (\w+) \{\n'
+                       r'  static (?:override )?readonly code: string = "([^"]*)";', re.M)
+
+
+class CatalogueDrift(Exception):
+    """The hand-written TypeScript roots no longer match the Python SDK's catalogue."""
 
 
 def error_table() -> list[tuple[str, int, str]]:
@@ -234,34 +264,97 @@ def error_table() -> list[tuple[str, int, str]]:
     return sorted(found.values())
 
 
-def render_errors(table: list[tuple[str, int, str]]) -> str:
-    parents = sorted(set(STATUS_PARENT.values()) | {"LimitExceeded"})
-    lines = [HEADER, f"import {{ {', '.join(parents)} }} from \"../error_base.js\";", ""]
-    names: list[tuple[str, str]] = []
-    for code, status, doc in table:
-        name = _camel(code.lower())
-        parent = ("LimitExceeded" if code in LIMIT_CODES
-                  else STATUS_PARENT.get(status, "ServerError"))
-        if name == parent:
-            names.append((code, parent))  # the status class is the code's class (404 NOT_FOUND)
+def error_catalogue(path: Path = ROOT / CATALOGUE) -> ModuleType:
+    """The Python SDK's errors module read from this checkout's file, not from the copy of the
+    SDK pip installed (which holds the catalogue as it was at install time)."""
+    spec = importlib.util.spec_from_file_location("loom_error_catalogue", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def sdk_error_classes(catalogue: ModuleType) -> list[type[Exception]]:
+    """Every error class of the catalogue, parents before their children (the module's
+    order)."""
+    return [value for value in vars(catalogue).values()
+            if isinstance(value, type) and issubclass(value, catalogue.LoomError)
+            and value.__module__ == catalogue.__name__]
+
+
+def _first_paragraph(doc: str | None) -> str:
+    """A docstring's first paragraph on one line, reST's ``code`` as Markdown's `code`."""
+    return " ".join((doc or "").strip().split("\n\n")[0].split()).replace("``", "`")
+
+
+def check_error_base(catalogue: ModuleType, base: Path = ROOT / ERROR_BASE) -> None:
+    """Raise ``CatalogueDrift`` unless src/error_base.ts declares exactly the Python SDK's
+    classes outside ``LoomAPIError``'s subtree (and it), with the same parents and codes."""
+    api_root = catalogue.LoomAPIError
+    wanted = {(cls.__name__,
+               "Error" if cls is catalogue.LoomError else cls.__bases__[0].__name__,
+               getattr(cls, "default_code", ""))
+              for cls in sdk_error_classes(catalogue)
+              if not issubclass(cls, api_root) or cls is api_root}
+    written = set(_TS_CLASS.findall(base.read_text()))
+    if written != wanted:
+        raise CatalogueDrift(
+            f"{base.name} differs from sdk/loom/errors.py: it has "
+            f"{sorted(written - wanted)}, the catalogue {sorted(wanted - written)}")
+
+
+def render_errors(catalogue: ModuleType, table: list[tuple[str, int, str]]) -> str:
+    """Each class of the Python SDK's catalogue below ``LoomAPIError``, with its parent, code
+    and accessors, then its ``BY_CODE`` and ``BY_STATUS`` and the server's statuses."""
+    api_root = catalogue.LoomAPIError
+    status_of = {code: status for code, status, _ in table}
+    status_class = {cls: status for status, cls in catalogue.BY_STATUS.items()}
+    with_status: set[type] = set()
+    described = {code: doc for code, _, doc in table}
+    lines = [HEADER.replace("from the server's op registry.",
+                            "from the Python SDK's error\n// catalogue, sdk/loom/errors.py."),
+             'import { LoomAPIError } from "../error_base.js";',
+             'import type { ErrorClass } from "../error_base.js";', ""]
+    for cls in sdk_error_classes(catalogue):
+        if not issubclass(cls, api_root) or cls is api_root:
             continue
+        code = cls.default_code  # type: ignore[attr-defined]
+        doc = _first_paragraph(cls.__doc__) or described.get(code, "")
         if doc:
             lines.append("/** " + doc.replace("*/", "*\\/") + " */")
-        lines += [f"export class {name} extends {parent} {{",
-                  f"  static override readonly code: string = {json.dumps(code)};",
-                  f"  static readonly status = {status};",
-                  "}", ""]
-        names.append((code, name))
+        lines.append(f"export class {cls.__name__} extends {cls.__bases__[0].__name__} {{")
+        lines.append(f"  static override readonly code: string = {json.dumps(code)};")
+        status = status_of.get(code, status_class.get(cls))
+        if status is not None:
+            inherited = any(base in with_status for base in cls.__mro__[1:])
+            lines.append(f"  static {'override ' if inherited else ''}readonly status: number = "
+                         f"{status};")
+            with_status.add(cls)
+        for name, value in vars(cls).items():
+            if not isinstance(value, property):
+                continue
+            if name not in TS_ACCESSORS:
+                raise CatalogueDrift(f"{cls.__name__}.{name} has no TypeScript accessor "
+                                     "(TS_ACCESSORS in app/sdk_ts.py)")
+            accessor = TS_ACCESSORS[name]
+            if accessor is not None:
+                lines += ["", accessor]
+        lines += ["}", ""]
     lines.append("/** The class of each code the server answers with. */")
     lines.append("export const BY_CODE: Readonly<Record<string, ErrorClass>> = {")
-    lines += [f"  {json.dumps(code)}: {name}," for code, name in names]
+    lines += [f"  {json.dumps(code)}: {cls.__name__},"
+              for code, cls in sorted(catalogue.BY_CODE.items())]
+    lines.append("};")
+    lines.append("")
+    lines.append("/** The class for a status whose code this SDK does not know. */")
+    lines.append("export const BY_STATUS: Readonly<Record<number, ErrorClass>> = {")
+    lines += [f"  {status}: {cls.__name__}," for status, cls in sorted(catalogue.BY_STATUS.items())]
     lines.append("};")
     lines.append("")
     lines.append("/** Every code of the server's error table with its HTTP status. */")
     lines.append("export const ERROR_STATUS: Readonly<Record<string, number>> = {")
     lines += [f"  {json.dumps(code)}: {status}," for code, status, _ in table]
     lines.append("};")
-    lines.insert(2, "import type { ErrorClass } from \"../error_base.js\";")
     return "\n".join(lines) + "\n"
 
 
@@ -270,15 +363,22 @@ def generated_files(root: Path = ROOT) -> dict[Path, str]:
     from app.sdk_manifest import build_manifest
 
     folder = root / GENERATED
+    catalogue = error_catalogue()
+    check_error_base(catalogue)
     return {folder / "ops.ts": render_ops(build_manifest()),
-            folder / "errors.ts": render_errors(error_table())}
+            folder / "errors.ts": render_errors(catalogue, error_table())}
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m app.sdk_ts`` rewrites the files; ``--check`` only compares."""
     argv = sys.argv[1:] if argv is None else argv
     behind = 0
-    for path, fresh in generated_files().items():
+    try:
+        files = generated_files()
+    except CatalogueDrift as drift:
+        print(drift)
+        return 1
+    for path, fresh in files.items():
         current = path.read_text() if path.exists() else ""
         if fresh == current:
             continue

@@ -7,13 +7,27 @@ schema or error code fails here until ``python -m app.sdk_ts`` is run and its ou
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from app import errors
 from app.ops import load_ops
-from app.sdk_ts import GENERATED, ROOT, generated_files, main
+from app.sdk_ts import (
+    CATALOGUE,
+    ERROR_BASE,
+    GENERATED,
+    ROOT,
+    CatalogueDrift,
+    check_error_base,
+    error_catalogue,
+    generated_files,
+    main,
+    render_errors,
+    sdk_error_classes,
+)
 
 
 def test_committed_generated_files_equal_a_fresh_generation(tmp_path: Path) -> None:
@@ -83,3 +97,93 @@ def test_a_changed_registry_shows_as_behind(
     assert generator.main(["--check"]) == 1  # CI's check fails, and writes nothing
     assert "ops.ts is behind the registry" in capsys.readouterr().out
     assert (ROOT / GENERATED / "ops.ts").read_text() == committed["ops.ts"]
+
+
+# --- the error classes, from the Python SDK's catalogue ----------------------------------------
+
+
+def _planted_catalogue(tmp_path: Path, extra: str) -> ModuleType:
+    source = (ROOT / CATALOGUE).read_text()
+    at = source.index("\nBY_CODE")
+    path = tmp_path / "errors.py"
+    path.write_text(source[:at] + textwrap.dedent(extra) + source[at:])
+    return error_catalogue(path)
+
+
+def test_every_class_of_the_python_catalogue_is_a_typescript_class_of_the_same_place(
+    tmp_path: Path,
+) -> None:
+    from loom import errors as sdk_errors
+
+    text = next(text for path, text in generated_files(tmp_path).items()
+                if path.name == "errors.ts")
+    base = (ROOT / ERROR_BASE).read_text()
+    classes = sdk_error_classes(error_catalogue())
+    assert len(classes) > 40
+    for cls in classes:
+        parent = "Error" if cls.__name__ == "LoomError" else cls.__bases__[0].__name__
+        declared = (f"export class {cls.__name__} extends {parent} {{\n"
+                    f"  static {'' if parent == 'Error' else 'override '}readonly code: string = "
+                    f'"{cls.default_code}";')  # type: ignore[attr-defined]
+        assert declared in (base if cls.__name__.startswith("Loom") else text), cls.__name__
+    for code, cls in sdk_errors.BY_CODE.items():
+        assert f'  "{code}": {cls.__name__},\n' in text
+    for status, cls in sdk_errors.BY_STATUS.items():
+        assert f"  {status}: {cls.__name__},\n" in text
+    # Accessors follow the Python properties: .fields on ValidationError, the limits' lengths.
+    validation = text.split("export class ValidationError")[1].split("\n}\n")[0]
+    assert "get fields(): Record<string, unknown>" in validation
+    limits = text.split("export class LimitExceeded")[1].split("\n}\n")[0]
+    assert "get valueLength()" in limits and "get charLimit()" in limits
+
+
+def test_a_class_added_to_the_python_catalogue_leaves_the_typescript_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import app.sdk_ts as generator
+
+    committed = (ROOT / GENERATED / "errors.ts").read_text()
+    planted = _planted_catalogue(tmp_path, '''
+
+        class MemoryTooOld(NotFound):
+            """A planted code."""
+
+            default_code = "MEMORY_TOO_OLD"
+        ''')
+    monkeypatch.setattr(generator, "error_catalogue", lambda: planted)
+    fresh = next(text for path, text in generator.generated_files(tmp_path).items()
+                 if path.name == "errors.ts")
+    assert "/** A planted code. */\nexport class MemoryTooOld extends NotFound {" in fresh
+    assert generator.main(["--check"]) == 1
+    assert "errors.ts is behind the registry" in capsys.readouterr().out
+    assert (ROOT / GENERATED / "errors.ts").read_text() == committed
+
+
+def test_a_property_without_a_typescript_accessor_stops_the_generation(tmp_path: Path) -> None:
+    planted = _planted_catalogue(tmp_path, '''
+
+        class Expired(NotFound):
+            default_code = "EXPIRED"
+
+            @property
+            def expired_at(self) -> int | None:
+                return self.details.get("expired_at")
+        ''')
+    with pytest.raises(CatalogueDrift, match=r"Expired\.expired_at has no TypeScript accessor"):
+        render_errors(planted, [])
+
+
+def test_hand_written_roots_that_drift_from_the_catalogue_fail_the_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import app.sdk_ts as generator
+
+    catalogue = error_catalogue()
+    check_error_base(catalogue)  # the committed roots match
+    base = tmp_path / "error_base.ts"
+    base.write_text((ROOT / ERROR_BASE).read_text().replace('"TIMEOUT"', '"TIMED_OUT"'))
+    with pytest.raises(CatalogueDrift, match="TIMED_OUT"):
+        check_error_base(catalogue, base)
+    monkeypatch.setattr(generator, "check_error_base", lambda found: check_error_base(found, base))
+    assert generator.main(["--check"]) == 1
+    assert "error_base.ts differs from sdk/loom/errors.py" in capsys.readouterr().out

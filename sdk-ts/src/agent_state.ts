@@ -19,7 +19,7 @@
  * Calls of one Agent's agent state run one at a time, in the order they were made.
  */
 
-import { AgentStateConflict, LoomAPIError, LoomTransportError, ServerError, TooManyRequests } from "./errors.js";
+import { AgentStateConflict, LoomAPIError, LoomTransportError, RateLimited, ServerError } from "./errors.js";
 import type { AgentStatePutAnswer, AgentStateReadAnswer, CallOptions } from "./generated/ops.js";
 import { newIdempotencyKey, type SendOptions } from "./transport.js";
 
@@ -226,7 +226,7 @@ export class AgentStateKeeper {
         const result = this.written(write, answer);
         if (!result.stored) this.rejected.push({ write, error: null, reason: result.reason });
       } catch (error) {
-        if (error instanceof LoomTransportError || error instanceof TooManyRequests ||
+        if (error instanceof LoomTransportError || error instanceof RateLimited ||
             error instanceof ServerError) {
           return; // still out of reach (or busy): the rest waits, in order
         }

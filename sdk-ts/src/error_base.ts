@@ -1,17 +1,18 @@
 /**
- * The SDK's error hierarchy above the per-code classes (those are generated from the server's
- * error table into `generated/errors.ts`).
+ * The roots of the SDK's errors, which carry behaviour: the constructor, the transport's flag
+ * and `retryAfter`. Every class below `LoomAPIError` (one per status, one per code) is
+ * generated into `generated/errors.ts` from the Python SDK's catalogue, `sdk/loom/errors.py`,
+ * whose names, parents and codes these roots must match too (`python -m app.sdk_ts --check`).
  *
  *     LoomError                      status, code, message, details, response
  *     ├── LoomTransportError         no answer arrived (status null)
  *     │   ├── LoomConnectionError    refused, reset, DNS, TLS
  *     │   └── LoomTimeout            no answer within the call's timeout
- *     └── LoomAPIError               Loom answered with an error
- *         ├── BadRequest 400 · Unauthorized 401 · Forbidden 403 · NotFound 404
- *         ├── MethodNotAllowed 405 · Conflict 409 · PreconditionFailed 412
- *         ├── PayloadTooLarge 413 · Unprocessable 422 (.fields) ─ LimitExceeded
- *         ├── TooManyRequests 429 (.retryAfter)
- *         └── ServerError 5xx (.retryAfter)
+ *     └── LoomAPIError               Loom answered with an error (.retryAfter)
+ *         └── BadRequest 400 · Unauthorized 401 · Forbidden 403 · NotFound 404 ·
+ *             MethodNotAllowed 405 · Conflict 409 · PreconditionFailed 412 ·
+ *             PayloadTooLarge 413 · Unprocessable 422 · RateLimited 429 · ServerError 5xx,
+ *             and under each the class of each code (generated)
  */
 
 export interface ErrorOptions {
@@ -77,74 +78,6 @@ export class LoomAPIError extends LoomError {
   }
 }
 
-export class BadRequest extends LoomAPIError {
-  static override readonly code: string = "BAD_REQUEST";
-}
-export class Unauthorized extends LoomAPIError {
-  static override readonly code: string = "AUTH_REQUIRED";
-}
-export class Forbidden extends LoomAPIError {
-  static override readonly code: string = "FORBIDDEN";
-}
-export class NotFound extends LoomAPIError {
-  static override readonly code: string = "NOT_FOUND";
-}
-export class MethodNotAllowed extends LoomAPIError {
-  static override readonly code: string = "METHOD_NOT_ALLOWED";
-}
-export class Conflict extends LoomAPIError {
-  static override readonly code: string = "CONFLICT";
-}
-export class PreconditionFailed extends LoomAPIError {
-  static override readonly code: string = "PRECONDITION_FAILED";
-}
-export class PayloadTooLarge extends LoomAPIError {
-  static override readonly code: string = "PAYLOAD_TOO_LARGE";
-}
-export class Unprocessable extends LoomAPIError {
-  static override readonly code: string = "UNPROCESSABLE";
-
-  /** For VALIDATION_ERROR: each bad field with its messages. */
-  get fields(): Record<string, unknown> {
-    const found = this.details["fields"];
-    return typeof found === "object" && found !== null ? { ...(found as object) } : {};
-  }
-}
-/** A write over a size cap; nothing was written. */
-export class LimitExceeded extends Unprocessable {
-  static override readonly code: string = "LIMIT_EXCEEDED";
-
-  get valueLength(): number | null {
-    const found = this.details["value_length"];
-    return typeof found === "number" ? found : null;
-  }
-
-  get charLimit(): number | null {
-    const found = this.details["char_limit"];
-    return typeof found === "number" ? found : null;
-  }
-}
-export class TooManyRequests extends LoomAPIError {
-  static override readonly code: string = "TOO_MANY_REQUESTS";
-}
-export class ServerError extends LoomAPIError {
-  static override readonly code: string = "INTERNAL_ERROR";
-}
-
 export type ErrorClass = (new (message: string, options?: ErrorOptions) => LoomAPIError) & {
   readonly code: string;
-};
-
-/** The class for a status whose code this SDK does not know. */
-export const BY_STATUS: Readonly<Record<number, ErrorClass>> = {
-  400: BadRequest,
-  401: Unauthorized,
-  403: Forbidden,
-  404: NotFound,
-  405: MethodNotAllowed,
-  409: Conflict,
-  412: PreconditionFailed,
-  413: PayloadTooLarge,
-  422: Unprocessable,
-  429: TooManyRequests,
 };

@@ -1,7 +1,7 @@
 /** Every error the SDK throws, and `errorFromAnswer`, which picks the class of an answer. */
 
-import { BY_STATUS, LoomAPIError, ServerError, type ErrorClass } from "./error_base.js";
-import { BY_CODE } from "./generated/errors.js";
+import { LoomAPIError, type ErrorClass } from "./error_base.js";
+import { BY_CODE, BY_STATUS, ServerError } from "./generated/errors.js";
 
 export * from "./error_base.js";
 export * from "./generated/errors.js";

@@ -7,6 +7,11 @@ after that, so ``except NotFound`` keeps working when the server grows a new 404
 Failures before an answer (refused connection, DNS, timeouts) are wrapped too, so a caller
 never has to import ``requests`` to handle them.
 
+This module is the SDKs' one error catalogue: every code of the server's table has its own
+class here, and the TypeScript SDK's classes, ``BY_CODE`` and ``BY_STATUS``
+(``sdk-ts/src/generated/errors.ts``) are generated from these by ``python -m app.sdk_ts``, whose
+``--check`` fails when the two drift.
+
 Hierarchy::
 
     LoomError                           status, code, message, details, response
@@ -14,7 +19,9 @@ Hierarchy::
     │   ├── LoomConnectionError         CONNECTION_ERROR: refused, reset, DNS, TLS
     │   └── LoomTimeout                 TIMEOUT: no answer within the call's timeout
     └── LoomAPIError                    Loom answered with an error
-        ├── BadRequest                  400  MALFORMED_JSON, UNSUPPORTED_CONTENT_TYPE
+        ├── BadRequest                  400
+        │   ├── MalformedJson                MALFORMED_JSON
+        │   └── UnsupportedContentType       UNSUPPORTED_CONTENT_TYPE
         ├── Unauthorized                401
         │   ├── AuthRequired                 AUTH_REQUIRED
         │   └── AuthInvalid                  AUTH_INVALID
@@ -30,6 +37,7 @@ Hierarchy::
         │   └── ErasureNotFound              ERASURE_NOT_FOUND
         ├── MethodNotAllowed            405  METHOD_NOT_ALLOWED
         ├── Conflict                    409
+        │   ├── ModelCallsOff                MODEL_CALLS_OFF
         │   ├── HashMismatch                 HASH_MISMATCH
         │   ├── MemoryLocked                 MEMORY_LOCKED
         │   ├── MemoryPinned                 MEMORY_PINNED
@@ -42,7 +50,8 @@ Hierarchy::
         │   └── IdempotencyOutcomeUnknown    IDEMPOTENCY_OUTCOME_UNKNOWN
         ├── PreconditionFailed          412
         │   └── AgentStateConflict           agent_state_conflict
-        ├── PayloadTooLarge             413  BODY_TOO_LARGE
+        ├── PayloadTooLarge             413
+        │   └── BodyTooLarge                 BODY_TOO_LARGE
         ├── Unprocessable               422
         │   ├── ValidationError              VALIDATION_ERROR (.fields)
         │   ├── IdentityIncomplete           IDENTITY_INCOMPLETE
@@ -53,7 +62,11 @@ Hierarchy::
         │       ├── WorkingMemoryLimitExceeded  WORKING_MEMORY_LIMIT_EXCEEDED
         │       └── CharLimitExceeded           CHAR_LIMIT_EXCEEDED
         ├── RateLimited                 429  RATE_LIMITED (.retry_after)
+        │   └── ModelBudgetExceeded          MODEL_BUDGET_EXCEEDED (never retried)
         └── ServerError                 5xx  INTERNAL_ERROR; HTTP_<status> without Loom's shape
+            ├── AnswerContractViolation 500  ANSWER_CONTRACT_VIOLATION
+            ├── ModelCallFailed         502  MODEL_CALL_FAILED
+            ├── ModelTimeout            504  MODEL_TIMEOUT
             └── StoreUnavailable        503  STORE_UNAVAILABLE (.retry_after; retry later)
 """
 
@@ -140,6 +153,18 @@ class LoomAPIError(LoomError):
 
 class BadRequest(LoomAPIError):
     default_code = "BAD_REQUEST"
+
+
+class MalformedJson(BadRequest):
+    """The body is not JSON."""
+
+    default_code = "MALFORMED_JSON"
+
+
+class UnsupportedContentType(BadRequest):
+    """The body was not sent as ``application/json``."""
+
+    default_code = "UNSUPPORTED_CONTENT_TYPE"
 
 
 class Unauthorized(LoomAPIError):
@@ -269,6 +294,12 @@ class AgentStateConflict(PreconditionFailed):
 
 
 class PayloadTooLarge(LoomAPIError):
+    default_code = "PAYLOAD_TOO_LARGE"
+
+
+class BodyTooLarge(PayloadTooLarge):
+    """The request body is over the server's size cap; nothing was read."""
+
     default_code = "BODY_TOO_LARGE"
 
 
@@ -357,6 +388,12 @@ class ServerError(LoomAPIError):
     default_code = "INTERNAL_ERROR"
 
 
+class AnswerContractViolation(ServerError):
+    """What the server was about to send does not match its own OpenAPI document (500)."""
+
+    default_code = "ANSWER_CONTRACT_VIOLATION"
+
+
 class ModelCallFailed(ServerError):
     """memory.ask's model server failed or gave no usable answer (502)."""
 
@@ -384,21 +421,17 @@ BY_CODE: dict[str, type[LoomAPIError]] = {
     for cls in (
         AuthRequired, AuthInvalid, AuthInsufficient, FeatureDisabled,
         NotFound, UnknownOp, WorkingMemoryBlockNotFound, MemoryNotFound,
-        ProfileSectionNotFound, TokenNotFound, MethodNotAllowed,
+        ProfileSectionNotFound, TokenNotFound, ErasureNotFound, MethodNotAllowed,
         HashMismatch, MemoryLocked, MemoryPinned, MemoryTypeMismatch, MemoryNotDeleted,
         WriteContended,
-        UserBeingErased, AgentStateConflict, PayloadTooLarge,
+        UserBeingErased, ErasureRunning, AgentStateConflict, BodyTooLarge,
         ValidationError, IdentityIncomplete, SchemaInvalid, SubstringNotFound,
         WorkingMemoryLimitExceeded, CharLimitExceeded, RateLimited, ServerError,
         StoreUnavailable, IdempotencyInProgress, IdempotencyOutcomeUnknown,
         IdempotencyKeyReused, ModelCallsOff, ModelBudgetExceeded, ModelCallFailed,
-        ModelTimeout,
+        ModelTimeout, MalformedJson, UnsupportedContentType, AnswerContractViolation,
     )
 }
-BY_CODE["MALFORMED_JSON"] = BadRequest
-BY_CODE["ERASURE_NOT_FOUND"] = ErasureNotFound
-BY_CODE["ERASURE_RUNNING"] = ErasureRunning
-BY_CODE["UNSUPPORTED_CONTENT_TYPE"] = BadRequest
 
 BY_STATUS: dict[int, type[LoomAPIError]] = {
     400: BadRequest,

@@ -18,11 +18,12 @@ wins over it (the tests' own gunicorn uses one).
 
 Restart (Linux): each worker listens on a socket of its own with ``SO_REUSEPORT``, so a master
 started after its predecessor was killed binds at once, while that predecessor's workers still
-hold their sockets; a worker takes SIGTERM when its master dies, so that it stops the way a
-stop asks (closes its listener, then finishes what it is serving) rather than by exiting at
-its parent check. The master holds an abstract
-socket named by each address it serves, so a second master on the same address is refused as
-it would be without ``SO_REUSEPORT`` (docs/decisions.md, "Restart").
+hold their sockets. A worker listens only once its app is loaded, so that no connection waits
+in the queue of one still booting, and takes SIGTERM when its master dies, so that it stops
+the way a stop asks (closes its listener, then finishes what it is serving) rather than by
+exiting at its parent check. The master holds an abstract socket named by each address it
+serves, so a second master on the same address is refused as it would be without
+``SO_REUSEPORT`` (docs/decisions.md, "Restart").
 """
 
 from __future__ import annotations
@@ -114,6 +115,33 @@ def post_fork(server, worker):
     # then finishes its requests. Had the master died before this line, gunicorn's own parent
     # check, on the same tick, stops the worker.
     _die_with_parent()
+    if reuse_port:
+        # gunicorn opened this worker's socket before the app is loaded: the kernel would queue
+        # connections on it for as long as the worker boots (seconds on a busy machine) while
+        # its siblings could answer them. It listens once it can serve (post_worker_init).
+        for listener in worker.sockets:
+            listener.close()
+        worker.sockets = []
+
+
+def post_worker_init(worker):
+    if not reuse_port:
+        return
+    from gunicorn import sock as _gunicorn_sock
+    from gunicorn import util as _gunicorn_util
+
+    listeners = _gunicorn_sock.create_sockets(worker.cfg, worker.log)
+    if worker_class == "gevent":
+        from gevent import socket as _gevent_socket
+
+        # As the gevent worker does with the sockets it is given, once gevent is in place.
+        listeners = [_gevent_socket.socket(listener.FAMILY, _socket.SOCK_STREAM,
+                                           fileno=listener.sock.detach())
+                     for listener in listeners]
+    for listener in listeners:
+        _gunicorn_util.close_on_exec(listener)
+    worker.sockets = listeners
+    worker.wait_fds = worker.sockets + [worker.PIPE[0]]
 
 
 def child_exit(server, worker):

@@ -67,6 +67,8 @@ BLOCK_CHARS = 16384
 # Answers that say "nothing settled, ask again".
 RETRY_STATUSES = {409, 429, 500, 502, 503, 504}
 SETTLED_409 = {"IDEMPOTENCY_OUTCOME_UNKNOWN"}
+# A write sent this long before a kill counts as that kill's (Redis's fsync window and more).
+WINDOW_BEFORE = 3.0
 RESTART_TARGET = 3.0  # seconds from a new master's start to its first /readyz 200
 
 
@@ -78,6 +80,8 @@ class Write:
     name: str  # the token appended, or the fact's key
     block: str = ""
     outcome: str = "refused"  # "acknowledged", "refused" or "unsettled"
+    sent_at: float = 0.0
+    applied: int = 0  # times found in Redis after the run
     tries: int = 0
     first_failure: float | None = None
     settled_at: float | None = None
@@ -130,6 +134,7 @@ def send(run: Run, session: requests.Session, write: Write, body: dict[str, Any]
          settle_limit: float) -> None:
     op = "working_memory.append" if write.kind == "append" else "memory.set"
     headers = {"Idempotency-Key": str(uuid.uuid4())} if write.keyed else {}
+    write.sent_at = time.monotonic()
     while True:
         write.tries += 1
         answer: requests.Response | None = None
@@ -302,6 +307,8 @@ def look_up(run: Run, client: redis.Redis, writers: int) -> dict[str, Any]:
             else:
                 applied.append(versions[id(w)])
         pairs = list(zip(mine, applied, strict=True))
+        for w, n in pairs:
+            w.applied = n
         figures[side] = {
             "writes": len(mine),
             "acknowledged": sum(w.outcome == "acknowledged" for w in mine),
@@ -346,6 +353,7 @@ def main() -> int:
     started = time.monotonic()
     master = procfile_web(env, log)
     threads: list[threading.Thread] = []
+    cold_beside: list[float] = []
     try:
         cold_start = wait_ready(port, started)
         total = args.writers + args.keyed
@@ -354,10 +362,7 @@ def main() -> int:
                                     daemon=True) for n in range(total)]
         for thread in threads:
             thread.start()
-        loaded_start = None
         for target in args.targets.split(","):
-            if target == "master":
-                loaded_start = cold_start_beside(env, work, log)
             for _ in range(args.kills):
                 time.sleep(args.gap)
                 at = time.monotonic()
@@ -376,6 +381,8 @@ def main() -> int:
                     restarted = time.monotonic()
                     master = procfile_web(env, log)
                     recovery = wait_ready(port, restarted, master=master.pid)
+                    # The same command's cold start under the same load, just after.
+                    cold_beside.append(cold_start_beside(env, log))
                 run.kills.append((target, at, recovery))
         time.sleep(args.gap)
         run.stopping.set()
@@ -391,10 +398,10 @@ def main() -> int:
             master.kill()
         server.stop()
     in_use = log.read_text(errors="replace").count("Connection in use")
-    return report(run, figures, (cold_start, loaded_start), in_use, args)
+    return report(run, figures, (cold_start, cold_beside), in_use, args)
 
 
-def cold_start_beside(env: dict[str, str], work: Path, log: Path) -> float:
+def cold_start_beside(env: dict[str, str], log: Path) -> float:
     """A cold start of the same command on another port, under the run's load: the baseline
     a restart is compared with on a machine whose speed the load and its neighbours set."""
     port = free_port()
@@ -407,7 +414,7 @@ def cold_start_beside(env: dict[str, str], work: Path, log: Path) -> float:
         baseline.wait(timeout=30)
 
 
-def report(run: Run, figures: dict[str, Any], cold_starts: tuple[float, float | None],
+def report(run: Run, figures: dict[str, Any], cold_starts: tuple[float, list[float]],
            in_use: int, args: argparse.Namespace) -> int:
     print(f"{args.writers} writers without a key, {args.keyed} with one, {args.workers} "
           f"gunicorn workers; {args.kills} kill(s) of each target, {args.gap:g} s apart")
@@ -420,29 +427,41 @@ def report(run: Run, figures: dict[str, Any], cold_starts: tuple[float, float | 
               f"{f['unsettled']:>11}")
     print(f"index drift: {figures['index_drift']} ({figures['facts']} facts)")
     kills = sorted(run.kills, key=lambda kill: kill[1])
-    print(f"{'target':<8}{'recovery s (each kill)':<34}{'keyed retried':>14}"
-          f"{'wait p50 s':>12}{'wait max s':>12}")
+
+    def target_of(moment: float) -> str:
+        """The kill a moment belongs to: the last one at most WINDOW_BEFORE seconds after it."""
+        found = [kill[0] for kill in kills if kill[1] - WINDOW_BEFORE <= moment]
+        return found[-1] if found else "none"
+
+    print(f"{'target':<8}{'recovery s (each kill)':<26}{'lost':>6}{'dup':>5}"
+          f"{'refused but present':>21}{'keyed retried':>15}{'wait p50 s':>12}"
+          f"{'wait max s':>12}")
     for target in dict.fromkeys(kill[0] for kill in kills):
-        mine = [kill for kill in kills if kill[0] == target]
-        waits = []
-        for _, at, _ in mine:
-            later = [kill[1] for kill in kills if kill[1] > at]
-            until = min(later) if later else float("inf")
-            waits += [w.settled_at - w.first_failure for w in run.writes
-                      if w.keyed and w.first_failure is not None and w.settled_at is not None
-                      and at - 1 <= w.first_failure < until]
-        each = " ".join(f"{kill[2]:.2f}" for kill in mine)
+        mine = [w for w in run.writes if target_of(w.sent_at) == target]
+        waits = [w.settled_at - w.first_failure for w in mine
+                 if w.keyed and w.first_failure is not None and w.settled_at is not None]
+        lost = sum(w.outcome == "acknowledged" and w.applied == 0 for w in mine)
+        dup = sum(w.applied > 1 for w in mine)
+        present = sum(w.outcome != "acknowledged" and w.applied > 0 for w in mine)
+        each = " ".join(f"{kill[2]:.2f}" for kill in kills if kill[0] == target)
         p50 = f"{statistics.median(waits):.2f}" if waits else "-"
         worst = f"{max(waits):.2f}" if waits else "-"
-        print(f"{target:<8}{each:<34}{len(waits):>14}{p50:>12}{worst:>12}")
+        print(f"{target:<8}{each:<26}{lost:>6}{dup:>5}{present:>21}{len(waits):>15}{p50:>12}"
+              f"{worst:>12}")
+    lost_kinds = Counter(f"{target_of(w.sent_at)} {'keyed' if w.keyed else 'unkeyed'} {w.kind}"
+                         for w in run.writes if w.outcome == "acknowledged" and w.applied == 0)
+    if lost_kinds:
+        print("lost, by kill and write:", ", ".join(f"{k} {n}" for k, n in lost_kinds.items()))
     restarts = [kill[2] for kill in kills if kill[0] == "master"]
-    cold, loaded = cold_starts
-    if restarts and loaded is not None:
+    cold, beside = cold_starts
+    if restarts:
         print(f"restart after kill -9 of the master: p50 {statistics.median(restarts):.2f} s, "
-              f"max {max(restarts):.2f} s (target {RESTART_TARGET:g} s); a cold start of the "
-              f"same command: {cold:.2f} s before the load, {loaded:.2f} s beside it "
-              f"(max restart / cold start beside the load: {max(restarts) / loaded:.2f}); "
-              f"'Connection in use' lines: {in_use}")
+              f"max {max(restarts):.2f} s (target {RESTART_TARGET:g} s); 'Connection in use' "
+              f"lines: {in_use}")
+        ratios = " ".join(f"{r / b:.2f}" for r, b in zip(restarts, beside, strict=True))
+        print(f"cold start of the same command: {cold:.2f} s before the load; beside it, just "
+              f"after each restart: {' '.join(f'{b:.2f}' for b in beside)} s; restart / cold "
+              f"start beside it: {ratios}")
     keyed, unkeyed = figures["keyed"], figures["unkeyed"]
     bad = (unkeyed["lost"] + keyed["lost"] + keyed["duplicated"] + unkeyed["duplicated"]
            + figures["index_drift"])

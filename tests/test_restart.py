@@ -116,6 +116,7 @@ class _Writers:
             thread.join(timeout=5)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_REUSEPORT and /proc")
 def test_a_new_master_serves_while_the_killed_masters_workers_still_hold_their_sockets(
         redis_url, tmp_path):
@@ -163,6 +164,7 @@ def test_a_new_master_serves_while_the_killed_masters_workers_still_hold_their_s
     assert "Connection in use" not in log and "Retrying" not in log, log[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract sockets")
 def test_a_second_master_on_the_same_address_is_refused(redis_url, tmp_path):
     port = free_port()

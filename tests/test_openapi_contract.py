@@ -184,3 +184,110 @@ def test_null_for_an_optional_argument_means_left_out(document, client):
     assert "nullable" not in erase["properties"]["user_id"]  # required with auth off
     mode = _args_schema(document, "/v1/agent-state")["properties"]["mode"]
     assert mode["nullable"] is True and None in mode["enum"]
+
+
+def _admits(document: dict, path: str, body: dict) -> bool:
+    """Whether the document's request schema for ``path`` admits ``body`` (no nulls in it:
+    OpenAPI 3.0's ``nullable`` is no JSON Schema keyword)."""
+    schema = {**_args_schema(document, path), "components": document["components"]}
+    return jsonschema.Draft7Validator(schema).is_valid(body)
+
+
+def test_a_version_is_named_one_way(document, client):
+    """version or version_text, one of them: as a number and as text they name one number,
+    and the document says a body gives one."""
+    who = {"namespace": "n", "agent": "a"}
+    for op in ("memory.delete_version", "memory.revert"):
+        path = f"/v1/{op}"
+        bodies = {"both": {"version": 5, "version_text": "5"}, "neither": {},
+                  "number": {"version": 5}, "text": {"version_text": "5"}}
+        admitted = {name: _admits(document, path, {**who, "key": "k", **body})
+                    for name, body in bodies.items()}
+        assert admitted == {"both": False, "neither": False, "number": True, "text": True}
+    one = client.post("/v1/memory.set", json={**who, "key": "k", "value": 1}).get_json()
+    two = client.post("/v1/memory.set", json={**who, "key": "k", "value": 2}).get_json()
+    both = client.post("/v1/memory.revert", json={
+        **who, "key": "k", "version": one["version"], "version_text": str(one["version"])})
+    assert both.status_code == 422 and "version" in both.get_json()["error"]["fields"]
+    assert client.post("/v1/memory.revert", json={
+        **who, "key": "k", "version_text": str(one["version"])}).status_code == 200
+    assert client.post("/v1/memory.delete_version", json={
+        **who, "key": "k", "version": two["version"]}).status_code == 200
+
+
+MOMENTS = {
+    "2026-05-01T10:00:00Z": True, "2024-02-29T23:59:59.123456789+14:00": True,
+    "1970-01-01T00:00:00Z": True, "1970-01-01T05:00:00+04:59": True,
+    "9999-12-31T23:59:59-01:00": True,
+    "2026-05-01T10:00:00": False,  # no offset
+    "2023-02-29T00:00:00Z": False, "2026-04-31T00:00:00Z": False,
+    "2026-05-01t10:00:00z": False, "2026-05-01 10:00:00Z": False,
+    "2016-12-31T23:59:60Z": False,  # a leap second: no datetime holds it
+    "0839-05-11T20:38:43.4-16:48": False,  # before 1970, as written and as an instant
+    "1969-12-31T23:00:00-02:00": False, "1970-01-01T00:30:00+01:00": False,
+}
+
+
+def test_a_moment_is_the_text_the_document_states(document, client):
+    """A fact's valid_at and valid_to: RFC 3339 with an offset, a real date, and nothing
+    before 1970 (stored as nanoseconds since); the document's pattern and the op agree."""
+    who = {"namespace": "n", "agent": "a"}
+    for moment, valid in MOMENTS.items():
+        for name in ("valid_at", "valid_to"):
+            body = {**who, "key": "k", "value": 1, name: moment}
+            assert _admits(document, "/v1/memory.set", body) is valid, (name, moment)
+            answer = client.post("/v1/memory.set", json=body)
+            assert (answer.status_code == 200) is valid, (name, moment, answer.get_json())
+            if not valid:
+                assert name in answer.get_json()["error"]["fields"]
+    search = {**who, "query": "anything", "valid_at": "2023-02-29T00:00:00Z"}
+    assert not _admits(document, "/v1/memory.search", search)
+    assert client.post("/v1/memory.search", json=search).status_code == 422
+    earlier = {**search, "valid_at": "1900-01-01T00:00:00Z"}  # a search may ask of any time
+    assert _admits(document, "/v1/memory.search", earlier)
+    assert client.post("/v1/memory.search", json=earlier).status_code == 200
+
+
+def test_an_erasure_id_of_another_user_is_not_found(document, client):
+    """An erasure_id beside a user_id names an erasure of that user; another's is none of
+    theirs (404, as for an id nobody has), not a body the document could have refused."""
+    body = {"namespace": "n", "user_id": "u-1", "erasure_id": "0" * 64}
+    assert _admits(document, "/v1/erasure.status", body)
+    answer = client.post("/v1/erasure.status", json=body)
+    assert answer.status_code == 404
+    assert answer.get_json()["error"]["code"] == "ERASURE_NOT_FOUND"
+    # A null user_id is one left out: it names nobody, and the document says so.
+    branch = _args_schema(document, "/v1/erasure.status")["anyOf"][0]
+    assert branch["properties"]["user_id"]["type"] == "string"
+    refused = client.post("/v1/erasure.status", json={"namespace": "n", "user_id": None})
+    assert refused.status_code == 422
+
+
+def test_any_cursor_the_document_admits_is_a_place_to_start_after(document, client):
+    """A next_cursor is a place in the key order: one this op did not give still names a
+    place; one before the key_prefix's keys starts at their first, one after them ends."""
+    import base64
+
+    who = {"namespace": "n", "agent": "a"}
+    for key in ("fact:a", "fact:b", "fact:c", "zeta"):
+        assert client.post("/v1/memory.set", json={**who, "key": key, "value": 1}).status_code \
+            == 200
+
+    def place(text: str) -> str:
+        return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+    def keys(cursor: str, **more) -> list[str]:
+        body = {**who, "cursor": cursor, **more}
+        assert _admits(document, "/v1/memory.list", body), cursor
+        answer = client.post("/v1/memory.list", json=body)
+        assert answer.status_code == 200, answer.get_json()
+        return [row["key"] for row in answer.get_json()["memories"]]
+
+    assert keys(place("fact:a\x01")) == ["fact:b", "fact:c", "zeta"]
+    assert keys(place("a"), key_prefix="fact:") == ["fact:a", "fact:b", "fact:c"]
+    assert keys(place("g"), key_prefix="fact:") == []
+    assert keys("__8") == []  # bytes that are not UTF-8 still name a place (past every key)
+    for cursor in ("!!!", "////", "A", "AB=="):
+        assert not _admits(document, "/v1/memory.list", {**who, "cursor": cursor})
+        assert client.post("/v1/memory.list", json={**who, "cursor": cursor}).status_code \
+            == 422

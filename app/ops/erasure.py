@@ -22,7 +22,7 @@ from typing import Any
 
 from marshmallow import fields, validate
 
-from app.errors import AuthInsufficient, IdentityIncomplete, ValidationFailed
+from app.errors import AuthInsufficient, ErasureNotFound, IdentityIncomplete
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, IdentityText
 from app.scope_ids import handle_pattern
@@ -181,7 +181,9 @@ def erasure_status(call: Call) -> dict[str, Any]:
     elif identity.user_id != "-" and given != store.erasure_id(
         identity.org, identity.namespace, identity.user_id
     ):
-        raise ValidationFailed({"erasure_id": ["is not the erasure of this user_id"]})
+        # Both name a user: an id that is not this user's erasure names none of theirs.
+        raise ErasureNotFound("no erasure of this user_id has this erasure_id",
+                              erasure_id=given)
     return store.status(identity.org, identity.namespace, given)
 
 

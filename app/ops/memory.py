@@ -14,7 +14,6 @@ admin ops. The MCP ``all`` toolset lists set, get, list and history.
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -30,6 +29,7 @@ from app.registry import Call, op
 from app.schemas.common import (
     Answer,
     IdentityArgs,
+    Moment,
     PlainText,
     StrictBool,
     StrictFloat,
@@ -57,6 +57,8 @@ TAG_MAX = 128
 TRACE_MAX = 4096
 PAGE_MAX = 100
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Unpadded base64url, as _encode_cursor writes it: whole quads, then 2 or 3 characters or none.
+CURSOR_PATTERN = r"^(?:[A-Za-z0-9_-]{4})*(?:[A-Za-z0-9_-]{2,3})?$"
 _WHO = {"namespace": "support", "agent": "triage-bot", "user_id": "u-42"}
 
 
@@ -116,19 +118,9 @@ def to_ns(moment: datetime) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1000
 
 
-def _after_epoch(moment: datetime) -> None:
-    if moment < _EPOCH:
-        raise ValidationError("must not be before 1970-01-01")
-
-
-def _moment(description: str) -> fields.AwareDateTime:
-    return fields.AwareDateTime(
-        format="iso",
-        default_timezone=UTC,
-        load_default=None,
-        validate=_after_epoch,
-        metadata={"description": description},
-    )
+def _moment(description: str) -> Moment:
+    # Stored as nanoseconds since 1970 (to_ns): an earlier instant has no place there.
+    return Moment(from_epoch=True, load_default=None, metadata={"description": description})
 
 
 # --------------------------------------------------------------------------------------------
@@ -235,6 +227,19 @@ class MemoryDeleteArgs(MemoryTargetArgs):
 
 
 class MemoryDeleteVersionArgs(MemoryTargetArgs):
+    """A row and one version of it, named as a number or as its decimal text: one of the two."""
+
+    # _one_version below, as the OpenAPI document states it, beside the row's own rule.
+    OPENAPI_RULES: ClassVar[dict[str, Any]] = {
+        **MemoryTargetArgs.OPENAPI_RULES,
+        "allOf": [{"oneOf": [
+            {"required": ["version"], "properties": {"version": {"type": "integer"},
+                                                     "version_text": {"enum": [None]}}},
+            {"required": ["version_text"], "properties": {"version_text": {"type": "string"},
+                                                          "version": {"enum": [None]}}},
+        ]}],
+    }
+
     version = StrictInt(load_default=None, validate=validate.Range(min=1))
     version_text = fields.String(
         load_default=None,
@@ -245,10 +250,9 @@ class MemoryDeleteVersionArgs(MemoryTargetArgs):
     @validates_schema
     def _one_version(self, data: dict[str, Any], **kwargs: Any) -> None:
         number, text = data.get("version"), data.get("version_text")
-        if number is None and text is None:
-            raise ValidationError("give version or version_text", field_name="version")
-        if number is not None and text is not None and str(number) != text:
-            raise ValidationError("version and version_text disagree", field_name="version_text")
+        if (number is None) == (text is None):
+            raise ValidationError("give version or version_text (one of them)",
+                                  field_name="version")
 
 
 class MemoryRevertArgs(MemoryDeleteVersionArgs):
@@ -276,7 +280,14 @@ class MemoryListArgs(IdentityArgs):
     )
     include_deleted = StrictBool(load_default=False)
     limit = StrictInt(load_default=20, validate=validate.Range(min=1, max=PAGE_MAX))
-    cursor = fields.String(load_default=None, validate=validate.Length(max=4096))
+    cursor = fields.String(
+        load_default=None,
+        validate=[validate.Length(max=4096), validate.Regexp(
+            CURSOR_PATTERN, error="must be a next_cursor (unpadded base64url)")],
+        metadata={"description": "next_cursor of the previous page: a place in the key order "
+                  "(unpadded base64url); the page starts after it.",
+                  "pattern": CURSOR_PATTERN},
+    )
     read_scope = read_scope_field()
 
 
@@ -625,14 +636,11 @@ def _encode_cursor(member: str) -> str:
 
 
 def _decode_cursor(cursor: str) -> str:
-    try:
-        raw = base64.b64decode(cursor + "=" * (-len(cursor) % 4), altchars=b"-_", validate=True)
-        member = raw.decode()
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        member = ""
-    if member.count("\x00") != 2:
-        raise ValidationFailed({"cursor": ["not a cursor this op gave"]})
-    return member
+    """The position a cursor names. A cursor is a place in the key order, not a row: any
+    text the document's pattern admits decodes to one (bytes that are not UTF-8 read with
+    U+FFFD), so a cursor this op did not give still names a place to start after."""
+    raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+    return raw.decode("utf-8", errors="replace")
 
 
 # A list page reads at most this many batches before it answers with a cursor.
@@ -649,7 +657,11 @@ def memory_list(call: Call) -> dict[str, Any]:
     scope = read_scope_for(call, a["read_scope"])
     after = _decode_cursor(a["cursor"]) if a["cursor"] else None
     if after is not None and not after.startswith(a["key_prefix"]):
-        raise ValidationFailed({"cursor": ["this cursor belongs to another key_prefix"]})
+        # A place outside the prefix's keys: before them the page starts at their first,
+        # after them there is nothing left to list.
+        if after > a["key_prefix"]:
+            return {"memories": [], "count": 0, "next_cursor": ""}
+        after = None
     store = memory_store(call)
     limit = a["limit"]
     found: list[MemoryRow] = []

@@ -40,7 +40,7 @@ from app.ops.memory import (
     to_ns,
 )
 from app.registry import Call, op
-from app.schemas.common import Answer, IdentityArgs, StrictInt, no_control_characters
+from app.schemas.common import Answer, IdentityArgs, Moment, StrictInt, no_control_characters
 from app.store.memory import PROFILE_TYPE, MemoryRow, MemoryStore
 from app.store.recall import LexicalHit, RecallStore
 from app.store.recall_terms import query_terms
@@ -82,8 +82,7 @@ class MemorySearchArgs(IdentityArgs):
         validate=validate.Length(max=FILTER_TAGS_MAX),
         metadata={"description": "Only facts holding every one of these tags."},
     )
-    valid_at = fields.AwareDateTime(
-        format="iso",
+    valid_at = Moment(
         load_default=None,
         metadata={"description": "Only facts true at this moment (valid_at <= it < valid_to)."},
     )

@@ -169,3 +169,61 @@ class ErrorDetail(Schema):
 
 class ErrorAnswer(Schema):
     error = fields.Nested(ErrorDetail, required=True)
+
+
+def _moment_pattern(from_epoch: bool) -> str:
+    """An RFC 3339 date-time as the ops read it, as one regular expression: a real calendar
+    date from year 1, ``T``, a time to the second (fraction optional), ``Z`` or an offset; with
+    ``from_epoch``, a date written from 1970-01-01 on, and no instant before
+    1970-01-01T00:00:00Z."""
+    leap = r"(?:\d\d(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
+    day_of = {31: r"(?:0[1-9]|[12]\d|3[01])", 30: r"(?:0[1-9]|[12]\d|30)",
+              28: r"(?:0[1-9]|1\d|2[0-8])"}
+    after_january = (rf"(?:(?:0[3578]|1[02])-{day_of[31]}|(?:0[469]|11)-{day_of[30]}"
+                     rf"|02-{day_of[28]})")
+    month_day = rf"(?:01-{day_of[31]}|{after_january})"
+    clock = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d+)?"
+    offset = r"(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
+    if not from_epoch:
+        year = r"(?:000[1-9]|00[1-9]\d|0[1-9]\d\d|[1-9]\d{3})"  # datetime starts at year 1
+        date = rf"(?:{year}-{month_day}|{leap}-02-29)"
+        return rf"^{date}T{clock}{offset}$"
+    # 1971 on, or 1970 from 2 January (no offset reaches back past a whole day) ...
+    leap_since = (r"(?:19(?:7[26]|8[048]|9[26])|[2-9]\d(?:0[48]|[2468][048]|[13579][26])"
+                  r"|(?:[2468][048]|[3579][26])00)")
+    later = (rf"(?:(?:197[1-9]|19[89]\d|[2-9]\d{{3}})-{month_day}|{leap_since}-02-29"
+             rf"|1970-(?:{after_january}|01-(?:0[2-9]|[12]\d|3[01])))"
+             rf"T{clock}{offset}")
+    # ... or 1 January 1970 at UTC or west of it, or east of it at a clock hour past the
+    # offset's (an offset's own hour with minutes to spare is refused: the one case it
+    # leaves out for a pattern of this size).
+    east = "|".join(
+        rf"(?:{'|'.join(f'{hour:02d}' for hour in range(offset_hour + 1, 24))})"
+        rf":[0-5]\d:[0-5]\d(?:\.\d+)?\+{offset_hour:02d}:[0-5]\d"
+        for offset_hour in range(23))
+    first_day = (rf"1970-01-01T(?:{clock}(?:Z|-(?:[01]\d|2[0-3]):[0-5]\d|\+00:00)|{east})")
+    return rf"^(?:{later}|{first_day})$"
+
+
+MOMENT_PATTERN = _moment_pattern(from_epoch=False)
+EPOCH_MOMENT_PATTERN = _moment_pattern(from_epoch=True)
+
+
+class Moment(fields.AwareDateTime):
+    """An instant as an RFC 3339 date-time with its offset (``Z`` or ``+hh:mm``), held to the
+    pattern the OpenAPI document gives it, so the document and the op accept the same text.
+    ``from_epoch`` refuses an instant before 1970-01-01 (a time stored as nanoseconds since)."""
+
+    def __init__(self, *, from_epoch: bool = False, **kwargs: Any) -> None:
+        pattern = EPOCH_MOMENT_PATTERN if from_epoch else MOMENT_PATTERN
+        error = ("must be an RFC 3339 date-time with an offset, from 1970-01-01"
+                 if from_epoch else "must be an RFC 3339 date-time with an offset")
+        metadata = {**kwargs.pop("metadata", {}), "pattern": pattern}
+        validators = [validate.Regexp(pattern, error=error)]
+        super().__init__(format="iso", metadata=metadata, **kwargs)
+        self._text_check = validators[0]
+
+    def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> Any:
+        if isinstance(value, str):
+            self._text_check(value)
+        return super()._deserialize(value, attr, data, **kwargs)

@@ -169,9 +169,9 @@ def _apply_input_rules(component: dict[str, Any], rules: InputRules) -> None:
         if name not in required:
             required.append(name)
     if rules.user_stand_in:
-        # A user_id, or the field that stands in for it.
+        # A user_id, or the field that stands in for it; null is either left out.
         component["anyOf"] = [
-            {"required": ["user_id"], "properties": {"user_id": _A_USER}},
+            {"required": ["user_id"], "properties": {"user_id": {"type": "string", **_A_USER}}},
             {"required": [rules.user_stand_in],
              "properties": {rules.user_stand_in: {"type": "string"}}},
         ]

@@ -391,6 +391,7 @@ export interface MemoryListInput {
   scope?: "namespace" | "this_agent" | null;
   include_deleted?: boolean | null;
   limit?: number | null;
+  /** next_cursor of the previous page: a place in the key order (unpadded base64url); the page starts after it. */
   cursor?: string | null;
   /** How far the read reaches across users and session_ids; left out, the token's ceiling. */
   read_scope?: "namespace" | "own_user" | "own_session" | null;

@@ -280,9 +280,11 @@ def test_the_receipt_and_the_audit_hold_counts_and_times_only(world):
     # Another user's id does not read this erasure.
     status, out = world.call("erasure.status", user_id=OTHER)
     assert status == 404 and out["error"]["code"] == "ERASURE_NOT_FOUND"
+    # Nor does this erasure's id beside another user's: it is no erasure of theirs.
     status, out = world.call("erasure.status", user_id=OTHER,
                              erasure_id=receipt["erasure_id"])
-    assert status == 422 and "erasure_id" in out["error"]["fields"]
+    assert status == 404 and out["error"]["code"] == "ERASURE_NOT_FOUND"
+    assert USER not in json.dumps(out)
 
 
 def test_a_user_with_nothing_is_erased_with_zero_counts(world):

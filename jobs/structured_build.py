@@ -7,8 +7,9 @@ the answer is held to the schema; and nothing is written when a fact the build r
 longer current once the model answered (erased, deleted or expired meanwhile).
 
 Every way a build ends in a profile (the model's answer, or the all-null profile) goes through
-one finish, ``_finish``: skip an unchanged profile, write under the pass's fence, record what
-the profile was built from. The pass that hands users to builds is ``jobs.structured_profile``.
+one finish, ``_finish``: skip an unchanged profile, write under the pass's fence the row and
+the record of what it was built from, in one step. The pass that hands users to builds is
+``jobs.structured_profile``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from app.profile_schema import max_tokens_for, null_profile, validate_answer
 from app.services import Services
 from app.store.identity import Identity
 from app.store.lease import Fence
-from app.store.memory import Content, MemoryRow, MemoryStore, SourceDigest
+from app.store.memory import (
+    Content,
+    MemoryRow,
+    MemoryStore,
+    SourceDigest,
+    canonical_json,
+    content_sha256,
+)
 from app.store.structured import (
     PROFILE_KEY,
     WORKER,
@@ -319,8 +327,10 @@ def _finish(
         source_trace=TRACE_PREFIX + ",".join(read_ids),
         actor=WORKER,
     )
+    record = BuildRecord(content_sha256(canonical_json(profile)), build.schema_sha,
+                         digest.digest, digest.count, build.read_at, short)
     try:
-        written = memory.set(
+        memory.set(
             profile_location(org, namespace, user_id),
             content,
             written_by=WORKER,
@@ -329,6 +339,8 @@ def _finish(
             expected_version=str(row.version) if row is not None else "-",
             refuse_pinned=True,
             fence=build.fence,
+            # The record lands with the row, in one step: no reader sees one without the other.
+            record=StructuredStore.record_fields(org, namespace, user_id, record),
         )
     except LoomError as error:
         # Locked, pinned, high, being erased, or written by someone since the snapshot.
@@ -338,13 +350,7 @@ def _finish(
                                           build.schema_sha)
         return BuildResult(Outcome.REFUSED, fingerprint, model_calls=model_calls,
                            detail=error.code)
-    svc.store(StructuredStore).record_build(
-        identity,
-        BuildRecord(written.row.content_sha256, build.schema_sha, digest.digest, digest.count,
-                    build.read_at, short),
-        next_expiry=digest.next_expiry,
-        fence=build.fence,
-    )
+    svc.store(StructuredStore).index_build(org, namespace, user_id, digest.next_expiry)
     memory.clear_changed(org, namespace, user_id, build.read_at)
     svc.store(UsageStore).add(org, namespace, worker=USAGE_WORKER, builds=1)
     return BuildResult(Outcome.BUILT, model_calls=model_calls, wrote=True, short=short)

@@ -366,22 +366,21 @@ def test_a_row_the_census_finds_fails_it_closed_and_a_retry_finishes(world):
     assert audit == ["done", "failed"]
 
 
-def test_a_late_build_record_is_swept(world):
+def test_a_late_build_index_entry_is_swept(world):
     plant(world, USER, "MARK-ERASED")
-    from app.store.identity import Identity
-    from app.store.structured import BuildRecord, StructuredStore
+    from app.store.structured import StructuredStore
 
     def race(step: str, counts: dict[str, int]) -> None:
         if step == "memory":
-            # A build whose row landed before the marker records its build after the memory
-            # step: its build record and its entry in the namespace's built users.
-            world.services.store(StructuredStore).record_build(
-                Identity(ORG, NS, "-", USER), BuildRecord("sha", "schema", "d", 1, 1, False))
+            # A build whose row and record landed before the marker indexes the user after the
+            # memory step: its entry in the namespace's built users and expiry index.
+            world.services.store(StructuredStore).index_build(ORG, NS, USER, next_expiry=5)
 
     receipt = world.store().erase(ORG, NS, USER, actor="test", progress=race)
     assert receipt["status"] == "done" and receipt["census"]["clean"]
     assert user_keys(world, USER) == []
     assert USER not in world.services.redis.smembers(keys.structured_users(ORG, NS))
+    assert world.services.redis.zscore(keys.structured_expiry(ORG, NS), USER) is None
 
 
 class Crash(BaseException):

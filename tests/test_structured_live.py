@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 import requests
@@ -29,9 +29,13 @@ ROW = {"agent": "-", "key": "structured_profile"}
 WORKER = "worker:structured_profile"
 
 
+# The cities a fact may name, and the time zone the model answers for each.
+TIME_ZONES = {"Lisbon": "Europe/Lisbon", "Berlin": "Europe/Berlin"}
+
+
 class FactModel:
     """Answers each build from its facts: ``Call me <name>`` gives preferred_name, a fact
-    naming Lisbon the time zone. A name in ``cut_off`` is cut off at the output cap once."""
+    naming a city of TIME_ZONES the time zone. A name in ``cut_off`` is cut off at the output cap once."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[float, str | None]] = []
@@ -47,8 +51,9 @@ class FactModel:
             if name in self.cut_off:
                 self.cut_off.discard(name)
                 return ScriptedAnswer(content='{"preferred_name": "', finish_reason="length")
+        city = next((city for city in TIME_ZONES if city in text), None)
         return {"preferred_name": name, "languages": None,
-                "timezone": "Europe/Lisbon" if "Lisbon" in text else None}
+                "timezone": TIME_ZONES[city] if city else None}
 
     def times(self, name: str) -> list[float]:
         with self.lock:
@@ -256,3 +261,66 @@ def test_a_recall_costs_no_build_and_a_restatement_one_after_the_cooldown(loom):
     loom.wait_ready("u-10", "Gil", timeout=5)
     time.sleep(3)  # a few more passes: once only
     assert len(loom.model.times("Gil")) == 2
+
+
+# One instant written in each form a caller may send (all ISO 8601, which the op accepts).
+VALID_TO_FORMS = {
+    "microseconds and Z": lambda t: datetime.fromtimestamp(t, tz=UTC).strftime(
+        "%Y-%m-%dT%H:%M:%S.%fZ"),
+    "no fraction and Z": lambda t: datetime.fromtimestamp(int(t), tz=UTC).strftime(
+        "%Y-%m-%dT%H:%M:%SZ"),
+    "milliseconds and +00:00": lambda t: datetime.fromtimestamp(t, tz=UTC).isoformat(
+        timespec="milliseconds"),
+    "microseconds and +05:30": lambda t: datetime.fromtimestamp(
+        t, tz=timezone(timedelta(hours=5, minutes=30))).isoformat(timespec="microseconds"),
+    "seconds and -08:00": lambda t: datetime.fromtimestamp(
+        int(t), tz=timezone(timedelta(hours=-8))).isoformat(),
+}
+
+
+@pytest.mark.slow
+def test_a_rebuild_after_a_facts_valid_to_never_carries_it_whatever_the_timestamps_form(loom):
+    """Issue 40 point 1: a fact whose valid_to comes well after the first build leaves the
+    profile when it passes, and the rebuild (the user's second model call) is made without it,
+    for every form of the timestamp."""
+    users = {form: (f"u-40-{index}", name) for index, (form, name) in
+             enumerate(zip(VALID_TO_FORMS, ("Hal", "Ida", "Jon", "Kim", "Lou"), strict=True))}
+    valid_to = time.time() + 15
+    expires: dict[str, float] = {}  # each form's instant as stored (a form without a fraction
+    for form, (user, name) in users.items():  # drops it)
+        loom.name(user, name)
+        loom.call("memory.set", user_id=user, key="tz", value="Lives in Berlin",
+                  valid_to=VALID_TO_FORMS[form](valid_to))
+        stored = loom.call("memory.get", user_id=user, key="tz")["memory"]["valid_to"]
+        expires[form] = _seconds(stored)
+        assert abs(expires[form] - valid_to) < 1, (form, stored)
+    for form, (user, name) in users.items():
+        built = wait_for(
+            lambda u=user, n=name: (out := loom.structured(u))["status"] == "ready"
+            and out["profile"]["preferred_name"] == n and out, 12, f"{form}: the first build")
+        assert built["profile"]["timezone"] == "Europe/Berlin", form
+        assert _seconds(built["built_at"]) < valid_to - 2, form  # well before it expires
+        assert len(loom.model.times(name)) == 1, form
+    time.sleep(max(0.0, valid_to - time.time()) + 0.05)
+    rebuilt: dict[str, dict] = {}
+    deadline = valid_to + COOLDOWN - 2  # the rule skips the cooldown
+    while len(rebuilt) < len(users) and time.time() < deadline:
+        for form, (user, _name) in users.items():
+            out = loom.structured(user)
+            # Past its valid_to, the fact's value is never served as ready.
+            assert not (out["status"] == "ready" and out["profile"]["timezone"]), (form, out)
+            if out["status"] == "ready":
+                rebuilt.setdefault(form, out)
+        time.sleep(0.1)
+    assert set(rebuilt) == set(users), f"not rebuilt in time: {set(users) - set(rebuilt)}"
+    time.sleep(3)  # a few more passes
+    for form, (user, name) in users.items():
+        out = loom.structured(user)
+        assert out["status"] == "ready" and out["profile"] == {
+            **dict.fromkeys(SCHEMA["properties"]), "preferred_name": name}, (form, out)
+        assert _seconds(out["built_at"]) >= expires[form], form  # read after it passed
+        assert len(loom.model.times(name)) == 2, form  # the rebuild asked the model again
+
+
+def _seconds(moment: str) -> float:
+    return datetime.fromisoformat(moment.replace("Z", "+00:00")).timestamp()

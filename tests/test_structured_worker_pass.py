@@ -178,30 +178,83 @@ def test_a_write_under_a_stale_token_is_refused_in_the_script(redis_url, tmp_pat
                written_by="chat")
 
 
-def test_a_build_record_under_a_stale_token_is_refused_and_indexes_nothing(
+def test_a_build_record_under_a_stale_token_is_refused_with_its_row(
         redis_url, tmp_path, model):
     world = slow_world(redis_url, tmp_path, model)
     leases = world.services.store(LeaseStore)
-    structured = world.services.store(StructuredStore)
-    user = Identity("default", "support", user_id="u-0")
-    record = BuildRecord("sha", "schema", "digest", 1, 1, False)
+    memory = world.services.store(MemoryStore)
+    user = ("default", "support", "u-0")
+    location = profile_location(*user)
+    content = Content(memory_type="profile", value={"preferred_name": "Built"},
+                      provenance="derived", actor=WORKER)
+    record = StructuredStore.record_fields(
+        *user, BuildRecord("sha", "schema", "digest", 1, 1, False))
     stale = leases.acquire(LEASE, "stale", 60)
-    stale_fence = leases.claim_fence(stale, "default", "support", "u-0", 60)
+    stale_fence = leases.claim_fence(stale, *user, 60)
     world.services.redis.delete(keys.worker_lease(LEASE))  # lapsed
     holder = leases.acquire(LEASE, "holder", 60)
-    fence = leases.claim_fence(holder, "default", "support", "u-0", 60)
+    fence = leases.claim_fence(holder, *user, 60)
 
     with pytest.raises(LeaseLost):
-        structured.record_build(user, record, next_expiry=5, fence=stale_fence)
+        memory.set(location, content, written_by=WORKER, fence=stale_fence, record=record)
     redis = world.services.redis
-    assert not redis.exists(keys.structured_meta("default", "support", "u-0"))
-    assert not redis.sismember(keys.structured_users("default", "support"), "u-0")
-    assert redis.zscore(keys.structured_expiry("default", "support"), "u-0") is None
+    assert memory.read(location) is None
+    assert not redis.exists(keys.structured_meta(*user))
 
-    structured.record_build(user, record, next_expiry=5, fence=fence)
-    assert redis.hget(keys.structured_meta("default", "support", "u-0"), "digest") in (
-        "digest", b"digest")
-    assert redis.sismember(keys.structured_users("default", "support"), "u-0")
+    written = memory.set(location, content, written_by=WORKER, fence=fence, record=record)
+    assert redis.hget(keys.structured_meta(*user), "digest") in ("digest", b"digest")
+    assert written.row.value == {"preferred_name": "Built"}
+
+
+def test_no_read_during_builds_sees_a_row_without_its_record(redis_url, tmp_path, model):
+    """Issue 39 point 3: the worker writes a profile row and its build record in one step, and
+    profile.structured (like the next pass's scan) reads both in one MULTI: a reader running
+    through many builds never finds the worker's live row without the record of its content
+    (the two-step write answered stale or pending between them)."""
+    world = slow_world(redis_url, tmp_path, model, structured_profile_scan_max_age_seconds=1)
+    structured = world.services.store(StructuredStore)
+    identity = Identity("default", "support", user_id="u-0")
+    builds = 40
+    done = threading.Event()
+    torn: list[tuple[str, str]] = []
+    statuses: list[str] = []
+    reads = [0]
+
+    def read_all_the_time() -> None:
+        while not done.is_set():
+            snapshot = structured.snapshot(identity, for_build=False)
+            found = structured.records("default", "support", ["u-0"])["u-0"]
+            reads[0] += 1
+            row, record = snapshot.row, snapshot.record
+            if row is not None and row.written_by == WORKER and (
+                    record is None or record.content_sha256 != row.content_sha256):
+                torn.append((row.content_sha256, record.content_sha256 if record else ""))
+            if row is not None and row.written_by == WORKER and not found[3]:
+                torn.append(("records", row.content_sha256))
+            # profile.structured's answer, from the same snapshot it reads.
+            statuses.append(snapshot.read(world.clock.now_ns())["status"])
+
+    reader = threading.Thread(target=read_all_the_time)
+    reader.start()
+    try:
+        for index in range(builds):
+            model.default = answer(preferred_name=f"Name {index}")
+            world.fact("name", f"I am u-0, call me Name {index}", user="u-0")
+            world.clock.advance(2)  # past the scan's age: the next pass scans again
+            built = world.run_pass()
+            assert ("u-0", "built") in [(user, outcome) for _ns, user, outcome in
+                                        built["built"]], built
+    finally:
+        done.set()
+        reader.join(10)
+    assert reads[0] > builds  # the reader ran through the builds, not after them
+    assert torn == []
+    # Each build answers a new fact: between them the profile reads stale (a fact moved since
+    # the build) or ready, never pending (no row served) once the first build landed.
+    first_ready = statuses.index("ready")
+    assert "pending" not in statuses[first_ready:], statuses
+    out = world.structured("u-0")
+    assert out["status"] == "ready" and out["profile"]["preferred_name"] == f"Name {builds - 1}"
 
 
 def test_a_user_being_erased_cannot_be_taken(redis_url, tmp_path, model):
@@ -236,25 +289,3 @@ def test_the_lease_is_renewed_while_a_pass_runs(redis_url, tmp_path, model):
     assert min(ttls) > 0, ttls  # never lapsed
     assert world.structured("u-0")["status"] == "ready"
     assert not world.services.redis.exists(keys.worker_lease(LEASE))  # released at the end
-
-
-def test_a_read_between_a_builds_row_and_its_record_is_stale_not_pending(
-        redis_url, tmp_path, model):
-    # The worker writes the profile row, then the build's record: a read in between once
-    # answered "pending" with an all-null profile (seen as a flake in the live tests).
-    world = slow_world(redis_url, tmp_path, model)
-    model.default = lambda request: answer(preferred_name="First")
-    world.run_pass()
-    assert world.structured("u-0")["status"] == "ready"
-    memory = world.services.store(MemoryStore)
-    memory.set(profile_location("default", "support", "u-0"),
-               Content(memory_type="profile", value={"preferred_name": "Second"},
-                       provenance="derived", actor=WORKER),
-               written_by=WORKER)  # the row of a build whose record is not written yet
-    out = world.structured("u-0")
-    assert out["status"] == "stale" and out["profile"]["preferred_name"] == "Second"
-    # A caller's row over the worker's is still no profile.
-    memory.set(profile_location("default", "support", "u-0"),
-               Content(memory_type="profile", value={"preferred_name": "Caller"}),
-               written_by="chat")
-    assert world.structured("u-0")["status"] == "pending"

@@ -49,7 +49,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -409,6 +409,7 @@ class MemoryStore:
         refuse_pinned: bool = False,
         fence: Fence | None = None,
         held: HeldKey | None = None,
+        record: tuple[str, Mapping[str, str | int]] | None = None,
     ) -> Written:
         """Write a new version with ``content``.
 
@@ -420,13 +421,20 @@ class MemoryStore:
         ``fence`` (a worker holding a lease) the write is made only while the fence holds its
         token, checked in the same script: LeaseLost otherwise. With ``held`` (a call's
         Idempotency-Key) the script writes only while the call holds the key and keeps its
-        reply there in the same step.
+        reply there in the same step. ``record`` (a hash key in the user's slot and its fields)
+        is written in the same step as the row, or not at all: a structured build's record, so
+        no reader sees the row without it.
         """
         field_list, length = content.fields(location)
         if length > MAX_CHAR_LIMIT:
             raise CharLimitExceeded(length, MAX_CHAR_LIMIT)
+        extra = [fence.key] if fence is not None else []
+        record_pairs: list[str | int] = []
+        if record is not None:
+            extra.append(record[0])
+            record_pairs = [item for pair in record[1].items() for item in pair]
         reply = self._set(
-            keys=self._keys(location, [fence.key] if fence is not None else [], held),
+            keys=self._keys(location, extra, held),
             args=[
                 self.clock.now_ns(),
                 new_memory_id(),
@@ -439,6 +447,8 @@ class MemoryStore:
                 required_type,
                 "1" if refuse_pinned else "0",
                 fence.token if fence is not None else "",
+                len(record_pairs) // 2,
+                *record_pairs,
                 *field_list,
                 self._tail(location, held),
             ],

@@ -4,9 +4,11 @@ The profile itself is the user's memory row ``structured_profile`` (agent ``-``,
 type ``profile``), so ``profile.render``, ``context.pack`` and ``memory.history`` carry it. Next
 to it, one small hash records what the worker's last write was built from: the content hash it
 wrote, the schema sha, the sources digest and count it read, when it read them, and whether it
-was short of a fact it counted. A read compares that record with the namespace's schema and
-the user's digest (kept current by every fact write), in one pipelined round trip: no scan,
-no model.
+was short of a fact it counted. The worker writes the row and that record in one script
+(``MemoryStore.set`` with ``record``), and every reader takes the row, the record and the
+digest in one MULTI, so none sees a row without its record. A read compares the record with
+the namespace's schema and the user's digest (kept current by every fact write), in one round
+trip: no scan, no model.
 
 A user can also be blacklisted (``structured.blacklist``, an admin op): the worker then refuses
 their builds as it refuses a locked profile row, and the row as it stands is served as it would
@@ -19,13 +21,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from app.clock import iso_from_ns
 from app.errors import UserBeingErased
 from app.profile_schema import null_profile
 from app.store import keys
 from app.store.identity import Identity
-from app.store.lease import Fence, LeaseLost
-from app.store.lua import FENCE_LOST, script
+from app.store.lua import script
 from app.store.memory import (
     STRUCTURED_PROFILE_KEY,
     STRUCTURED_WORKER,
@@ -101,14 +104,6 @@ class Snapshot:
         row = self.row
         return row if row is not None and row_is_served(row, self.record, now_ns) else None
 
-    def build_landing(self, now_ns: int) -> bool:
-        """Whether the row is a live one the worker wrote whose build is not recorded yet (its
-        content is not the record's): between a build's row write and its record."""
-        row, record = self.row, self.record
-        return (row is not None and record is not None and row.written_by == WORKER
-                and row.live and not row.redacted and row.label != "high"
-                and not row.expired(now_ns) and row.content_sha256 != record.content_sha256)
-
     def worker_row(self) -> bool:
         """Whether the row at the key is one the worker wrote (served or not: redacted or
         expired since), as opposed to no row or a row a caller wrote over it."""
@@ -127,13 +122,6 @@ class Snapshot:
         if schema is None or schema.doc is None:
             return _answer("no_schema", {}, None, None)
         row = self.served_row(now_ns)
-        if row is None and self.build_landing(now_ns):
-            # The worker writes its row a step before the build's record: a read between the
-            # two has the new profile, not yet recorded. It is the worker's; stale until the
-            # record lands (never "pending", which would blank a profile for a moment).
-            landing = self.row
-            assert landing is not None
-            return _answer("stale", _profile_of(schema.doc, landing), landing, self.record)
         if row is None:
             status = "ready" if self.row is None and self.digest.count == 0 else "pending"
             return _answer(status, null_profile(schema.doc), None, None)
@@ -210,20 +198,26 @@ class StructuredStore:
         self._unpark = script(self.redis, "structured_unpark_due")
         self._forget = script(self.redis, "clear_unless_changed_since")
         self._blacklist = script(self.redis, "structured_blacklist")
-        self._record = script(self.redis, "structured_record")
+        self._clustered = isinstance(self.redis, redis.RedisCluster)
 
     def snapshot(self, identity: Identity, *, for_build: bool = True) -> Snapshot:
-        """One round trip: the schema, the profile row, its build record, the user's digest,
-        and (for a build, not a read: it changes no status) whether the user is blacklisted."""
+        """The schema, the profile row, its build record, the user's digest, and (for a build,
+        not a read: it changes no status) whether the user is blacklisted. The row, record and
+        digest are read in one MULTI, so they are of one moment: the worker writes a row and
+        its record in one step (``record_fields``), and no read sees one without the other.
+        One round trip on a single server, two on a cluster (the schema and the blacklist are
+        in the namespace's slot)."""
         org, namespace, user_id = identity.org, identity.namespace, identity.user_id
-        pipe = self.redis.pipeline(transaction=False)
+        user_reads = self._user_reads(org, namespace, [user_id])
+        pipe = user_reads if not self._clustered else self.redis.pipeline(transaction=False)
         pipe.hgetall(keys.profile_schema(org, namespace))
-        pipe.hgetall(profile_location(org, namespace, user_id).row_key())
-        pipe.hgetall(keys.structured_meta(org, namespace, user_id))
-        pipe.hgetall(keys.profile_source_digest(org, namespace, user_id))
         if for_build:
             pipe.zscore(keys.structured_blacklist(org, namespace), user_id)
-        schema_row, row, record, digest, *blacklisted = pipe.execute()
+        if self._clustered:
+            (row, record, digest), (schema_row, *blacklisted) = (
+                user_reads.execute(), pipe.execute())
+        else:
+            row, record, digest, schema_row, *blacklisted = pipe.execute()
         return Snapshot(
             parse_stored(schema_row),
             MemoryRow.from_fields(row) if row else None,
@@ -232,15 +226,25 @@ class StructuredStore:
             _since(blacklisted[0]) if blacklisted else None,
         )
 
-    def record_build(
-        self, identity: Identity, record: BuildRecord, next_expiry: float | None = None,
-        fence: Fence | None = None,
-    ) -> None:
-        """Record what a build wrote. Under a ``fence`` the record is written only while the
-        fence holds its pass's token (LeaseLost and nothing written otherwise); the namespace's
-        indexes follow only a record that was written."""
-        org, namespace, user_id = identity.org, identity.namespace, identity.user_id
-        fields: dict[str, str | int] = {
+    def _user_reads(self, org: str, namespace: str, user_ids: list[str]) -> Any:
+        """A MULTI pipeline holding, per user, the reads of the profile row, its build record
+        and the digest (in that order). A cluster's MULTI spans one slot: one user there."""
+        if self._clustered and len(user_ids) != 1:
+            raise ValueError("a cluster MULTI reads one user's slot")
+        pipe = self.redis.pipeline(transaction=True)
+        for user_id in user_ids:
+            pipe.hgetall(profile_location(org, namespace, user_id).row_key())
+            pipe.hgetall(keys.structured_meta(org, namespace, user_id))
+            pipe.hgetall(keys.profile_source_digest(org, namespace, user_id))
+        return pipe
+
+    @staticmethod
+    def record_fields(
+        org: str, namespace: str, user_id: str, record: BuildRecord
+    ) -> tuple[str, dict[str, str | int]]:
+        """The build record as the hash key and fields the worker's row write carries
+        (``MemoryStore.set``'s ``record``): written in the same step as the row or not at all."""
+        return keys.structured_meta(org, namespace, user_id), {
             "content_sha256": record.content_sha256,
             "schema_sha": record.schema_sha,
             "digest": record.digest,
@@ -248,16 +252,14 @@ class StructuredStore:
             "built_at": record.built_at,
             "short": "1" if record.short else "0",
         }
-        args: list[str | int] = [fence.token if fence is not None else ""]
-        for name, value in fields.items():
-            args += [name, value]
-        reply = self._record(
-            keys=[keys.structured_meta(org, namespace, user_id)]
-            + ([fence.key] if fence is not None else []),
-            args=args,
-        )
-        if texts(reply)[0] == FENCE_LOST:
-            raise LeaseLost("build record: the lease's fence no longer holds its token")
+
+    def index_build(
+        self, org: str, namespace: str, user_id: str, next_expiry: float | None
+    ) -> None:
+        """After a build's write: the namespace's index entries, which no script over the
+        user's slot can reach on Redis Cluster (the built users, whom a schema change lists
+        again, and when the next counted source passes its valid_to). Re-asserted on every
+        build, so a lost one heals at the next."""
         pipe = self.redis.pipeline(transaction=False)
         pipe.sadd(keys.structured_users(org, namespace), user_id)
         if next_expiry is not None:
@@ -280,23 +282,34 @@ class StructuredStore:
         self, org: str, namespace: str, user_ids: list[str]
     ) -> dict[str, tuple[BuildRecord | None, SourceDigest, str, bool]]:
         """Build record, digest, profile row state (``Snapshot.row_state``) and whether the row
-        is served, of many users in one round trip (a scan's candidates). A build record alone
+        is served, of many users in one MULTI (a scan's candidates; on a cluster, one per
+        user), so no user's row is read without its record. A build record alone
         is no built profile: the row may have been written over, redacted or deleted since."""
         now_ns = self.clock.now_ns()
-        pipe = self.redis.pipeline(transaction=False)
+        if not user_ids:
+            return {}
+        if self._clustered:
+            # A cluster's MULTI spans one slot: each user's three reads are one MULTI, and the
+            # blacklist (the namespace's slot) one more round trip.
+            replies = [reply for user_id in user_ids
+                       for reply in self._user_reads(org, namespace, [user_id]).execute()]
+            pipe = self.redis.pipeline(transaction=False)
+        else:
+            pipe = self._user_reads(org, namespace, user_ids)
         for user_id in user_ids:
-            pipe.hgetall(keys.structured_meta(org, namespace, user_id))
-            pipe.hgetall(keys.profile_source_digest(org, namespace, user_id))
-            pipe.hgetall(profile_location(org, namespace, user_id).row_key())
             pipe.zscore(keys.structured_blacklist(org, namespace), user_id)
-        replies = pipe.execute()
+        if self._clustered:
+            blacklist = pipe.execute()
+        else:
+            found_all = pipe.execute()
+            replies, blacklist = found_all[:3 * len(user_ids)], found_all[3 * len(user_ids):]
         found = {}
         for i, user_id in enumerate(user_ids):
-            raw_record, raw_digest, raw_row, blacklisted = replies[4 * i:4 * i + 4]
+            raw_row, raw_record, raw_digest = replies[3 * i:3 * i + 3]
             record = BuildRecord.from_fields(raw_record)
             row = MemoryRow.from_fields(raw_row) if raw_row else None
             served = row is not None and row_is_served(row, record, now_ns)
-            state = row_state(row.version if row is not None else 0, _since(blacklisted))
+            state = row_state(row.version if row is not None else 0, _since(blacklist[i]))
             found[user_id] = (record, SourceDigest.from_fields(raw_digest), state, served)
         return found
 

@@ -35,7 +35,8 @@ TIME_ZONES = {"Lisbon": "Europe/Lisbon", "Berlin": "Europe/Berlin"}
 
 class FactModel:
     """Answers each build from its facts: ``Call me <name>`` gives preferred_name, a fact
-    naming a city of TIME_ZONES the time zone. A name in ``cut_off`` is cut off at the output cap once."""
+    naming a city of TIME_ZONES the time zone. A name in ``cut_off`` is cut off at the output
+    cap once."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[float, str | None]] = []

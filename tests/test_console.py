@@ -7,6 +7,7 @@ Signing in, the cookie, CSRF, and each page's reads and writes, which go through
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -536,3 +537,66 @@ def test_a_block_shows_how_full_it_is(client, writer):
     page = text(console.get(f"/console/ns/{NS}/user?user_id={USER}&agent={AGENT}"))
     meter = page.split('<meter class="fill" id="fill-state"', 1)[1].split("</meter>", 1)[0]
     assert 'max="40" value="30"' in meter and ">75.0%" in meter
+
+
+def _console_keys(redis_client) -> dict[str, str]:
+    """Every console session key and what it holds."""
+    found = {}
+    for key in redis_client.scan_iter(match="loom:console:*"):
+        value = redis_client.get(key)
+        found[key if isinstance(key, str) else key.decode()] = (
+            value if isinstance(value, str) else value.decode())
+    return found
+
+
+@pytest.mark.parametrize("signed_in_with", ["minted", "admin"])
+def test_a_console_session_keeps_nothing_in_redis_that_works_as_a_token(
+        client, redis_client, signed_in_with):
+    """Issue 39 point 4: after a sign-in, no console key holds the token, its secret part, or
+    anything else that the API takes as a token (a copy of the data yields no sign-in)."""
+    token = ADMIN_TOKEN if signed_in_with == "admin" else mint(client, namespace=NS,
+                                                               role="admin")
+    console = Console(client)
+    assert console.sign_in(token).status_code == 302
+    assert console.get(f"/console/ns/{NS}").status_code == 200
+    held = _console_keys(redis_client)
+    assert len(held) == 1  # the one session
+    secret = token.rsplit("_", 1)[-1]
+    for key, value in held.items():
+        assert token not in key and token not in value
+        assert secret not in key and secret not in value
+        # Nothing the session holds (nor any string in it) signs anyone in.
+        stored = json.loads(value)
+        strings = [v for v in _strings(stored) if len(v) >= 8] + [key]
+        assert strings
+        for candidate in strings:
+            response = client.post("/v1/memory.list", json={"namespace": NS, "agent": AGENT},
+                                   headers=bearer(candidate))
+            assert response.status_code == 401, candidate
+    # And the session still works on the next page, resolved from what it keeps.
+    assert console.get(f"/console/ns/{NS}").status_code == 200
+
+
+def _strings(value: Any) -> list[str]:
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for item in value.items() for part in item for s in _strings(part)]
+    if isinstance(value, list):
+        return [s for part in value for s in _strings(part)]
+    return []
+
+
+def test_a_session_signed_in_with_the_admin_token_ends_when_that_token_changes(
+        app_factory, redis_url):
+    first = auth_app(app_factory).test_client()
+    console = Console(first)
+    assert console.sign_in(ADMIN_TOKEN).status_code == 302
+    assert console.get(f"/console/ns/{NS}").status_code == 200
+    # The same Redis, the admin token rotated: the session's keyed digest matches no token.
+    rotated = app_factory(auth="on", admin_token="a-new-install-admin-token").test_client()
+    cookie = first.get_cookie("loom_console", path="/console")
+    assert cookie is not None
+    rotated.set_cookie("loom_console", cookie.value, path="/console")
+    response = rotated.get(f"/console/ns/{NS}")
+    assert response.status_code == 302 and "sign-in" in response.headers["Location"]

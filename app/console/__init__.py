@@ -13,9 +13,10 @@ The session is kept server-side (``app.store.console_sessions``): the cookie hol
 random session id, HttpOnly, SameSite=Strict, ``Secure`` when the request came over HTTPS
 (behind proxies, ``LOOM_TRUSTED_PROXIES`` says so), scoped to ``/console`` and good for
 ``SESSION_HOURS``. Signing in issues a new id; signing out deletes the session, so a copied
-cookie stops working. The token is checked again on every page, and a session whose token
-stops working is deleted. Every form carries the session's CSRF token; a POST without it is
-refused.
+cookie stops working. The session keeps no token, only what finds its principal again
+(``app.console.credential``: a minted token's id, a keyed digest of the admin token), checked
+on every page; a session whose token stops working is deleted. Every form carries the
+session's CSRF token; a POST without it is refused.
 
 No user or session id goes into a console address, where access logs and browser history
 would keep it after the user is erased: ``url_for`` writes each as a keyed reference

@@ -27,6 +27,7 @@ from flask import (
 from werkzeug.datastructures import ImmutableMultiDict
 
 from app.auth import ANY, Principal
+from app.console import credential
 from app.console.blueprint import (
     ID_FIELDS,
     bp,
@@ -132,14 +133,20 @@ def _services() -> Any:
 
 
 def current_principal() -> Principal:
-    """The principal of the session's token; with auth off and no token, the single user."""
-    token = session.get("token")
+    """The principal of the session's sign-in (``app.console.credential``: the session keeps
+    no token); with auth off and no sign-in, the single user."""
     services = _services()
-    if token is None and services.settings.auth != "off":
-        raise NotSignedIn()
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if "token" in session:
+        # A session from before sessions kept no token holds one raw: it ends here.
+        end_session()
+        raise NotSignedIn("Sign in again.")
+    signed_in = session.get("credential")
+    if not isinstance(signed_in, dict):
+        if services.settings.auth != "off":
+            raise NotSignedIn()
+        signed_in = {"kind": credential.NONE}
     try:
-        return services.authenticate(headers)
+        return credential.principal_of(services, signed_in)
     except (AuthInvalid, AuthRequired) as error:
         end_session()  # a revoked token ends every session signed in with it
         raise NotSignedIn(f"Your token no longer works: {error.message}") from None
@@ -216,7 +223,7 @@ def sign_in() -> Any:
         return _page("sign_in.html", 422, next_page=next_page, auth_off=auth_off,
                      error="Paste a Loom token to sign in.")
     try:
-        services.authenticate({"Authorization": f"Bearer {token}"} if token else {})
+        _principal, signed_in = credential.sign_in(services, token)
     except LoomError as error:
         return _page("sign_in.html", 401, next_page=next_page, auth_off=auth_off,
                      error=f"That token was refused: {error.message}")
@@ -225,7 +232,7 @@ def sign_in() -> Any:
     session.clear()
     session.renew()  # type: ignore[attr-defined]
     session.permanent = True
-    session["token"] = token
+    session["credential"] = signed_in  # never the token (app.console.credential)
     csrf_token()
     return redirect(next_page)
 

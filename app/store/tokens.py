@@ -95,6 +95,26 @@ class TokenStore:
         stored = row.get("hash", "0" * 64)
         if not hmac.compare_digest(stored, self._digest(token)) or not row:
             return None
+        return self._principal_of_row(token_id, row, default_org)
+
+    def principal_by_id(self, token_id: str, default_org: str) -> Principal | None:
+        """The principal of the token with this id, or None when unknown, revoked or expired:
+        for a holder that proved the whole token once (a console session) and keeps only its
+        id, which works as no token."""
+        row = text_map(self.redis.hgetall(keys.token(token_id))) if token_id else {}
+        return self._principal_of_row(token_id, row, default_org) if row else None
+
+    @staticmethod
+    def token_id_of(token: str) -> str:
+        """The id part of ``loom_<token_id>_<secret>`` ('' for anything else)."""
+        if not token.startswith(TOKEN_PREFIX):
+            return ""
+        token_id, _, secret = token[len(TOKEN_PREFIX):].partition("_")
+        return token_id if secret else ""
+
+    def _principal_of_row(
+        self, token_id: str, row: dict[str, str], default_org: str
+    ) -> Principal | None:
         if row.get("revoked_at"):
             return None
         claims = json.loads(row["claims"])

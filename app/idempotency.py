@@ -91,38 +91,55 @@ def _replay(stored: str) -> dict[str, Any]:
 
 class _Renewer:
     """Renews the leases of this process's running tries: one daemon thread for all of them
-    (a greenlet where gevent has patched ``threading``), asleep while none runs, started in
-    the process that uses it (a forked worker starts its own)."""
+    (a greenlet where gevent has patched ``threading``), asleep while none runs.
+
+    Its lock, its event and its thread are made in the process that first holds a lease, after
+    gevent's patch: gunicorn's master imports this module before it forks and patches, and a
+    worker's greenlets waiting on the master's unpatched lock or event would block the whole
+    worker. The lock is never held across a wait (starting the thread waits for it)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._running = threading.Event()
+        self._pid = 0
+        self._lock: threading.Lock | None = None
+        self._running: threading.Event | None = None
         self._held: dict[int, tuple[IdempotencyStore, KeyRecord, str]] = {}
         self._next = itertools.count()
-        self._pid = 0
+
+    def _this_process(self) -> tuple[threading.Lock, threading.Event]:
+        if self._pid != os.getpid() or self._lock is None or self._running is None:
+            with _FIRST_USE:  # only steps that never wait, so no greenlet blocks on it
+                started = self._pid == os.getpid() and self._lock is not None
+                if not started:
+                    self._pid = os.getpid()
+                    self._held = {}
+                    self._lock, self._running = threading.Lock(), threading.Event()
+            if not started:
+                threading.Thread(target=self._renew_forever,
+                                 args=(self._lock, self._running),
+                                 name="loom-idempotency-leases", daemon=True).start()
+        assert self._lock is not None and self._running is not None
+        return self._lock, self._running
 
     def hold(self, store: IdempotencyStore, record: KeyRecord, holder: str) -> int:
-        with self._lock:
+        lock, running = self._this_process()
+        with lock:
             ticket = next(self._next)
             self._held[ticket] = (store, record, holder)
-            if self._pid != os.getpid():
-                self._pid = os.getpid()
-                threading.Thread(target=self._renew_forever, name="loom-idempotency-leases",
-                                 daemon=True).start()
-            self._running.set()
+            running.set()
         return ticket
 
     def drop(self, ticket: int) -> None:
-        with self._lock:
+        lock, running = self._this_process()
+        with lock:
             self._held.pop(ticket, None)
             if not self._held:
-                self._running.clear()
+                running.clear()
 
-    def _renew_forever(self) -> None:
+    def _renew_forever(self, lock: threading.Lock, running: threading.Event) -> None:
         while True:
-            self._running.wait()
+            running.wait()
             time.sleep(RENEW_SECONDS)
-            with self._lock:
+            with lock:
                 by_store: dict[int, tuple[IdempotencyStore, list[tuple[KeyRecord, str]]]] = {}
                 for store, record, holder in self._held.values():
                     by_store.setdefault(id(store), (store, []))[1].append((record, holder))
@@ -134,6 +151,7 @@ class _Renewer:
                                 type(error).__name__, error)
 
 
+_FIRST_USE = threading.Lock()
 _renewer = _Renewer()
 
 

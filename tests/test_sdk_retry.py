@@ -11,21 +11,25 @@ tests assert the waits asked for and the tries made, never how fast a loaded mac
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from typing import Any
+from urllib.parse import urlparse, urlunparse
 
 import pytest
+import redis
 from werkzeug.serving import make_server
 
 from app.clock import FrozenClock
 from app.local import free_port
+from app.store.lua import source
 from loom import Agent, AsyncAgent, Retry, errors
 from loom.errors import LoomConnectionError, RateLimited, ServerError
 from loom.retry import KEYED, retriable
-from tests.conftest import TEST_SECRET, make_app
+from tests.conftest import ON_CLUSTER, TEST_SECRET, make_app
 from tests.support.faulty_proxy import (
     CLOSE_AFTER,
     CLOSE_BEFORE,
@@ -34,7 +38,9 @@ from tests.support.faulty_proxy import (
     UNAVAILABLE,
     FaultyProxy,
 )
+from tests.support.holding_proxy import HoldingProxy
 from tests.support.live_server import LiveServer
+from tests.support.processes import wait_for
 from tests.support.stepped_time import SteppedTime
 
 WHO = {"org": "default", "namespace": "support", "agent": "triage-bot"}
@@ -96,6 +102,19 @@ def test_what_is_safe_to_send_again():
                                                       running))
     assert not any(retriable(KEYED, error) for error in (broken, unknown))
     assert not retriable("write", running)
+
+
+def test_a_keyed_write_is_sent_again_until_answered_within_the_total():
+    policy = Retry(attempts=3, backoff=0.1, max_wait=2.0, total=5.0)
+    running = errors.IdempotencyInProgress("running", status=409, code="IDEMPOTENCY_IN_PROGRESS",
+                                           details={"retry_after": 1})
+    reset = LoomConnectionError("reset", may_have_reached_server=True)
+    # Past ``attempts``: only an answer says whether it applied, so it keeps asking.
+    assert policy.wait_before_retry(KEYED, running, 7, 0.0) == 1.0
+    assert policy.wait_before_retry(KEYED, reset, 7, 0.0) is not None
+    assert policy.wait_before_retry(KEYED, running, 7, 4.5) is None  # but not past the total
+    assert policy.wait_before_retry("read", reset, 3, 0.0) is None  # others stop at attempts
+    assert Retry(attempts=1).wait_before_retry(KEYED, running, 1, 0.0) is None  # retries off
 
 
 def test_the_policy_is_bounded_and_honours_retry_after():
@@ -304,3 +323,53 @@ def test_retries_switched_off_raise_and_keyed_writes_wait_out_a_rate_limit(
     assert limited_api.block("b") == "x\ny\ny\ny\ny"
     assert {kind for kind, _, _ in policy.waits} == {KEYED}  # type: ignore[attr-defined]
     assert [code for _, code, _ in policy.waits] == ["RATE_LIMITED"]  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", FORMS)
+def test_a_keyed_write_waits_out_its_running_first_try_past_the_attempts(
+    form: str, redis_url: str, tmp_path: Any,
+):
+    """The first try's append reached the store and its reply is held there (the worker still
+    runs it, renewing its lease), so the client's first try times out and every retry is
+    answered 409 IDEMPOTENCY_IN_PROGRESS, more times than ``attempts``; once the held reply
+    comes back, the next retry gets the first try's answer, applied once."""
+    if ON_CLUSTER:
+        pytest.skip("one server behind the relay")
+    upstream = urlparse(redis_url)
+    relay = HoldingProxy(upstream.port or 6379).start()
+    app = make_app(urlunparse(upstream._replace(netloc=f"127.0.0.1:{relay.port}")), tmp_path,
+                   redis_socket_timeout_seconds=30)
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    data = redis.Redis.from_url(redis_url, decode_responses=True)
+
+    def let_the_first_try_end(waits: int) -> None:
+        if waits == 5:
+            relay.release()
+            wait_for(lambda: any(data.hget(key, "state") == "done"
+                                 for key in data.scan_iter("loom:idem:*")), 10, "its answer")
+
+    try:
+        act("sync", lambda bot: bot.working_memory.set("a", block_key="state", run_id="r"),
+            base_url=url)
+        relay.arm(hashlib.sha1(source("working_memory_append").encode()).hexdigest().encode(),
+                  "reply")
+        policy = RecordedRetry(attempts=3, backoff=0.05)
+        answer = act(form, lambda bot: bot.working_memory.append("b", block_key="state",
+                                                                  run_id="r"),
+                     base_url=url, timeout=1, retry=policy,
+                     stepped=SteppedTime(on_sleep=let_the_first_try_end))
+        codes = [code for _, code, _ in policy.waits]  # type: ignore[attr-defined]
+        assert codes[0] == "TIMEOUT"
+        assert codes[1:] == ["IDEMPOTENCY_IN_PROGRESS"] * (len(codes) - 1)
+        assert len(codes) >= 5 > policy.attempts
+        assert all(wait == 1.0 for _, _, wait in policy.waits[1:])  # type: ignore[attr-defined]
+        assert answer["block_key"] == "state"
+        content = app.test_client().post("/v1/working_memory.get", json={
+            **WHO, "block_key": "state", "run_id": "r"}).get_json()["content"]
+        assert content == "a\nb"
+    finally:
+        server.shutdown()
+        relay.stop()

@@ -19,6 +19,6 @@ export * from "./errors.js";
 export * from "./generated/ops.js";
 export { parse, stringify } from "./json.js";
 export type { Json } from "./json.js";
-export { CLIENT_NAME, DEFAULT_BASE_URL, DEFAULT_TIMEOUT_MS, Transport, retriable } from "./transport.js";
+export { CLIENT_NAME, DEFAULT_BASE_URL, DEFAULT_TIMEOUT_MS, KEYED, Transport, retriable } from "./transport.js";
 export type { RetryPolicy, SendOptions, TransportOptions } from "./transport.js";
 export { VERSION } from "./version.js";

@@ -1,11 +1,25 @@
 /**
  * One op call over `fetch`, with its retries.
  *
- * An op's kind (from the registry, in `generated/ops.ts`) says what is safe to send again:
- * a `read` or `idempotent` op after a connection error, a timeout, a 503 or a 429; a `write`
- * only when it certainly did not run: its connection could not be opened, or Loom refused it
- * with 429 before running it. Every call that is not a read carries an `Idempotency-Key`,
- * the same on each try, so a server that remembers keys applies a write once at most.
+ * A read is sent again after a connection error, a timeout, a 503 or a 429. Every call that
+ * is not a read carries an `Idempotency-Key`, the same on each try: Loom applies a keyed
+ * write once however often it is sent, so it is sent again after the same failures and after
+ * `409 IDEMPOTENCY_IN_PROGRESS`. What each answer to a keyed write means:
+ *
+ * - 200 (or any other answer of the op): applied once, whichever try it answers;
+ * - 409 `IDEMPOTENCY_IN_PROGRESS`: a try with this key is still running (or its process died
+ *   and its short lease has not run out yet); sent again after Retry-After, and answered by
+ *   that try's outcome once it ends: its answer, or, when it never ran, the write run now;
+ * - 503, a reset or a timeout: unknown from here, but safe to send again with the same key,
+ *   which settles it;
+ * - 409 `IDEMPOTENCY_OUTCOME_UNKNOWN`: an op whose answer is a step of its own ended without
+ *   one and may have been applied; never sent again: read the state, then write anew;
+ * - 422 `IDEMPOTENCY_KEY_REUSED`: the key came with another body; never sent again.
+ *
+ * Only an answer says whether a keyed write applied, so once retries are on it is sent again
+ * until it is answered or `totalMs` runs out; `attempts` bounds every other call. A call sent
+ * without a key (a caller's own `write` kind) goes again only when it certainly did not run:
+ * its connection could not be opened, or Loom refused it with 429 before running it.
  * `Retry-After` is waited as asked unless it is longer than `maxWaitMs` (then the error is
  * thrown at once); otherwise the wait is an exponential backoff with jitter.
  */
@@ -27,7 +41,8 @@ export const DEFAULT_TIMEOUT_MS = 10_000;
 export const CLIENT_NAME = `loom-ts/${VERSION}`;
 
 export interface RetryPolicy {
-  /** Tries in all, the first included (1: never retry). Default 3. */
+  /** Tries in all, the first included (1: never retry). Default 3. A keyed write, once
+   * retries are on, is bounded by `totalMs` alone. */
   attempts?: number;
   /** The first backoff wait, doubled after each try up to `maxWaitMs`. Default 200. */
   backoffMs?: number;
@@ -56,6 +71,10 @@ export interface SendOptions extends CallOptions {
 }
 
 const SAFE_KINDS = new Set(["read", "idempotent"]);
+/** The retry kind of a call sent with an Idempotency-Key: applied once however often sent. */
+export const KEYED = "keyed";
+const IN_PROGRESS = "IDEMPOTENCY_IN_PROGRESS";
+const MODEL_BUDGET_EXCEEDED = "MODEL_BUDGET_EXCEEDED";
 // Errors of a connection that never opened: the request did not leave this machine.
 const NEVER_CONNECTED = new Set(["ECONNREFUSED", "ENOTFOUND", "EAI_AGAIN", "EHOSTUNREACH",
   "ENETUNREACH", "UND_ERR_CONNECT_TIMEOUT"]);
@@ -117,13 +136,14 @@ export class Transport {
   async send<A>(op: string, body: Record<string, unknown>, options: SendOptions = {}): Promise<A> {
     const kind = this.kindOf(op);
     const key = kind === "read" ? undefined : options.idempotencyKey ?? newIdempotencyKey();
+    const retryKind = key === undefined ? kind : KEYED;
     const started = this.retry.now();
     for (let attempt = 1; ; attempt += 1) {
       try {
         return (await this.sendOnce(op, body, options, key)) as A;
       } catch (error) {
         const wait = error instanceof LoomError
-          ? this.waitBeforeRetry(kind, error, attempt, this.retry.now() - started)
+          ? this.waitBeforeRetry(retryKind, error, attempt, this.retry.now() - started)
           : null;
         if (wait === null) throw error;
         await this.retry.sleep(wait);
@@ -133,7 +153,8 @@ export class Transport {
 
   /** Milliseconds to wait before try `attempt + 1`, or null when `error` is final. */
   waitBeforeRetry(kind: string, error: LoomError, attempt: number, elapsedMs: number): number | null {
-    if (attempt >= this.retry.attempts || !retriable(kind, error)) return null;
+    if (this.retry.attempts === 1 || !retriable(kind, error)) return null;
+    if (attempt >= this.retry.attempts && kind !== KEYED) return null;
     const asked = error instanceof LoomAPIError ? error.retryAfter : null;
     let wait: number;
     if (asked !== null) {
@@ -224,6 +245,11 @@ export class Transport {
 
 /** Whether `error` may be met by sending the same call again (see the module comment). */
 export function retriable(kind: string, error: LoomError): boolean {
+  if (kind === KEYED) {
+    if (error instanceof LoomTransportError) return true;
+    if (error.code === MODEL_BUDGET_EXCEEDED) return false; // waiting seconds does not lift it
+    return error.code === IN_PROGRESS || error.status === 429 || error.status === 503;
+  }
   if (error instanceof LoomTransportError) return SAFE_KINDS.has(kind) || !error.mayHaveReachedServer;
   if (error.status === 429) return true; // refused before the op ran: nothing was written
   if (error.status === 503) return SAFE_KINDS.has(kind);

@@ -172,7 +172,7 @@ test("no answer: a refused connection and a server that never answers", async ()
   silent.close();
 });
 
-test("the store down: StoreUnavailable with Retry-After; a read is sent again, a write is not", async () => {
+test("the store down: StoreUnavailable with Retry-After; a read is sent again, a keyed write until the store is back", async () => {
   const own = await startServers("open");
   try {
     const bot = new Agent({ org: "acme", namespace: "store", agent: "a1", baseUrl: own.open,
@@ -190,10 +190,16 @@ test("the store down: StoreUnavailable with Retry-After; a read is sent again, a
     assert.equal(error.response.headers.get("Retry-After"), String(error.retryAfter));
     assert.equal(sent.length, 3, "a read is tried three times");
     sent.length = 0;
-    error = await thrown(counting.workingMemory.append("once", "b1"));
-    assertClass(error, errors.StoreUnavailable, "STORE_UNAVAILABLE", 503);
-    assert.equal(sent.length, 1, "a write that may have run is not sent again");
-    await own.command("store start");
+    let waits = 0;
+    const patient = new Agent({ org: "acme", namespace: "store", agent: "a1", baseUrl: own.open,
+      fetch: (url, init) => { sent.push(String(url)); return fetch(url, init); },
+      retry: { attempts: 3, sleep: async () => { waits += 1; if (waits === 4) await own.command("store start"); } } });
+    // Past its three attempts: only an answer says whether the append applied.
+    const appended = await patient.workingMemory.append("once", "b1");
+    assert.ok(sent.length >= 5, "sent again with its key until the store answered");
+    assert.equal(appended.block_key, "b1");
+    // The test store starts again empty: the block holds the append once.
+    assert.equal((await bot.workingMemory.get("b1")).content, "once", "applied once");
   } finally {
     assert.equal(await own.stop(), 0);
   }

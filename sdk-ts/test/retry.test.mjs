@@ -1,5 +1,5 @@
 // Retry rules on a scripted HTTP server: Retry-After honoured, the same Idempotency-Key on
-// every try, and a write never sent again once it may have run.
+// every try, a keyed write sent again until it is answered, and the answers that end it.
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import { Agent, errors } from "@loom/sdk";
@@ -38,14 +38,62 @@ test("every write carries its own Idempotency-Key; a read carries none", async (
   await server.close();
 });
 
-test("a 503 sends a read again after Retry-After and a write never", async () => {
-  const server = await scriptedServer([DOWN, { status: 200, body: { found: false, ignored_args: [] } }, DOWN]);
+const RUNNING = { status: 409, headers: { "Retry-After": "1" }, body: { error: { code: "IDEMPOTENCY_IN_PROGRESS", message: "the first try is still running", retry_after: 1 } } };
+
+function keysOf(server) {
+  return server.seen.map((request) => request.headers["idempotency-key"]);
+}
+
+test("a 503 sends a read and a keyed write again after Retry-After", async () => {
+  const server = await scriptedServer([DOWN, { status: 200, body: { found: false, ignored_args: [] } }, DOWN, OK_SET]);
   const { waits, policy } = recordedWaits();
   const agent = bot(server.url, policy);
   assert.equal((await agent.workingMemory.get("b")).found, false);
-  assert.deepEqual(waits, [1000]);
-  await assert.rejects(agent.workingMemory.append("once", "b"), errors.StoreUnavailable);
-  assert.equal(server.seen.length, 3, "the append was sent once");
+  assert.equal((await agent.workingMemory.append("once", "b")).version, 1n);
+  assert.deepEqual(waits, [1000, 1000]);
+  const [, , first, second] = keysOf(server);
+  assert.ok(first && first === second, "both tries of the append carry its key");
+  await server.close();
+});
+
+test("a keyed write cut off without an answer is sent again with its key", async () => {
+  const server = await scriptedServer([{ cut: true }, OK_SET]);
+  const { waits, policy } = recordedWaits();
+  assert.equal((await bot(server.url, { ...policy, backoffMs: 50 }).workingMemory.append("x", "b")).version, 1n);
+  assert.deepEqual(waits, [50]);
+  const [first, second] = keysOf(server);
+  assert.ok(first && first === second);
+  await server.close();
+});
+
+test("a keyed write waits out a running first try past attempts, within totalMs", async () => {
+  const server = await scriptedServer([RUNNING, RUNNING, RUNNING, RUNNING, OK_SET]);
+  const { waits, policy } = recordedWaits();
+  const answer = await bot(server.url, { ...policy, attempts: 3 }).workingMemory.append("x", "b");
+  assert.equal(answer.version, 1n);
+  assert.deepEqual(waits, [1000, 1000, 1000, 1000]);
+  assert.equal(new Set(keysOf(server)).size, 1);
+  await server.close();
+  const endless = await scriptedServer([RUNNING, RUNNING, RUNNING, RUNNING]);
+  let now = 0;
+  const bounded = { ...policy, totalMs: 2500, now: () => now, sleep: async (ms) => { waits.push(ms); now += ms; } };
+  waits.length = 0;
+  await assert.rejects(bot(endless.url, bounded).workingMemory.append("x", "b"), errors.IdempotencyInProgress);
+  assert.deepEqual(waits, [1000, 1000], "no try starts past totalMs");
+  await endless.close();
+});
+
+test("an unknown outcome and a reused key end a keyed write at once; retry false sends once", async () => {
+  const unknown = { status: 409, body: { error: { code: "IDEMPOTENCY_OUTCOME_UNKNOWN", message: "may have been applied" } } };
+  const reused = { status: 422, body: { error: { code: "IDEMPOTENCY_KEY_REUSED", message: "another body" } } };
+  const server = await scriptedServer([unknown, reused, RUNNING]);
+  const { waits, policy } = recordedWaits();
+  const agent = bot(server.url, policy);
+  await assert.rejects(agent.workingMemory.append("x", "b"), errors.IdempotencyOutcomeUnknown);
+  await assert.rejects(agent.workingMemory.append("x", "b"), errors.IdempotencyKeyReused);
+  await assert.rejects(bot(server.url, false).workingMemory.append("x", "b"), errors.IdempotencyInProgress);
+  assert.deepEqual(waits, []);
+  assert.equal(server.seen.length, 3);
   await server.close();
 });
 

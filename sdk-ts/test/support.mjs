@@ -90,7 +90,8 @@ export async function relay(target) {
 }
 
 /** An HTTP server that answers each request with the next scripted answer and records what
- * it was sent: `answers` are { status, body, headers }. */
+ * it was sent: `answers` are { status, body, headers }, or { cut: true } to close the
+ * connection once the request is read, with no answer (the request reached the server). */
 export async function scriptedServer(answers) {
   const seen = [];
   const server = createHttpServer((request, response) => {
@@ -99,6 +100,10 @@ export async function scriptedServer(answers) {
     request.on("end", () => {
       seen.push({ method: request.method, url: request.url, headers: request.headers, body });
       const next = answers.shift() ?? { status: 500, body: { error: { code: "INTERNAL_ERROR", message: "script ran out" } } };
+      if (next.cut) {
+        request.socket.destroy();
+        return;
+      }
       response.writeHead(next.status, { "Content-Type": "application/json", ...(next.headers ?? {}) });
       response.end(typeof next.body === "string" ? next.body : JSON.stringify(next.body));
     });

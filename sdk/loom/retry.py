@@ -5,15 +5,29 @@ An op's kind (from the registry, through the manifest) says what is safe:
 - ``read`` and ``idempotent`` ops are sent again after a connection error (refused, reset,
   timeout, a kept-alive connection the server closed), a 503 or a 429, waiting
   ``Retry-After`` when the answer carries it, else an exponential backoff with jitter;
-- a ``write`` (``working_memory.append``, ``profile.append``, ...) is sent with an
+- every call that writes (``working_memory.append``, ``memory.set``, ...) is sent with an
   ``Idempotency-Key`` header, one key per call kept across its tries: Loom answers a repeat
   with the first answer and applies nothing, so a keyed write is retried as an idempotent op
-  is, and also after ``409 IDEMPOTENCY_IN_PROGRESS`` (the first try is still running). An
-  unkeyed write (kind ``write``, as a caller of ``retriable`` may still ask about) is sent
-  again only when its request never left this machine.
+  is, and also after ``409 IDEMPOTENCY_IN_PROGRESS``. An unkeyed write (kind ``write``, as a
+  caller of ``retriable`` may still ask about) is sent again only when its request never left
+  this machine.
 
-Attempts and the total time are bounded; ``Retry(attempts=1)`` or ``retry=False`` on the
-``Agent`` switches retries off. An op missing from the manifest is treated as a ``write``.
+What each answer to a keyed write means:
+
+- ``200`` (or any other answer of the op): applied once, whichever try it answers;
+- ``409 IDEMPOTENCY_IN_PROGRESS``: a try with this key is still running (or its process died
+  and its short lease has not run out yet); sent again after ``Retry-After``, and answered by
+  that try's outcome once it ends: its answer, or, when it never ran, the write run now;
+- ``503`` or no answer at all (reset, timeout): unknown from here, but safe to send again with
+  the same key, which settles it;
+- ``409 IDEMPOTENCY_OUTCOME_UNKNOWN``: an op whose answer is a step of its own ended without
+  one and may have been applied; never sent again: read the state, then write with a new key;
+- ``422 IDEMPOTENCY_KEY_REUSED``: the key came with another body; never sent again.
+
+Since only an answer says whether a keyed write applied, a keyed write is sent again until it
+is answered or ``total`` runs out, however many tries that takes; ``attempts`` bounds every
+other call. ``Retry(attempts=1)`` or ``retry=False`` on the ``Agent`` switches retries off. An
+op missing from the manifest is treated as a ``write``.
 """
 
 from __future__ import annotations
@@ -35,7 +49,8 @@ MODEL_BUDGET_EXCEEDED = "MODEL_BUDGET_EXCEEDED"
 class Retry:
     """The retry policy of an ``Agent`` (``Agent(..., retry=Retry(attempts=5))``).
 
-    ``attempts``: tries in all, the first included (1 = never retry). ``backoff``: the first
+    ``attempts``: tries in all, the first included (1 = never retry); a keyed write, once
+    retries are on, is bounded by ``total`` alone (see the module). ``backoff``: the first
     wait in seconds, doubled after each try up to ``max_wait``, with up to half of it taken
     off at random so that clients do not retry in step. ``Retry-After`` is waited as the
     server asks, unless it is longer than ``max_wait``: then the error is raised at once.
@@ -57,7 +72,9 @@ class Retry:
         self, kind: str, error: LoomError, attempt: int, elapsed: float
     ) -> float | None:
         """Seconds to wait before try ``attempt + 1``, or None when ``error`` is final."""
-        if attempt >= self.attempts or not retriable(kind, error):
+        if self.attempts == 1 or not retriable(kind, error):
+            return None
+        if attempt >= self.attempts and kind != KEYED:
             return None
         asked = retry_after(error)
         if asked is not None:

@@ -27,6 +27,7 @@ from app.clock import FrozenClock
 from app.local import RedisServerProcess
 from tests.support.cluster import RedisClusterProcess
 from tests.support.log_leaks import leaks
+from tests.support.model_server import ScriptedModelServer
 
 TEST_SECRET = "test-secret-key-for-loom"
 ON_CLUSTER = os.environ.get("LOOM_TEST_CLUSTER") == "1"
@@ -165,6 +166,14 @@ def app_factory(redis_url: str, tmp_path: Path):
         return make_app(redis_url, tmp_path, **overrides)
 
     return build
+
+
+@pytest.fixture
+def model() -> Iterator[ScriptedModelServer]:
+    """A scripted OpenAI-compatible model server on loopback (tests/support/model_server.py),
+    answering what each test scripts; a module that needs another default overrides it."""
+    with ScriptedModelServer() as server:
+        yield server
 
 
 @pytest.fixture

@@ -15,26 +15,10 @@ from app.store.usage import UsageStore
 from loom import errors as sdk_errors
 from loom.retry import retriable
 from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint
-from tests.support.model_server import ScriptedModelServer
+from tests.support.api import op_helpers
 
 NS = {"namespace": "support", "agent": "triage-bot", "user_id": "u-42"}
-
-
-def call(client, op, headers=None, **body):
-    response = client.post(f"/v1/{op}", json={**NS, **body}, headers=headers or {})
-    return response.status_code, response.get_json()
-
-
-def ok(client, op, headers=None, **body):
-    status, out = call(client, op, headers, **body)
-    assert status == 200, out
-    return out
-
-
-@pytest.fixture
-def model():
-    with ScriptedModelServer() as server:
-        yield server
+call, ok = op_helpers(NS)
 
 
 def model_app(app_factory, model, **overrides):

@@ -15,19 +15,13 @@ from app.store.usage import UsageStore
 from jobs import consolidation
 from jobs.planner import Outcome
 from jobs.structured_profile import run_pass
-from tests.support.model_server import ScriptedAnswer, ScriptedModelServer
+from tests.support.model_server import ScriptedAnswer
 from tests.test_consolidation import World as FoldWorld
 from tests.test_structured_worker import SCHEMA
 from tests.test_structured_worker import World as BuildWorld
 
 WINDOW = 300
 USERS = [f"u-{i}" for i in range(6)]
-
-
-@pytest.fixture
-def model():
-    with ScriptedModelServer() as server:
-        yield server
 
 
 def _estimate(request) -> int:

@@ -28,11 +28,6 @@ def _services(url: str, tmp_path, clock=None, **overrides) -> Services:
 
 
 @pytest.fixture
-def clock():
-    return FrozenClock()
-
-
-@pytest.fixture
 def budgets(redis_url, tmp_path, clock) -> BudgetStore:
     return _services(redis_url, tmp_path, clock).store(BudgetStore)
 

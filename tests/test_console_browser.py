@@ -20,6 +20,7 @@ import requests
 
 from tests.console_support import AGENT, NS, SECRET_OFFER, agent_state_calls
 from tests.support import processes
+from tests.support.api import op_helpers
 from tests.support.live_server import LiveServer
 
 pytestmark = pytest.mark.slow
@@ -91,18 +92,24 @@ def page(browser: Any) -> Iterator[Any]:
         context.close()
 
 
-def call(server: Any, op: str, token: str = ADMIN, method: str = "POST", path: str = "",
-         **body: Any) -> dict[str, Any]:
-    response = requests.request(
-        method, server.url + (path or f"/v1/{op}"), json=body, timeout=10,
-        headers={"Authorization": f"Bearer {token}", "X-Loom-Client": "desktop-app"},
-    )
+def console_client(token: str | None) -> dict[str, str]:
+    """A desktop client's headers, signed in as ``token`` (the admin's unless given)."""
+    return {"Authorization": f"Bearer {token or ADMIN}", "X-Loom-Client": "desktop-app"}
+
+
+_, ok = op_helpers(headers_for=console_client)
+
+
+def send(server: Any, method: str, path: str, **body: Any) -> dict[str, Any]:
+    """A route that is not ``/v1/<op>`` (agent state's REST paths), asserted to answer 200."""
+    response = requests.request(method, server.url + path, json=body, timeout=10,
+                                headers=console_client(None))
     assert response.status_code == 200, response.text
     return response.json()
 
 
 def mint(server: Any, **claims: Any) -> str:
-    return call(server, "token.create", **claims)["token"]
+    return ok(server, "token.create", **claims)["token"]
 
 
 def sign_in(page: Any, server: Any, token: str) -> None:
@@ -136,7 +143,7 @@ def shoot(page: Any, folder: Path, name: str) -> None:
 
 
 def test_a_writer_edits_the_persona_and_profile_render_serves_it(page, server, tmp_path):
-    call(server, "profile.set", namespace=NS, agent=AGENT, label="persona", value="Terse.")
+    ok(server, "profile.set", namespace=NS, agent=AGENT, label="persona", value="Terse.")
     writer = mint(server, namespace=NS, role="writer", label="browser writer")
     page.goto(server.url + "/console/")
     shoot(page, tmp_path, "sign-in")
@@ -161,7 +168,7 @@ def test_a_writer_edits_the_persona_and_profile_render_serves_it(page, server, t
     page.wait_for_url(f"{server.url}/console/ns/{NS}?saved=persona")
     assert page.get_by_role("status").inner_text() == "Saved section persona."
     shoot(page, tmp_path, "namespace-saved")
-    rendered = call(server, "profile.render", namespace=NS, agent="any-client")["rendered"]
+    rendered = ok(server, "profile.render", namespace=NS, agent="any-client")["rendered"]
     assert rendered == '<profile label="persona">Terse. Cite ticket ids.</profile>'
 
 
@@ -178,12 +185,12 @@ def edit_links_inside_their_boxes(page: Any) -> None:
 
 
 def test_the_namespace_page_at_both_widths(page, server, tmp_path):
-    call(server, "profile.set", namespace=NS, agent=AGENT, label="escalation",
+    ok(server, "profile.set", namespace=NS, agent=AGENT, label="escalation",
          value="Escalate refunds over 200 EUR to a human, always, with the ticket id.")
-    call(server, "profile_schema.set", namespace=NS, json_schema={
+    ok(server, "profile_schema.set", namespace=NS, json_schema={
         "type": "object", "properties": {"languages": {
             "type": "array", "items": {"type": "string"}, "description": "Spoken languages"}}})
-    call(server, "budget.set", namespace=NS, calls=40, tokens=20000)
+    ok(server, "budget.set", namespace=NS, calls=40, tokens=20000)
     sign_in(page, server, ADMIN)
     page.goto(f"{server.url}/console/ns/{NS}")
     row = page.locator("#schema tbody tr", has_text="languages")
@@ -202,34 +209,34 @@ def test_the_namespace_page_at_both_widths(page, server, tmp_path):
 
 def test_an_edit_from_a_stale_page_shows_the_conflict_and_the_current_text(
         page, server, tmp_path):
-    call(server, "profile.set", namespace=NS, agent=AGENT, label="tone", value="Warm.")
+    ok(server, "profile.set", namespace=NS, agent=AGENT, label="tone", value="Warm.")
     sign_in(page, server, mint(server, namespace=NS, role="writer"))
     page.goto(f"{server.url}/console/ns/{NS}/section?agent={AGENT}&label=tone")
-    call(server, "profile.set", namespace=NS, agent=AGENT, label="tone", value="Formal.")
+    ok(server, "profile.set", namespace=NS, agent=AGENT, label="tone", value="Formal.")
     page.get_by_label("Text").fill("Cheerful.")
     page.get_by_role("button", name="Save section").click()
     assert "changed since you opened it" in page.locator("#save-error").inner_text()
     assert page.locator("#current-text").inner_text() == "Formal."
     assert page.get_by_label("Text").input_value() == "Cheerful."
     shoot(page, tmp_path, "section-conflict")
-    got = call(server, "memory.get", namespace=NS, agent=AGENT, key="tone")
+    got = ok(server, "memory.get", namespace=NS, agent=AGENT, key="tone")
     assert got["memory"]["value"] == "Formal."
 
 
 def test_a_viewer_is_refused_an_edit(page, server, tmp_path):
-    call(server, "profile.set", namespace=NS, agent=AGENT, label="motto", value="Be brief.")
+    ok(server, "profile.set", namespace=NS, agent=AGENT, label="motto", value="Be brief.")
     sign_in(page, server, mint(server, namespace=NS, role="viewer"))
     page.goto(f"{server.url}/console/ns/{NS}/section?agent={AGENT}&label=motto")
     page.get_by_label("Text").fill("Be long.")
     page.get_by_role("button", name="Save section").click()
     assert "needs the writer role" in page.locator("#save-error").inner_text()
     shoot(page, tmp_path, "viewer-refused")
-    got = call(server, "memory.get", namespace=NS, agent=AGENT, key="motto")
+    got = ok(server, "memory.get", namespace=NS, agent=AGENT, key="motto")
     assert got["memory"]["value"] == "Be brief."
 
 
 def test_a_form_posted_without_its_csrf_token_is_refused(page, server, tmp_path):
-    call(server, "profile.set", namespace=NS, agent=AGENT, label="greeting", value="Hello.")
+    ok(server, "profile.set", namespace=NS, agent=AGENT, label="greeting", value="Hello.")
     sign_in(page, server, mint(server, namespace=NS, role="writer"))
     page.goto(f"{server.url}/console/ns/{NS}/section?agent={AGENT}&label=greeting")
     page.get_by_label("Text").fill("Howdy.")
@@ -238,24 +245,24 @@ def test_a_form_posted_without_its_csrf_token_is_refused(page, server, tmp_path)
     page.get_by_role("button", name="Save section").click()
     assert "without its security token (CSRF)" in page.get_by_role("alert").inner_text()
     shoot(page, tmp_path, "csrf-refused")
-    got = call(server, "memory.get", namespace=NS, agent=AGENT, key="greeting")
+    got = ok(server, "memory.get", namespace=NS, agent=AGENT, key="greeting")
     assert got["memory"]["value"] == "Hello."
 
 
 def test_the_user_page_shows_agent_state_metadata_not_content_and_reads_stay_private(
         page, server, tmp_path):
     user_id = "u-states"
-    call(server, "profile.set", namespace=NS, agent=AGENT, user_id=user_id, label="likes",
+    ok(server, "profile.set", namespace=NS, agent=AGENT, user_id=user_id, label="likes",
          value="Green tea.")
-    call(server, "working_memory.set", namespace=NS, agent=AGENT, user_id=user_id,
+    ok(server, "working_memory.set", namespace=NS, agent=AGENT, user_id=user_id,
          block_key="state", content="cursor: ticket 4812")
     for method, path, body in agent_state_calls(user_id):
-        call(server, "", method=method, path=path, **body)
+        send(server, method, path, **body)
     reader = mint(server, namespace=NS, role="viewer", scopes=["agent_state"])
     sign_in(page, server, reader)
     page.goto(f"{server.url}/console/ns/{NS}/user?user_id={user_id}")
-    states = call(server, "", method="GET",
-                  path=f"/v1/profiles/{user_id}/agent-state?namespace={NS}")["states"]
+    states = send(server, "GET",
+                  f"/v1/profiles/{user_id}/agent-state?namespace={NS}")["states"]
     row = page.locator("#agent-states tbody tr").first.locator("td")
     assert row.nth(3).inner_text() == str(states[0]["size_bytes"])
     assert row.nth(4).inner_text() == str(states[0]["version"])
@@ -274,18 +281,18 @@ def test_the_user_page_shows_agent_state_metadata_not_content_and_reads_stay_pri
     page.set_viewport_size(DESKTOP)
     shoot(page, tmp_path, "user")
     # Two console page loads read the profile; none of them is in profile.activity.
-    activity = call(server, "profile.activity", namespace=NS, agent=AGENT, user_id=user_id)
+    activity = ok(server, "profile.activity", namespace=NS, agent=AGENT, user_id=user_id)
     assert activity["entries"] == []
-    call(server, "profile.render", namespace=NS, agent=AGENT, user_id=user_id)
-    activity = call(server, "profile.activity", namespace=NS, agent=AGENT, user_id=user_id)
+    ok(server, "profile.render", namespace=NS, agent=AGENT, user_id=user_id)
+    activity = ok(server, "profile.activity", namespace=NS, agent=AGENT, user_id=user_id)
     assert [entry["client"] for entry in activity["entries"]] == ["desktop-app"]
 
 
 def test_an_admin_erases_a_user_and_sees_the_receipt(page, server, tmp_path):
     user_id = "u-erased"
-    call(server, "profile.set", namespace=NS, agent=AGENT, user_id=user_id, label="likes",
+    ok(server, "profile.set", namespace=NS, agent=AGENT, user_id=user_id, label="likes",
          value="Coffee.")
-    call(server, "memory.set", namespace=NS, agent=AGENT, user_id=user_id, key="city",
+    ok(server, "memory.set", namespace=NS, agent=AGENT, user_id=user_id, key="city",
          value="Lives in Lyon", memory_type="semantic")
     sign_in(page, server, ADMIN)
     page.goto(f"{server.url}/console/ns/{NS}/user?user_id={user_id}")
@@ -301,7 +308,7 @@ def test_an_admin_erases_a_user_and_sees_the_receipt(page, server, tmp_path):
     assert "memory_rows" in counts
     assert user_id not in page.content()
     shoot(page, tmp_path, "erasure-receipt")
-    got = call(server, "memory.get", namespace=NS, agent=AGENT, user_id=user_id, key="city")
+    got = ok(server, "memory.get", namespace=NS, agent=AGENT, user_id=user_id, key="city")
     assert not got["found"]
 
 
@@ -315,7 +322,7 @@ def test_an_admin_mints_and_revokes_a_token(page, server, tmp_path):
     secret = page.locator("#new-secret").input_value()
     assert secret.startswith("loom_")
     shoot(page, tmp_path, "tokens")
-    call(server, "profile.render", token=secret, namespace=NS, agent=AGENT)
+    ok(server, "profile.render", secret, namespace=NS, agent=AGENT)
     page.goto(server.url + "/console/tokens")
     assert secret not in page.content()
     token_id = secret.split("_")[1]

@@ -21,7 +21,6 @@ from jobs.consolidation import run_pass
 from jobs.queues import PASSES
 from jobs.scheduler import Periodic, periodic_jobs, register
 from tests.conftest import TEST_SECRET, make_app
-from tests.support.model_server import ScriptedModelServer
 
 NS = "support"
 USER = "u-42"
@@ -69,12 +68,6 @@ class World:
 
     def entries(self, user=USER):
         return self.services.store(MemoryStore).source_entries("default", NS, user)
-
-
-@pytest.fixture
-def model():
-    with ScriptedModelServer() as server:
-        yield server
 
 
 @pytest.fixture

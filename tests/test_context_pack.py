@@ -15,20 +15,11 @@ import pytest
 from app.clock import FrozenClock
 from app.ops.context import NO_QUERY_SECTIONS
 from tests.auth_support import auth_app, bearer, mint
+from tests.support.api import op_helpers
 
 NS = {"namespace": "support", "agent": "triage-bot"}
+call, ok = op_helpers(NS)
 USER = {"user_id": "u-42"}
-
-
-def call(client, op, headers=None, **body):
-    response = client.post(f"/v1/{op}", json={**NS, **body}, headers=headers or {})
-    return response.status_code, response.get_json()
-
-
-def ok(client, op, headers=None, **body):
-    status, out = call(client, op, headers, **body)
-    assert status == 200, out
-    return out
 
 
 def block(client, key, content, **scope):

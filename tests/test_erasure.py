@@ -131,12 +131,6 @@ class World:
         return run_pass(self.services, holder="test-worker", force=True)
 
 
-@pytest.fixture
-def model():
-    with ScriptedModelServer() as server:
-        yield server
-
-
 def make_world(redis_url: str, tmp_path: Path, model: ScriptedModelServer | None,
                **settings: Any) -> World:
     """A world with a profile schema and agent state on (two agent-owned types)."""

@@ -8,16 +8,9 @@ from typing import Any
 import pytest
 
 from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint
-from tests.support.model_server import ScriptedModelServer
 from tests.test_erasure import NS, OTHER, PLANTED, USER, World, make_world, plant
 
 MARK = "MARK-EXPORTED"
-
-
-@pytest.fixture
-def model():
-    with ScriptedModelServer() as server:
-        yield server
 
 
 @pytest.fixture

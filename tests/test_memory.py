@@ -26,19 +26,10 @@ from app.store.memory import (
     source_digest_of,
 )
 from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint
+from tests.support.api import op_helpers
 
 NS = {"namespace": "support", "agent": "triage-bot", "user_id": "u-42"}
-
-
-def call(client, op, headers=None, **body):
-    response = client.post(f"/v1/memory.{op}", json={**NS, **body}, headers=headers or {})
-    return response.status_code, response.get_json()
-
-
-def ok(client, op, **body):
-    status, out = call(client, op, **body)
-    assert status == 200, out
-    return out
+call, ok = op_helpers(NS, prefix="memory.")
 
 
 def sha(value):

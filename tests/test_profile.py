@@ -9,21 +9,12 @@ import pytest
 
 from app.clock import FrozenClock
 from tests.auth_support import auth_app, bearer, mint
+from tests.support.api import op_helpers
 
 NS = {"namespace": "support", "agent": "triage-bot"}
+call, ok = op_helpers(NS)
 WRITE_FIELDS = {"version", "version_text", "memory_id", "content_sha256", "namespace", "label",
                 "char_limit", "value_length", "ignored_args"}
-
-
-def call(client, op, headers=None, **body):
-    response = client.post(f"/v1/{op}", json={**NS, **body}, headers=headers or {})
-    return response.status_code, response.get_json()
-
-
-def ok(client, op, headers=None, **body):
-    status, out = call(client, op, headers, **body)
-    assert status == 200, out
-    return out
 
 
 def canonical(text):

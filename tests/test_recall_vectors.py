@@ -23,9 +23,11 @@ from app.store.recall_terms import row_text
 from app.store.recall_vectors import FINGERPRINT_CHARS, RecallVectorStore, fingerprint
 from jobs import context
 from jobs.recall_embed import embed_due
+from tests.support.api import op_helpers
 from tests.support.model_server import ScriptedModelServer
 
 NS = {"namespace": "support", "agent": "triage-bot", "user_id": "u-42"}
+call, ok = op_helpers(NS)
 SYNONYMS = {"automobile": "car", "vehicle": "car", "beverage": "drink", "cuppa": "tea"}
 MODEL = "embed-test"
 
@@ -46,22 +48,6 @@ def srv() -> Iterator[ScriptedModelServer]:
 @pytest.fixture
 def app(app_factory, srv):
     return app_factory(embed_base_url=srv.base_url, embed_model=MODEL, embed_batch_size=4)
-
-
-@pytest.fixture
-def client(app):
-    return app.test_client()
-
-
-def call(client, op, **body) -> tuple[int, Any]:
-    response = client.post(f"/v1/{op}", json={**NS, **body})
-    return response.status_code, response.get_json()
-
-
-def ok(client, op, **body) -> Any:
-    status, out = call(client, op, **body)
-    assert status == 200, out
-    return out
 
 
 def search(client, query, **body) -> list[tuple[str, list[str]]]:

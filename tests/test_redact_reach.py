@@ -15,16 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.support.model_server import ScriptedModelServer
 from tests.test_erasure import NS, OTHER, USER, World, answer, make_world
 
 FOLD = "profile.fold:persona"
-
-
-@pytest.fixture
-def model():
-    with ScriptedModelServer() as server:
-        yield server
 
 
 @pytest.fixture

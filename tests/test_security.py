@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint
+from tests.support.api import op_helpers
 
 NS = "shop"
 LOYALTY = {"type": "loyalty_state", "ownership": "agent",
@@ -34,9 +35,7 @@ def client(app_factory):
     return client
 
 
-def call(client, op: str, token: str, **body: Any) -> tuple[int, dict[str, Any]]:
-    response = client.post(f"/v1/{op}", json={"namespace": NS, **body}, headers=bearer(token))
-    return response.status_code, response.get_json()
+call, _ = op_helpers({"namespace": NS}, headers_for=bearer)
 
 
 def put_state(client, token: str, agent: str, scope: dict[str, str], body: dict[str, Any],

@@ -13,7 +13,7 @@ from app.store import keys
 
 # The fixtures come from the worker tests: pytest passes them by name.
 # ruff: noqa: F811
-from tests.test_structured_worker import NS, answer, model, world  # noqa: F401
+from tests.test_structured_worker import NS, answer, world  # noqa: F401
 
 USER = "u-42"
 

@@ -15,16 +15,9 @@ from app.store import keys
 from jobs import context
 from jobs.queues import BUILDS, PASSES
 from jobs.structured_profile import LEASE, run_pass
-from tests.support.model_server import ScriptedModelServer
 from tests.test_structured_worker import SCHEMA, World, answer
 
 USERS = [f"u-{i}" for i in range(4)]
-
-
-@pytest.fixture
-def model():
-    with ScriptedModelServer() as server:
-        yield server
 
 
 @pytest.fixture

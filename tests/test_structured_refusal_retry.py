@@ -4,9 +4,7 @@ test_structured_live)."""
 
 from __future__ import annotations
 
-# The fixtures come from the worker tests: pytest passes them by name.
-# ruff: noqa: F811
-from tests.test_structured_worker import SCHEMA, World, answer, model  # noqa: F401
+from tests.test_structured_worker import SCHEMA, World, answer
 
 
 def test_a_cut_off_build_is_retried_at_refusal_retry_seconds_to_the_second(

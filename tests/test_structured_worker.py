@@ -18,7 +18,6 @@ from jobs.queues import BUILDS, PASSES
 from jobs.scheduler import periodic_jobs, register
 from jobs.structured_profile import run_pass
 from tests.conftest import TEST_SECRET, make_app
-from tests.support.model_server import ScriptedModelServer
 
 NS = "support"
 SCHEMA = {
@@ -68,12 +67,6 @@ class World:
 
     def calls(self):
         return [r for r in self.model.requests if r.path.endswith("/chat/completions")]
-
-
-@pytest.fixture
-def model():
-    with ScriptedModelServer() as server:
-        yield server
 
 
 @pytest.fixture

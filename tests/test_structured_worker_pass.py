@@ -17,16 +17,9 @@ from app.store.lease import LeaseLost, LeaseStore
 from app.store.memory import Content, MemoryStore
 from app.store.structured import WORKER, BuildRecord, StructuredStore, profile_location
 from jobs.structured_profile import LEASE, run_pass
-from tests.support.model_server import ScriptedModelServer
 from tests.test_structured_worker import SCHEMA, World, answer
 
 USERS = [f"u-{i}" for i in range(4)]
-
-
-@pytest.fixture
-def model():
-    with ScriptedModelServer() as server:
-        yield server
 
 
 def slow_world(redis_url, tmp_path, model, **settings):

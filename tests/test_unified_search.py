@@ -16,25 +16,16 @@ from app.store.usage import UsageStore
 from jobs import context
 from jobs.profile_vectors import refresh_sections
 from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint
+from tests.support.api import op_helpers
 from tests.support.erasure_worker import run_erasure_jobs
 from tests.support.model_server import ScriptedModelServer
 
 NS = {"namespace": "support", "agent": "triage-bot", "user_id": "u-42"}
+call, ok = op_helpers(NS)
 ORG = "default"
 # The scripted embeddings put these words in one bucket: a question can then mean a section
 # without sharing a word with it, which no lexical leg can find.
 SYNONYMS = {"food": "vegetarian", "eat": "meat", "flights": "seats"}
-
-
-def call(client, op, headers=None, **body):
-    response = client.post(f"/v1/{op}", json={**NS, **body}, headers=headers or {})
-    return response.status_code, response.get_json()
-
-
-def ok(client, op, headers=None, **body):
-    status, out = call(client, op, headers, **body)
-    assert status == 200, out
-    return out
 
 
 def search(client, query, **body):

@@ -6,12 +6,10 @@ import re
 
 import pytest
 
+from tests.support.api import op_helpers
+
 NS = {"namespace": "support", "agent": "triage-bot"}
-
-
-def call(client, op, **body):
-    response = client.post(f"/v1/working_memory.{op}", json={**NS, **body})
-    return response.status_code, response.get_json()
+call, _ = op_helpers(NS, prefix="working_memory.")
 
 
 def test_set_defaults_and_answer_fields(client):

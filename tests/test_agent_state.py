@@ -21,9 +21,11 @@ from app.store import keys
 from app.store.agent_state import AgentStateStore
 from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint
 from tests.conftest import TEST_SECRET
+from tests.support.api import op_helpers
 from tests.support.redis_dump import dump_everything
 
 NS = "shop"
+call, _ = op_helpers({"namespace": NS})
 AGENT = "shop_guide"
 CONVERSATION = {"kind": "conversation", "id": "conv-1"}
 DAY = 86_400
@@ -57,17 +59,12 @@ def guide_type(**changes: Any) -> dict[str, Any]:
     return declared
 
 
-def admin(client, op, headers=None, **body):
-    response = client.post(f"/v1/{op}", json={"namespace": NS, **body}, headers=headers or {})
-    return response.status_code, response.get_json()
-
-
 def enable(client, types=None, headers=None, **features):
-    status, out = admin(client, "features.set", headers,
+    status, out = call(client, "features.set", headers,
                         features={"agent_state": True, **features})
     assert status == 200, out
     types = [GUIDE_TYPE] if types is None else types
-    status, out = admin(client, "object_types.set", headers, types=types)
+    status, out = call(client, "object_types.set", headers, types=types)
     assert status == 200, out
 
 
@@ -115,7 +112,7 @@ def test_off_until_an_admin_turns_it_on(client, redis_client):
     assert state_keys(redis_client) == []
     enable(client)
     assert put(client, {"step": "sizes"})[1]["stored"] is True
-    admin(client, "features.set", features={"agent_state": False})
+    call(client, "features.set", features={"agent_state": False})
     assert put(client, {"step": "offer"})[0] == 403
     assert read(client)[0] == 403
     # Turning it off keeps what is stored; the console view still shows it (governance).
@@ -325,7 +322,7 @@ def test_the_cap_is_on_the_stored_json_bytes_and_keeps_the_previous_state(client
 
 
 def test_type_validation_errors_name_the_rule(client):
-    status, out = admin(client, "object_types.set",
+    status, out = call(client, "object_types.set",
                         types=[guide_type(agent_state={"max_bytes": 65_537})])
     assert status == 422
     assert out["error"]["rule"] == "agent_state_max_bytes_invalid"
@@ -392,9 +389,9 @@ def test_no_raw_scope_id_is_stored_anywhere_or_logged(client, redis_client, capl
     store = store_of(client.application)
     assert len(store.export_subject("default", NS, RAW_SUBJECT)) == 2
     assert store.sweep("default", NS)["states_removed"] == 0
-    assert admin(client, "agent_state.erase", scope={"kind": "task", "id": RAW_TASK})[1][
+    assert call(client, "agent_state.erase", scope={"kind": "task", "id": RAW_TASK})[1][
         "erased"] == 1
-    assert admin(client, "audit.list")[1]["count"] == 3
+    assert call(client, "audit.list")[1]["count"] == 3
 
     dump = dump_everything(redis_client)
     assert "loom:as:" in dump and "loom:ns-audit:" in dump  # the scan saw the plane
@@ -415,7 +412,7 @@ def test_equal_scopes_meet_and_different_ones_do_not(client):
     assert read(client, {"kind": "object", "id": f"order:{NS}:A-1"})[1]["version"] == 1
     assert read(client, {"kind": "object", "id": "order:A-2"})[1]["version"] == 0
     # The same id in another namespace is another state.
-    admin(client, "features.set", features={"agent_state": True}, namespace="other")
+    call(client, "features.set", features={"agent_state": True}, namespace="other")
     other = {"namespace": "other", "agent": AGENT, "scope": {"kind": "object", "id": "order:A-1"}}
     assert client.post("/v1/agent-state/read", json=other).get_json()["version"] == 0
 
@@ -461,7 +458,7 @@ def test_profile_view_lists_states_naming_the_subject_without_content(client):
     assert client.get(f"/v1/profiles/nobody/agent-state?namespace={NS}").get_json()[
         "count"] == 0
     # The view works with the feature off: governance sees what is stored.
-    admin(client, "features.set", features={"agent_state": False})
+    call(client, "features.set", features={"agent_state": False})
     assert client.get(f"/v1/profiles/sam@example.com/agent-state?namespace={NS}").get_json()[
         "count"] == 2
 
@@ -513,7 +510,7 @@ def test_with_auth_on_a_key_needs_the_agent_state_scope(app_factory):
     assert response.status_code == 200, response.get_json()
     # The admin role carries every scope; features.set is admin-only.
     assert put(client, {"step": "offer"}, headers=bearer(ADMIN_TOKEN))[1]["stored"] is True
-    assert admin(client, "features.set", bearer(scoped), features={})[0] == 403
+    assert call(client, "features.set", bearer(scoped), features={})[0] == 403
 
 
 # --- retention, with an injected clock -----------------------------------------------------------
@@ -637,13 +634,13 @@ def test_erase_op_erases_a_scope_for_every_agent_and_is_audited(client, redis_cl
     on_put(client, {"namespace": NS, "agent": "billing-bot", "scope": CONVERSATION,
                     "body": {"offer": "x"}})
     put(client, {"step": "sizes"}, {"kind": "conversation", "id": "conv-2"})
-    status, out = admin(client, "agent_state.erase", scope=CONVERSATION)
+    status, out = call(client, "agent_state.erase", scope=CONVERSATION)
     assert (status, out["erased"]) == (200, 2)
     assert read(client)[1]["version"] == 0
     assert read(client, {"kind": "conversation", "id": "conv-2"})[1]["version"] == 1
     assert view_count(client, "sam@example.com") == 0
-    assert admin(client, "agent_state.erase", scope=CONVERSATION)[1]["erased"] == 0
-    entry = admin(client, "audit.list", limit=1)[1]["entries"][0]
+    assert call(client, "agent_state.erase", scope=CONVERSATION)[1]["erased"] == 0
+    entry = call(client, "audit.list", limit=1)[1]["entries"][0]
     assert entry["action"] == "agent_state.erase" and entry["scope_kind"] == "conversation"
     assert entry["erased"] == 0 and entry["actor"] == "single-user"
     # Only the other conversation's keys remain.
@@ -653,7 +650,7 @@ def test_erase_op_erases_a_scope_for_every_agent_and_is_audited(client, redis_cl
 def test_erase_needs_the_admin_role(app_factory):
     client = auth_app(app_factory).test_client()
     writer = mint(client, namespace=NS, role="writer", scopes=["agent_state"])
-    status, out = admin(client, "agent_state.erase", bearer(writer), scope=CONVERSATION)
+    status, out = call(client, "agent_state.erase", bearer(writer), scope=CONVERSATION)
     assert (status, out["error"]["code"]) == (403, "AUTH_INSUFFICIENT")
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint
 from tests.console_support import AGENT, NS, SECRET_OFFER, USER, agent_state_calls
+from tests.support.api import op_helpers
 from tests.support.erasure_worker import run_erasure_jobs
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
@@ -47,11 +48,12 @@ class Console:
         return response
 
 
-def api(client, op: str, token: str = ADMIN_TOKEN, **body: Any) -> dict[str, Any]:
-    response = client.post(f"/v1/{op}", json=body,
-                           headers={**bearer(token), "X-Loom-Client": "desktop-app"})
-    assert response.status_code == 200, response.get_json()
-    return response.get_json()
+def desktop_client(token: str | None) -> dict[str, str]:
+    """A desktop client's headers, signed in as ``token`` (the install admin unless given)."""
+    return {**bearer(token or ADMIN_TOKEN), "X-Loom-Client": "desktop-app"}
+
+
+_, ok = op_helpers(headers_for=desktop_client)
 
 
 def text(response) -> str:
@@ -69,7 +71,7 @@ def writer(client) -> str:
 
 
 def persona(client, value: str = "Terse.") -> dict[str, Any]:
-    return api(client, "profile.set", namespace=NS, agent=AGENT, label="persona", value=value)
+    return ok(client, "profile.set", namespace=NS, agent=AGENT, label="persona", value=value)
 
 
 def section_url(agent: str = AGENT, label: str = "persona") -> str:
@@ -116,7 +118,7 @@ def test_a_form_without_its_csrf_token_is_refused_and_changes_nothing(client, wr
                           {"agent": AGENT, "label": "persona", "value": "Chatty.",
                            "csrf_token": "forged"}, csrf=False)
     assert forged.status_code == 400
-    got = api(client, "memory.get", namespace=NS, agent=AGENT, key="persona")
+    got = ok(client, "memory.get", namespace=NS, agent=AGENT, key="persona")
     assert got["memory"]["value"] == "Terse."
 
 
@@ -131,7 +133,7 @@ def test_a_writer_edits_the_persona_and_profile_render_serves_it(client, writer)
         "value": "Terse. Cite ticket ids.", "if_match_sha256": sha,
     })
     assert saved.status_code == 302
-    rendered = api(client, "profile.render", namespace=NS, agent="other-bot")["rendered"]
+    rendered = ok(client, "profile.render", namespace=NS, agent="other-bot")["rendered"]
     assert rendered == '<profile label="persona">Terse. Cite ticket ids.</profile>'
     # The page the save leads back to confirms it; the same page opened plainly does not.
     back = text(console.get(saved.headers["Location"]))
@@ -154,7 +156,7 @@ def test_an_edit_from_a_stale_page_is_refused_and_shows_the_current_text(client,
     assert "changed since you opened it" in body
     assert re.search(r'id="current-text">Written elsewhere meanwhile\.<', body)
     assert ">My edit.</textarea>" in body
-    got = api(client, "memory.get", namespace=NS, agent=AGENT, key="persona")
+    got = ok(client, "memory.get", namespace=NS, agent=AGENT, key="persona")
     assert got["memory"]["value"] == "Written elsewhere meanwhile."
     # Saving again from the refused page sends the current hash, and wins.
     fresh = re.search(r'name="if_match_sha256" value="([0-9a-f]+)"', body).group(1)
@@ -180,7 +182,7 @@ def test_sections_are_created_and_deleted_and_a_duplicate_create_is_refused(clie
     deleted = console.post(f"/console/ns/{NS}/section/delete",
                            {"agent": AGENT, "label": "tone", "user_id": "-", "session_id": "-"})
     assert deleted.status_code == 302
-    got = api(client, "memory.get", namespace=NS, agent=AGENT, key="tone")
+    got = ok(client, "memory.get", namespace=NS, agent=AGENT, key="tone")
     assert not got["found"] or got["memory"]["deleted"]
 
 
@@ -197,7 +199,7 @@ def test_a_viewer_sees_sections_but_an_edit_is_refused_in_words(client):
                            {"agent": AGENT, "label": "persona", "value": "Chatty."})
     assert refused.status_code == 403
     assert "profile.set needs the writer role; this token has viewer" in text(refused)
-    got = api(client, "memory.get", namespace=NS, agent=AGENT, key="persona")
+    got = ok(client, "memory.get", namespace=NS, agent=AGENT, key="persona")
     assert got["memory"]["value"] == "Terse."
 
 
@@ -209,17 +211,17 @@ def test_a_token_of_one_namespace_is_refused_another_namespace(client, writer):
 
 
 def test_console_reads_stay_out_of_profile_activity(client, writer):
-    api(client, "profile.set", namespace=NS, agent=AGENT, user_id=USER, label="likes",
+    ok(client, "profile.set", namespace=NS, agent=AGENT, user_id=USER, label="likes",
         value="Tea.")
     console = Console(client)
     console.sign_in(writer)
     assert console.get(f"/console/ns/{NS}/user?user_id={USER}").status_code == 200
-    entries = api(client, "profile.activity", namespace=NS, agent=AGENT, user_id=USER)["entries"]
+    entries = ok(client, "profile.activity", namespace=NS, agent=AGENT, user_id=USER)["entries"]
     assert entries == []
     # A read by another client is recorded, and the console shows it.
-    api(client, "profile.render", namespace=NS, agent=AGENT, user_id=USER)
+    ok(client, "profile.render", namespace=NS, agent=AGENT, user_id=USER)
     page = text(console.get(f"/console/ns/{NS}/user?user_id={USER}"))
-    entries = api(client, "profile.activity", namespace=NS, agent=AGENT, user_id=USER)["entries"]
+    entries = ok(client, "profile.activity", namespace=NS, agent=AGENT, user_id=USER)["entries"]
     assert [(e["agent"], e["client"]) for e in entries] == [(AGENT, "desktop-app")]
     assert "desktop-app" in page
 
@@ -258,7 +260,7 @@ def test_a_token_without_the_agent_state_scope_is_told_so(client, writer):
 
 
 def test_working_memory_blocks_are_shown_by_scope(client, writer):
-    api(client, "working_memory.set", namespace=NS, agent=AGENT, user_id=USER, run_id="run-7",
+    ok(client, "working_memory.set", namespace=NS, agent=AGENT, user_id=USER, run_id="run-7",
         block_key="state", content="cursor: ticket 4812")
     console = Console(client)
     console.sign_in(writer)
@@ -269,10 +271,10 @@ def test_working_memory_blocks_are_shown_by_scope(client, writer):
 
 
 def test_the_structured_profile_shows_status_and_why(client, writer):
-    api(client, "profile_schema.set", namespace=NS,
+    ok(client, "profile_schema.set", namespace=NS,
         json_schema={"type": "object", "properties": {
             "timezone": {"type": "string", "description": "IANA time zone"}}})
-    api(client, "memory.set", namespace=NS, agent=AGENT, user_id=USER, key="tz",
+    ok(client, "memory.set", namespace=NS, agent=AGENT, user_id=USER, key="tz",
         value="Lives in Berlin", memory_type="semantic")
     console = Console(client)
     console.sign_in(writer)
@@ -282,7 +284,7 @@ def test_the_structured_profile_shows_status_and_why(client, writer):
     assert "Not built: no model is configured (LOOM_LLM_BASE_URL and LOOM_LLM_MODEL)" in page
     assert "has not reached this user" not in page
     # A row a caller writes to the profile key reads as no profile, and the page says why.
-    api(client, "memory.set", namespace=NS, agent="-", user_id=USER, key="structured_profile",
+    ok(client, "memory.set", namespace=NS, agent="-", user_id=USER, key="structured_profile",
         value={"timezone": "Europe/Berlin"}, memory_type="profile")
     page = text(console.get(f"/console/ns/{NS}/user?user_id={USER}"))
     assert "written by a caller" in page
@@ -291,16 +293,16 @@ def test_the_structured_profile_shows_status_and_why(client, writer):
 def test_a_pending_profile_waits_on_the_worker_or_on_the_orgs_switch(app_factory):
     client = auth_app(app_factory, llm_base_url="http://127.0.0.1:9/v1",
                       llm_model="scripted").test_client()
-    api(client, "profile_schema.set", namespace=NS,
+    ok(client, "profile_schema.set", namespace=NS,
         json_schema={"type": "object", "properties": {
             "tz": {"type": "string", "description": "IANA time zone"}}})
-    api(client, "memory.set", namespace=NS, agent=AGENT, user_id=USER, key="tz",
+    ok(client, "memory.set", namespace=NS, agent=AGENT, user_id=USER, key="tz",
         value="Lives in Berlin", memory_type="semantic")
     console = Console(client)
     console.sign_in(ADMIN_TOKEN)
     page = text(console.get(f"/console/ns/{NS}/user?user_id={USER}"))
     assert "Not built yet: the worker has not reached this user" in page
-    api(client, "org.set_model_calls", enabled=False)
+    ok(client, "org.set_model_calls", enabled=False)
     page = text(console.get(f"/console/ns/{NS}/user?user_id={USER}"))
     assert "Not built: model calls are switched off for the org" in page
 
@@ -321,11 +323,11 @@ def test_the_schema_editor_shows_a_validation_error_beside_the_field(client):
         '{"type": "object", "properties": {"age": {"type": "integer", '
         '"description": "Age in years"}}}')})
     assert good.status_code == 302
-    assert api(client, "profile_schema.get", namespace=NS)["json_schema"]["properties"]["age"]
+    assert ok(client, "profile_schema.get", namespace=NS)["json_schema"]["properties"]["age"]
     page = text(console.get(f"/console/ns/{NS}"))
     assert "Age in years" in page
     assert console.post(f"/console/ns/{NS}/schema/clear", {}).status_code == 302
-    assert api(client, "profile_schema.get", namespace=NS)["json_schema"] is None
+    assert ok(client, "profile_schema.get", namespace=NS)["json_schema"] is None
 
 
 def test_the_usage_ledger_is_for_admins(client, writer):
@@ -339,14 +341,14 @@ def test_the_usage_ledger_is_for_admins(client, writer):
 
 
 def test_erasure_needs_the_typed_user_id_and_answers_the_receipt(client):
-    api(client, "profile.set", namespace=NS, agent=AGENT, user_id=USER, label="likes",
+    ok(client, "profile.set", namespace=NS, agent=AGENT, user_id=USER, label="likes",
         value="Tea.")
     console = Console(client)
     console.sign_in(ADMIN_TOKEN)
     console.get(f"/console/ns/{NS}/erase?user_id={USER}")
     wrong = console.post(f"/console/ns/{NS}/erase", {"user_id": USER, "confirm": "u-4"})
     assert wrong.status_code == 422 and "Nothing was erased" in text(wrong)
-    assert api(client, "memory.get", namespace=NS, agent=AGENT, user_id=USER,
+    assert ok(client, "memory.get", namespace=NS, agent=AGENT, user_id=USER,
                key="likes")["found"]
     erased = console.post(f"/console/ns/{NS}/erase", {"user_id": USER, "confirm": USER})
     assert erased.status_code == 302
@@ -355,7 +357,7 @@ def test_erasure_needs_the_typed_user_id_and_answers_the_receipt(client):
     assert 'id="erasure-status">done<' in receipt
     assert "Clean: nothing of the user was found" in receipt
     assert USER not in receipt
-    assert not api(client, "memory.get", namespace=NS, agent=AGENT, user_id=USER,
+    assert not ok(client, "memory.get", namespace=NS, agent=AGENT, user_id=USER,
                    key="likes")["found"]
 
 
@@ -380,7 +382,7 @@ def test_tokens_are_listed_minted_once_and_revoked(client):
                        headers=bearer(secret)).status_code == 200
     listing = text(console.get("/console/tokens"))
     assert "dashboard" in listing and secret not in listing
-    token_id = api(client, "token.list")["tokens"][0]["token_id"]
+    token_id = ok(client, "token.list")["tokens"][0]["token_id"]
     assert console.post("/console/tokens/revoke", {"token_id": token_id}).status_code == 302
     assert client.post("/v1/profile.render", json={"namespace": NS, "agent": AGENT},
                        headers=bearer(secret)).status_code == 401
@@ -394,7 +396,7 @@ def test_a_revoked_token_signs_the_console_out(client):
     console.sign_in(token)
     assert console.get(f"/console/ns/{NS}").status_code == 200
     token_id = token.split("_")[1]
-    api(client, "token.revoke", token_id=token_id)
+    ok(client, "token.revoke", token_id=token_id)
     response = console.get(f"/console/ns/{NS}")
     assert response.status_code == 302
     assert "no longer works" in text(console.get(response.headers["Location"]))
@@ -429,7 +431,7 @@ def test_pages_are_never_cached_or_framed_and_assets_are_local(client, writer):
 
 
 def test_the_receipt_page_reloads_while_the_erasure_runs_and_a_second_erase_follows_it(client):
-    api(client, "profile.set", namespace=NS, agent=AGENT, user_id=USER, label="likes",
+    ok(client, "profile.set", namespace=NS, agent=AGENT, user_id=USER, label="likes",
         value="Tea.")
     console = Console(client)
     console.sign_in(ADMIN_TOKEN)
@@ -440,7 +442,7 @@ def test_the_receipt_page_reloads_while_the_erasure_runs_and_a_second_erase_foll
     running = client.get(erased.headers["Location"])
     assert 'id="erasure-status">running<' in text(running)
     assert running.headers.get("Refresh") == "1"
-    status = api(client, "erasure.status", namespace=NS, user_id=USER,
+    status = ok(client, "erasure.status", namespace=NS, user_id=USER,
                  erasure_id=erased.headers["Location"].rsplit("/", 1)[1])
     assert status["steps_done"] == 0 and status["steps_total"] > 0
     step = status["current_step"] or "starting"
@@ -458,7 +460,7 @@ def test_the_receipt_page_reloads_while_the_erasure_runs_and_a_second_erase_foll
 
 
 def test_the_user_page_lists_working_memory_scopes_and_opens_one(client, writer):
-    api(client, "working_memory.set", namespace=NS, agent=AGENT, user_id=USER,
+    ok(client, "working_memory.set", namespace=NS, agent=AGENT, user_id=USER,
         session_id="s-9", block_key="state", content="step 3 done")
     console = Console(client)
     console.sign_in(writer)
@@ -472,7 +474,7 @@ def test_the_user_page_lists_working_memory_scopes_and_opens_one(client, writer)
 
 def test_a_section_over_its_cap_is_refused_with_the_seed_error_and_kept_in_the_box(
         client, writer):
-    api(client, "profile.set", namespace=NS, agent=AGENT, label="short", value="ok",
+    ok(client, "profile.set", namespace=NS, agent=AGENT, label="short", value="ok",
         char_limit=10)
     console = Console(client)
     console.sign_in(writer)
@@ -488,7 +490,7 @@ def test_a_section_over_its_cap_is_refused_with_the_seed_error_and_kept_in_the_b
     assert refused.status_code == 422
     body = text(refused)
     assert 'id="save-error">Not saved:' in body and ">far too long for ten</textarea>" in body
-    assert api(client, "memory.get", namespace=NS, agent=AGENT, key="short")["memory"][
+    assert ok(client, "memory.get", namespace=NS, agent=AGENT, key="short")["memory"][
         "value"] == "ok"
 
 
@@ -507,10 +509,10 @@ def test_the_namespace_page_shows_the_item_type_and_the_budget_chart(app_factory
     from app.store.budget import BudgetStore
 
     client = auth_app(app_factory, clock=clock).test_client()
-    api(client, "profile_schema.set", namespace=NS, json_schema={
+    ok(client, "profile_schema.set", namespace=NS, json_schema={
         "type": "object", "properties": {"languages": {
             "type": "array", "items": {"type": "string"}, "description": "Spoken languages"}}})
-    api(client, "budget.set", namespace=NS, calls=10, tokens=1000)
+    ok(client, "budget.set", namespace=NS, calls=10, tokens=1000)
     budgets = client.application.extensions["loom"].store(BudgetStore)
     for tokens in (100, 200, 300):
         budgets.settle(budgets.reserve("default", NS, tokens), tokens)
@@ -530,7 +532,7 @@ def test_the_namespace_page_shows_the_item_type_and_the_budget_chart(app_factory
 
 
 def test_a_block_shows_how_full_it_is(client, writer):
-    api(client, "working_memory.set", namespace=NS, agent=AGENT, user_id=USER,
+    ok(client, "working_memory.set", namespace=NS, agent=AGENT, user_id=USER,
         block_key="state", content="x" * 30, char_limit=40)
     console = Console(client)
     console.sign_in(writer)

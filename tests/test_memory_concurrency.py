@@ -10,20 +10,17 @@ import requests
 
 from app.store import keys
 from app.store.memory import MemoryStore, source_digest_of
+from tests.support.api import op_helpers
 
 WRITERS = 8
 EACH = 25
 NS = {"namespace": "race", "agent": "bot", "user_id": "u-1"}
+call, _ = op_helpers(NS)
 
 
 def _run(work):
     with ThreadPoolExecutor(max_workers=WRITERS) as pool:
         return [f.result() for f in [pool.submit(work, w) for w in range(WRITERS)]]
-
-
-def _post(client, op, **body):
-    response = client.post(f"/v1/{op}", json={**NS, **body})
-    return response.status_code, response.get_json()
 
 
 def _assert_every_addition_once(value):
@@ -37,7 +34,7 @@ def test_eight_appenders_to_one_section_lose_nothing(app):
         client = app.test_client()
         versions = []
         for i in range(EACH):
-            status, out = _post(client, "profile.append", label="log", addition=f"w{writer}-{i}")
+            status, out = call(client, "profile.append", label="log", addition=f"w{writer}-{i}")
             assert status == 200, out
             versions.append(out["version"])
         return versions
@@ -45,14 +42,14 @@ def test_eight_appenders_to_one_section_lose_nothing(app):
     versions = [v for chunk in _run(work) for v in chunk]
     assert len(set(versions)) == WRITERS * EACH
     client = app.test_client()
-    row = _post(client, "memory.get", key="log", memory_type="profile")[1]["memory"]
+    row = call(client, "memory.get", key="log", memory_type="profile")[1]["memory"]
     _assert_every_addition_once(row["value"])
     assert row["version"] == max(versions)
     # Every acknowledged append is one version of the row: the history holds them all.
     history, cursor = [], ""
     while True:
         body = {"key": "log", "limit": 100, **({"cursor": cursor} if cursor else {})}
-        out = _post(client, "memory.history", **body)[1]
+        out = call(client, "memory.history", **body)[1]
         history += [v["version"] for v in out["versions"]]
         cursor = out["next_cursor"]
         if not cursor:
@@ -84,7 +81,7 @@ def test_eight_appenders_through_gunicorn_lose_nothing(live_server):
 def test_racing_if_match_writers_one_wins_each_round(app):
     rounds = 15
     client = app.test_client()
-    _post(client, "profile.set", label="persona", value="start")
+    call(client, "profile.set", label="persona", value="start")
     barrier = threading.Barrier(WRITERS)
     outcomes: list[list[int]] = [[] for _ in range(rounds)]
     lock = threading.Lock()
@@ -93,9 +90,9 @@ def test_racing_if_match_writers_one_wins_each_round(app):
         c = app.test_client()
         for r in range(rounds):
             barrier.wait()
-            seen = _post(c, "memory.get", key="persona")[1]["memory"]["content_sha256"]
+            seen = call(c, "memory.get", key="persona")[1]["memory"]["content_sha256"]
             barrier.wait()  # everyone read the same hash before anyone writes
-            status, out = _post(c, "profile.set", label="persona", value=f"r{r}-w{writer}",
+            status, out = call(c, "profile.set", label="persona", value=f"r{r}-w{writer}",
                                 if_match_sha256=seen)
             assert status in (200, 409), out
             if status == 409:
@@ -106,24 +103,24 @@ def test_racing_if_match_writers_one_wins_each_round(app):
     _run(work)
     for r, statuses in enumerate(outcomes):
         assert sorted(statuses) == [200] + [409] * (WRITERS - 1), (r, statuses)
-    final = _post(client, "memory.get", key="persona")[1]["memory"]["value"]
+    final = call(client, "memory.get", key="persona")[1]["memory"]["value"]
     assert final.startswith(f"r{rounds - 1}-")
 
 
 def test_concurrent_replaces_each_land_once(app):
     tokens = [f"<{w}-{i}>" for w in range(WRITERS) for i in range(EACH)]
     client = app.test_client()
-    _post(client, "profile.set", label="doc", value="".join(tokens), char_limit=65536)
+    call(client, "profile.set", label="doc", value="".join(tokens), char_limit=65536)
 
     def work(writer):
         c = app.test_client()
         for i in range(EACH):
-            status, out = _post(c, "profile.replace", label="doc", old=f"<{writer}-{i}>",
+            status, out = call(c, "profile.replace", label="doc", old=f"<{writer}-{i}>",
                                 new=f"[{writer}-{i}]")
             assert status == 200, out
 
     _run(work)
-    value = _post(client, "memory.get", key="doc")[1]["memory"]["value"]
+    value = call(client, "memory.get", key="doc")[1]["memory"]["value"]
     assert value == "".join(t.replace("<", "[").replace(">", "]") for t in tokens)
 
 
@@ -132,11 +129,11 @@ def test_concurrent_fact_writers_keep_the_digest_exact(app):
         c = app.test_client()
         for i in range(EACH):
             kind = ("preference", "decision", "episodic")[i % 3]
-            status, out = _post(c, "memory.set", key=f"f{writer}-{i % 5}", value=i,
+            status, out = call(c, "memory.set", key=f"f{writer}-{i % 5}", value=i,
                                 memory_type=kind)
             assert status == 200, out
             if i % 7 == 0:
-                _post(c, "memory.delete", key=f"f{writer}-{i % 5}")
+                call(c, "memory.delete", key=f"f{writer}-{i % 5}")
 
     _run(work)
     services = app.extensions["loom"]
@@ -153,7 +150,7 @@ def test_concurrent_fact_writers_keep_the_digest_exact(app):
 
 def test_no_write_lands_after_a_lock(app):
     client = app.test_client()
-    _post(client, "memory.set", key="k", value="start")
+    call(client, "memory.set", key="k", value="start")
     start = threading.Event()
     acknowledged: list[int] = []
     refused = []
@@ -163,7 +160,7 @@ def test_no_write_lands_after_a_lock(app):
         c = app.test_client()
         start.wait()
         for i in range(EACH):
-            status, out = _post(c, "memory.set", key="k", value=f"{w}-{i}")
+            status, out = call(c, "memory.set", key="k", value=f"{w}-{i}")
             with guard:
                 if status == 200:
                     acknowledged.append(out["version"])
@@ -174,7 +171,7 @@ def test_no_write_lands_after_a_lock(app):
     def locker():
         c = app.test_client()
         start.wait()
-        status, out = _post(c, "memory.lock", key="k")
+        status, out = call(c, "memory.lock", key="k")
         assert status == 200
         return out["version"]
 
@@ -186,7 +183,7 @@ def test_no_write_lands_after_a_lock(app):
             f.result()
         lock_version = lock_future.result()
     assert all(version < lock_version for version in acknowledged)
-    row = _post(client, "memory.get", key="k")[1]["memory"]
+    row = call(client, "memory.get", key="k")[1]["memory"]
     assert row["locked"] and row["version"] == lock_version
     assert len(acknowledged) + len(refused) == WRITERS * EACH
 
@@ -215,7 +212,7 @@ def _all_versions(client, key):
     history, cursor = [], ""
     while True:
         body = {"key": key, "limit": 100, **({"cursor": cursor} if cursor else {})}
-        out = _post(client, "memory.history", **body)[1]
+        out = call(client, "memory.history", **body)[1]
         history += out["versions"]
         cursor = out["next_cursor"]
         if not cursor:
@@ -224,7 +221,7 @@ def _all_versions(client, key):
 
 def test_concurrent_recalls_and_reinforcements_each_count_once(app):
     client = app.test_client()
-    _post(client, "memory.set", key="k", value="fact", memory_type="preference", confidence=0.1)
+    call(client, "memory.set", key="k", value="fact", memory_type="preference", confidence=0.1)
     confidences = [round(0.1 + 0.8 * (w * EACH + i) / (WRITERS * EACH), 6)
                    for w in range(WRITERS) for i in range(EACH)]
 
@@ -234,14 +231,14 @@ def test_concurrent_recalls_and_reinforcements_each_count_once(app):
         for i in range(EACH):
             op = "memory.recall" if (writer + i) % 2 else "memory.reinforce"
             extra = {"confidence": confidences[writer * EACH + i]} if op.endswith("ce") else {}
-            status, out = _post(c, op, key="k", **extra)
+            status, out = call(c, op, key="k", **extra)
             assert status == 200, out
             versions.append(out["version"])
         return versions
 
     versions = [v for chunk in _run(work) for v in chunk]
     assert len(set(versions)) == WRITERS * EACH
-    row = _post(client, "memory.get", key="k")[1]["memory"]
+    row = call(client, "memory.get", key="k")[1]["memory"]
     recalls = sum(1 for w in range(WRITERS) for i in range(EACH) if (w + i) % 2)
     assert row["recall_count"] == recalls
     assert row["reinforce_count"] == WRITERS * EACH - recalls
@@ -260,17 +257,17 @@ def test_concurrent_recalls_and_reinforcements_each_count_once(app):
 def test_concurrent_restates_and_edits_keep_the_digest_exact(app):
     client = app.test_client()
     for k in range(4):
-        _post(client, "memory.set", key=f"k{k}", value=k, memory_type="decision")
+        call(client, "memory.set", key=f"k{k}", value=k, memory_type="decision")
 
     def work(writer):
         c = app.test_client()
         for i in range(EACH):
             key = f"k{(writer + i) % 4}"
             if i % 3 == 0:
-                status, out = _post(c, "memory.set", key=key, value=f"{writer}-{i}",
+                status, out = call(c, "memory.set", key=key, value=f"{writer}-{i}",
                                     memory_type="decision")
             else:
-                status, out = _post(c, "memory.restate", key=key)
+                status, out = call(c, "memory.restate", key=key)
             assert status == 200, out
 
     _run(work)
@@ -281,7 +278,7 @@ def test_concurrent_reverts_each_bring_back_a_whole_version(app):
     client = app.test_client()
     stored = {}
     for n in range(WRITERS):
-        out = _post(client, "memory.set", key="k", value=f"v{n}", memory_type="semantic",
+        out = call(client, "memory.set", key="k", value=f"v{n}", memory_type="semantic",
                     confidence=round(0.1 * (n + 1), 1), tags=[f"t{n}"])[1]
         stored[out["version"]] = (f"v{n}", round(0.1 * (n + 1), 1), [f"t{n}"])
     targets = sorted(stored)
@@ -291,7 +288,7 @@ def test_concurrent_reverts_each_bring_back_a_whole_version(app):
         landed = []
         for i in range(EACH):
             target = targets[(writer + i) % len(targets)]
-            status, out = _post(c, "memory.revert", key="k", version=target)
+            status, out = call(c, "memory.revert", key="k", version=target)
             assert status == 200, out
             assert out["from_version"] == target
             landed.append((out["version"], target))
@@ -300,7 +297,7 @@ def test_concurrent_reverts_each_bring_back_a_whole_version(app):
     landed = [pair for chunk in _run(work) for pair in chunk]
     assert len({version for version, _ in landed}) == WRITERS * EACH
     final_version, final_target = max(landed)
-    row = _post(client, "memory.get", key="k")[1]["memory"]
+    row = call(client, "memory.get", key="k")[1]["memory"]
     assert row["version"] == final_version
     assert (row["value"], row["confidence"], row["tags"]) == stored[final_target]
     for version in _all_versions(client, "k"):
@@ -313,7 +310,7 @@ def test_concurrent_reverts_each_bring_back_a_whole_version(app):
 def test_racing_restores_bring_a_deleted_row_back_once(app):
     rounds = 10
     client = app.test_client()
-    _post(client, "memory.set", key="k", value="fact", memory_type="preference")
+    call(client, "memory.set", key="k", value="fact", memory_type="preference")
     barrier = threading.Barrier(WRITERS)
     outcomes: list[list[int]] = [[] for _ in range(rounds)]
     guard = threading.Lock()
@@ -322,9 +319,9 @@ def test_racing_restores_bring_a_deleted_row_back_once(app):
         c = app.test_client()
         for r in range(rounds):
             if writer == 0:
-                assert _post(c, "memory.delete", key="k")[0] == 200
+                assert call(c, "memory.delete", key="k")[0] == 200
             barrier.wait()  # deleted before anyone restores
-            status, out = _post(c, "memory.restore", key="k")
+            status, out = call(c, "memory.restore", key="k")
             assert status in (200, 409), out
             if status == 409:
                 assert out["error"]["code"] == "MEMORY_NOT_DELETED"
@@ -335,7 +332,7 @@ def test_racing_restores_bring_a_deleted_row_back_once(app):
     _run(work)
     for r, statuses in enumerate(outcomes):
         assert sorted(statuses) == [200] + [409] * (WRITERS - 1), (r, statuses)
-    row = _post(client, "memory.get", key="k")[1]["memory"]
+    row = call(client, "memory.get", key="k")[1]["memory"]
     assert row["value"] == "fact" and not row["deleted"]
     _digest_exact(app)
 
@@ -359,7 +356,7 @@ def test_backfills_racing_edits_never_index_stale_terms(app):
 
     client = app.test_client()
     for k in range(8):
-        _post(client, "memory.set", key=f"k{k}", value=f"start {k}")
+        call(client, "memory.set", key=f"k{k}", value=f"start {k}")
     _unindex_all(app)
     backfilled = []
     guard = threading.Lock()
@@ -369,9 +366,9 @@ def test_backfills_racing_edits_never_index_stale_terms(app):
         for i in range(EACH):
             key = f"k{(writer + i) % 8}"
             if writer % 2:
-                status, out = _post(c, "memory.set", key=key, value=f"word{writer}x{i} text")
+                status, out = call(c, "memory.set", key=key, value=f"word{writer}x{i} text")
             else:
-                status, out = _post(c, "memory.backfill", key=key)
+                status, out = call(c, "memory.backfill", key=key)
                 with guard:
                     backfilled.append(out.get("changed"))
             assert status == 200, out

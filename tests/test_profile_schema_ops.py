@@ -8,37 +8,34 @@ import pytest
 
 from app.ops.profile_schema import SEED_EXAMPLE_SCHEMA
 from app.profile_schema import schema_sha256
+from tests.support.api import op_helpers
 
 NS = {"namespace": "support"}
-
-
-def post(client, op, **body):
-    response = client.post(f"/v1/{op}", json={**NS, **body})
-    return response.status_code, response.get_json()
+call, _ = op_helpers(NS)
 
 
 def test_set_get_clear_round_trip(client):
-    status, out = post(client, "profile_schema.set", json_schema=SEED_EXAMPLE_SCHEMA)
+    status, out = call(client, "profile_schema.set", json_schema=SEED_EXAMPLE_SCHEMA)
     assert status == 200
     assert out["schema_sha256"] == schema_sha256(SEED_EXAMPLE_SCHEMA)
     assert out["set_by"] == "single-user" and out["set_at"].endswith("Z")
-    status, got = post(client, "profile_schema.get")
+    status, got = call(client, "profile_schema.get")
     assert got["json_schema"] == SEED_EXAMPLE_SCHEMA
     assert got["schema_sha256"] == out["schema_sha256"]
-    status, cleared = post(client, "profile_schema.clear")
+    status, cleared = call(client, "profile_schema.clear")
     assert cleared["cleared"] is True and cleared["schema_sha256"] == out["schema_sha256"]
-    status, got = post(client, "profile_schema.get")
+    status, got = call(client, "profile_schema.get")
     assert got["json_schema"] is None and got["schema_sha256"] == ""
-    assert post(client, "profile_schema.clear")[1]["cleared"] is False
+    assert call(client, "profile_schema.clear")[1]["cleared"] is False
 
 
 def test_titles_and_property_order_do_not_change_the_hash(client):
-    first = post(client, "profile_schema.set", json_schema=SEED_EXAMPLE_SCHEMA)[1]
+    first = call(client, "profile_schema.set", json_schema=SEED_EXAMPLE_SCHEMA)[1]
     reordered = copy.deepcopy(SEED_EXAMPLE_SCHEMA)
     reordered["title"] = "Profile"
     reordered["properties"] = dict(reversed(list(reordered["properties"].items())))
     reordered["properties"]["timezone"]["title"] = "TZ"
-    second = post(client, "profile_schema.set", json_schema=reordered)[1]
+    second = call(client, "profile_schema.set", json_schema=reordered)[1]
     assert first["schema_sha256"] == second["schema_sha256"]
 
 
@@ -70,25 +67,25 @@ def test_titles_and_property_order_do_not_change_the_hash(client):
     ],
 )
 def test_each_rule_is_refused_with_its_name_and_nothing_is_stored(client, schema, rule):
-    status, out = post(client, "profile_schema.set", json_schema=schema)
+    status, out = call(client, "profile_schema.set", json_schema=schema)
     assert status == 422
     assert out["error"]["code"] == "SCHEMA_INVALID"
     assert out["error"]["rule"] == rule
-    assert post(client, "profile_schema.get")[1]["json_schema"] is None
+    assert call(client, "profile_schema.get")[1]["json_schema"] is None
 
 
 def test_json_schema_must_be_an_object(client):
-    status, out = post(client, "profile_schema.set", json_schema=["not", "a", "dict"])
+    status, out = call(client, "profile_schema.set", json_schema=["not", "a", "dict"])
     assert status == 422 and "json_schema" in out["error"]["fields"]
 
 
 def test_set_and_clear_are_audited(client):
-    first = post(client, "profile_schema.set", json_schema=SEED_EXAMPLE_SCHEMA)[1]
+    first = call(client, "profile_schema.set", json_schema=SEED_EXAMPLE_SCHEMA)[1]
     changed = copy.deepcopy(SEED_EXAMPLE_SCHEMA)
     changed["properties"]["city"] = {"type": "string", "description": "Where they live"}
-    second = post(client, "profile_schema.set", json_schema=changed)[1]
-    post(client, "profile_schema.clear")
-    status, audit = post(client, "audit.list")
+    second = call(client, "profile_schema.set", json_schema=changed)[1]
+    call(client, "profile_schema.clear")
+    status, audit = call(client, "audit.list")
     assert status == 200
     entries = [e for e in audit["entries"] if e["action"].startswith("profile_schema.")]
     assert [e["action"] for e in entries] == [

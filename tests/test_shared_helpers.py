@@ -37,12 +37,21 @@ def _fixtures(tree: ast.Module) -> dict[str, ast.FunctionDef]:
     return found
 
 
+def _posts_an_op_it_is_given(node: ast.FunctionDef) -> bool:
+    """A helper under another name: it takes ``op`` and posts to ``f"/v1/{op}"``."""
+    if node.name.startswith("test_") or "op" not in {argument.arg for argument in node.args.args}:
+        return False
+    return any(isinstance(part, ast.JoinedStr) and "/v1/{op}" in ast.unparse(part)
+               for part in ast.walk(node))
+
+
 def test_no_test_module_writes_its_own_call_or_ok():
     modules = _modules()
     assert len(modules) > 100
     own = sorted(f"{name}:{node.lineno} def {node.name}"
                  for name, tree in modules.items() for node in tree.body
-                 if isinstance(node, ast.FunctionDef) and node.name in {"call", "ok"})
+                 if isinstance(node, ast.FunctionDef)
+                 and (node.name in {"call", "ok"} or _posts_an_op_it_is_given(node)))
     assert own == [], "use call, ok = op_helpers(...) from tests/support/api.py"
 
 
@@ -60,12 +69,15 @@ def test_no_test_module_repeats_a_fixture_of_conftest():
 def test_the_checks_see_a_planted_helper_and_a_planted_fixture_copy():
     tree = ast.parse("import pytest\n\n@pytest.fixture\ndef model():\n"
                      "    with ScriptedModelServer() as server:\n        yield server\n\n"
-                     "def ok(client, op):\n    return op\n")
+                     "def ok(client, op):\n    return op\n\n"
+                     "def post(client, op, **body):\n"
+                     "    return client.post(f'/v1/{op}', json=body)\n")
     shared = _fixtures(_modules()["conftest.py"])
     planted = _fixtures(tree)
     assert _body(planted["model"]) == _body(shared["model"])
-    assert [node.name for node in tree.body if isinstance(node, ast.FunctionDef)
-            and node.name in {"call", "ok"}] == ["ok"]
+    functions = [node for node in tree.body if isinstance(node, ast.FunctionDef)]
+    assert [node.name for node in functions if node.name in {"call", "ok"}] == ["ok"]
+    assert [node.name for node in functions if _posts_an_op_it_is_given(node)] == ["post"]
 
 
 # --- the helpers themselves, on a real app ----------------------------------------------------

@@ -423,8 +423,19 @@ def cold_start_beside(env: dict[str, str], log: Path) -> float:
     try:
         return wait_ready(port, started, master=baseline.pid)
     finally:
+        workers = children(baseline.pid)
         baseline.terminate()
-        baseline.wait(timeout=30)
+        try:
+            baseline.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            # A worker that does not stop is the run's figure, not the baseline's: end it.
+            print(f"the baseline master did not stop within 60 s; killed ({len(workers)} "
+                  f"workers)", file=sys.stderr)
+            for pid in workers:
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+            baseline.kill()
+            baseline.wait()
 
 
 def report(run: Run, figures: dict[str, Any], cold_starts: tuple[float, list[float]],

@@ -59,10 +59,17 @@ def test_the_graph_holds_every_module(graph):
 
 
 def test_no_module_imports_itself_round_a_circle(graph):
-    # The server, the jobs, the benches and the SDK alike.
+    # The server, the jobs, the benches and the SDK alike, and the tests with them.
     assert {package for package in PACKAGES
             if not any(_in(module, package) for module in graph.modules)} == set()
     assert graph.cycles() == []
+    with_tests = import_graph.build({**PACKAGES, "tests": ROOT / "tests"})
+    assert "tests.support.import_graph" in with_tests.modules
+    assert with_tests.cycles() == []
+    # Nothing of the product imports the tests (the benches may use their scripted servers).
+    assert {module for module in with_tests.modules
+            if not _in(module, "tests") and not _in(module, "bench")
+            and any(_in(name, "tests") for name in with_tests.reach(module))} == set()
 
 
 def test_a_store_reaches_nothing_above_it(graph):

@@ -12,6 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 JOB_ID_PREFIX = "loom-periodic-"
+# A finished periodic job's hash (its last results) is kept this many intervals, and at least
+# an hour: rq-scheduler drops a schedule whose hash expired, and each run sets the expiry
+# again, so the hash outlives ten missed ticks; a scheduler tick puts back one that expired.
+RESULT_KEEP_INTERVALS = 10
+RESULT_KEEP_FLOOR_SECONDS = 3600
 
 
 @dataclass(frozen=True)
@@ -20,6 +25,11 @@ class Periodic:
     queue: str
     interval_seconds: int
     kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def result_ttl(self) -> int:
+        """How long RQ keeps the job's hash after a run (its ``result_ttl``)."""
+        return max(RESULT_KEEP_FLOOR_SECONDS, RESULT_KEEP_INTERVALS * self.interval_seconds)
 
     @property
     def job_id(self) -> str:

@@ -6,8 +6,9 @@ of itself, registering is idempotent, and a job no longer defined is cancelled.
 rq-scheduler keeps a periodic job as two things: the job's hash (``rq:job:<id>``, whose meta
 holds the interval) and its entry in ``rq:scheduler:scheduled_jobs``. When it finds an entry
 whose hash is gone, it removes the entry for good (``Scheduler.get_jobs``); and a finished
-job's hash expires after its ``result_ttl``. So Loom's periodic jobs keep their hash
-(``result_ttl=-1``: one hash per definition, its results capped by RQ), and every tick of the
+job's hash expires after its ``result_ttl``. So a periodic job's ``result_ttl`` is ten of its
+intervals, at least an hour (``Periodic.result_ttl``: each run sets the expiry again, and RQ
+logs how long it keeps the result instead of that it never expires), and every tick of the
 scheduler puts back whichever half of a definition has gone missing.
 """
 
@@ -36,8 +37,6 @@ from jobs.structured_profile import PASS_FUNC
 
 __all__ = ["JOB_ID_PREFIX", "LoomScheduler", "Periodic", "periodic_jobs", "register"]
 
-# A finished periodic job keeps its hash: rq-scheduler drops a schedule whose hash expired.
-KEEP_RESULT = -1
 # How long the hash of a job no longer defined stays readable (its last result) once cancelled.
 CANCELLED_JOB_TTL_SECONDS = 3600
 # The scheduler polls at least this often, and four times per shortest interval below that,
@@ -82,7 +81,7 @@ def _schedule(scheduler: Scheduler, definition: Periodic, when: datetime) -> Non
         repeat=None,
         queue_name=definition.queue,
         id=definition.job_id,
-        result_ttl=KEEP_RESULT,
+        result_ttl=definition.result_ttl,
     )
 
 
@@ -106,11 +105,11 @@ def register(scheduler: Scheduler, definitions: list[Periodic]) -> list[str]:
     now = datetime.now(UTC)
     for job_id, definition in wanted.items():
         if job_id in existing:
-            if existing[job_id].result_ttl != KEEP_RESULT:
-                # Scheduled by an older release with a result_ttl that could expire the hash
-                # before the next poll: keep it from now on.
-                connection.hset(existing[job_id].key, "result_ttl", KEEP_RESULT)
-                connection.persist(existing[job_id].key)
+            if existing[job_id].result_ttl != definition.result_ttl:
+                # Scheduled by an older release: with a result_ttl that could expire the hash
+                # before the next poll, or none (kept for good): this definition's from now on.
+                connection.hset(existing[job_id].key, "result_ttl", definition.result_ttl)
+                connection.expire(existing[job_id].key, definition.result_ttl)
             continue
         job = _fetch(scheduler, job_id)
         if job is None or job.meta.get("interval") != definition.interval_seconds:

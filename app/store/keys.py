@@ -317,9 +317,17 @@ def recall_users(org: str, namespace: str) -> str:
 
 
 def recall_vectors(org: str, namespace: str, user_id: str) -> str:
-    """Hash memory_id -> ``fingerprint:base64 of the int8 vector`` of the row's current text
+    """Hash memory_id -> ``fingerprint:base64 of the int8 vector`` of the row's current text, or
+    the ``fingerprint`` alone where the vector is in ``recall_vector_set``
     (app/store/recall_vectors.py)."""
     return f"{PREFIX}:recall-vec:{user_tag(org, namespace, user_id)}"
+
+
+def recall_vector_set(org: str, namespace: str, user_id: str) -> str:
+    """Vector set (Redis 8's VADD/VSIM) of the user's fact vectors, element = memory_id: where
+    the vectors live when the server has the engine; ``recall_vectors`` then holds only each
+    vector's fingerprint (app/store/recall_vectors.py)."""
+    return f"{PREFIX}:recall-vset:{user_tag(org, namespace, user_id)}"
 
 
 def recall_vectors_due(org: str, namespace: str, user_id: str) -> str:
@@ -368,6 +376,12 @@ def profile_vectors(org: str, namespace: str, user_id: str) -> str:
     fingerprint naming the model, the length and the section's content_sha256 it was made
     from."""
     return f"{PREFIX}:profile-vec:{user_tag(org, namespace, user_id)}"
+
+
+def profile_vector_set(org: str, namespace: str, user_id: str) -> str:
+    """Vector set of the user's section vectors (element = memory_id) when the server has the
+    engine; ``profile_vectors`` then holds only each vector's fingerprint."""
+    return f"{PREFIX}:profile-vset:{user_tag(org, namespace, user_id)}"
 
 
 def profile_vectors_queued(org: str, namespace: str, user_id: str) -> str:

@@ -99,7 +99,7 @@ from app.store.memory_row import (
 )
 from app.store.profile_vectors import ProfileVectorStore
 from app.store.recall_terms import indexable, row_terms
-from app.store.recall_vectors import RecallVectorStore
+from app.store.recall_vectors import VECTORSET, RecallVectorStore, engine_of
 from app.store.replies import optional_texts, scored, text_map, text_set, texts
 
 if TYPE_CHECKING:
@@ -558,6 +558,7 @@ class MemoryStore:
                 "" if confidence is None else format_confidence(confidence),
                 "",
                 "",
+                "",
                 self._tail(location, held),
             ],
         )
@@ -583,6 +584,7 @@ class MemoryStore:
                 keys=self._keys(location, held=held),
                 args=[self.clock.now_ns(), "backfill", written_by, location.member, memory_id,
                       "", "" if row is None else str(row.version), terms,
+                      "1" if engine_of(self.redis) == VECTORSET else "",
                       self._tail(location, held)],
             )
             return self._finish(location, reply, held)

@@ -146,6 +146,7 @@ class Location:
             keys.recall_vectors(*user),
             keys.recall_vectors_due(*user),
             keys.recall_vectors_generation(*user),
+            keys.recall_vector_set(*user),
         ]
 
     def pointer_value(self) -> str:

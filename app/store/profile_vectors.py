@@ -14,9 +14,13 @@ refresh has run yet. ``profile_vector_store.lua`` stores a vector only while the
 holds the content it was made from, is live, unredacted and a profile row, and the user is not
 being erased, so a job that raced a redact, a delete or an erasure lands nothing.
 
-Vectors are unit length, float32, base64: a few sections a user, so their size is small and
-the scoring exact (a dot product in Python). The keys sit under the user's hash tag, so the
-erasure's sweep takes them with the user's rows and its census looks for them.
+Vectors are unit length, float32: a few sections a user, so their size is small and the scoring
+exact (a dot product in Python). On a server with Redis 8's vector sets they live in the user's
+``keys.profile_vector_set`` unquantised (NOQUANT: the export carries them as they were made) and
+the hash holds each one's fingerprint alone; elsewhere the hash holds ``fingerprint:base64``.
+Every key sits under the user's hash tag, so the erasure's sweep takes them with the user's rows
+and its census looks for them; a redact and the job's drop take an element out of the set with
+its fingerprint.
 """
 
 from __future__ import annotations
@@ -26,14 +30,15 @@ import hashlib
 import logging
 import math
 from array import array
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import redis
 
 from app.queue_names import BUILDS
 from app.store import keys
 from app.store.lua import script
+from app.store.recall_vectors import VECTORSET, engine_of
 from app.store.replies import text_map
 
 if TYPE_CHECKING:
@@ -87,44 +92,81 @@ class ProfileVectorStore:
         self.redis = services.redis
         self._store = script(self.redis, "profile_vector_store")
         self._clustered = isinstance(self.redis, redis.RedisCluster)
+        self.on_engine = engine_of(self.redis) == VECTORSET
 
     # --- the search's side -------------------------------------------------------------------
 
     def vectors(self, org: str, namespace: str,
                 user_ids: Iterable[str]) -> dict[str, tuple[str, list[float]]]:
-        """memory_id -> (fingerprint, unit vector) of these users' sections."""
+        """memory_id -> (fingerprint, unit vector) of these users' sections (on the engine,
+        each one the set holds, read back with VEMB)."""
         users = list(dict.fromkeys(user_ids))
         if not users:
             return {}
-        if self._clustered:
-            replies = [self.redis.hgetall(keys.profile_vectors(org, namespace, user_id))
-                       for user_id in users]
-        else:
-            pipe = self.redis.pipeline(transaction=False)
-            for user_id in users:
-                pipe.hgetall(keys.profile_vectors(org, namespace, user_id))
-            replies = pipe.execute()
+        replies = self._each_user(users, lambda pipe, user_id: pipe.hgetall(
+            keys.profile_vectors(org, namespace, user_id)))
         found: dict[str, tuple[str, list[float]]] = {}
-        for reply in replies:
-            for memory_id, stored in text_map(reply).items():
-                found[memory_id] = decode_vector(stored)
+        if not self.on_engine:
+            for reply in replies:
+                for memory_id, stored in text_map(reply).items():
+                    if ":" in stored:
+                        found[memory_id] = decode_vector(stored)
+            return found
+        wanted = [(user_id, memory_id, made_from.partition(":")[0])
+                  for user_id, reply in zip(users, replies, strict=True)
+                  for memory_id, made_from in text_map(reply).items()]
+        pipe = self.redis.pipeline(transaction=False)
+        for user_id, memory_id, _ in wanted:
+            cast(Any, pipe).execute_command(
+                "VEMB", keys.profile_vector_set(org, namespace, user_id), memory_id)
+        for (_, memory_id, made_from), vector in zip(
+                wanted, pipe.execute(raise_on_error=False), strict=True):
+            if vector and not isinstance(vector, Exception):
+                found[memory_id] = (made_from, [float(value) for value in vector])
         return found
+
+    def _each_user(self, users: Sequence[str],
+                   command: Callable[[Any, str], object]) -> list[Any]:
+        """One command a user: pipelined on one server, one by one on a cluster (each user's
+        keys in their own slot)."""
+        if self._clustered:
+            return [command(self.redis, user_id) for user_id in users]
+        pipe = self.redis.pipeline(transaction=False)
+        for user_id in users:
+            command(pipe, user_id)
+        return list(pipe.execute())
 
     # --- the job's side ----------------------------------------------------------------------
 
     def fingerprints(self, org: str, namespace: str, user_id: str) -> dict[str, str]:
-        """memory_id -> fingerprint of every vector the user has."""
+        """memory_id -> fingerprint of every vector the user has where a search reads it (on
+        the engine, in the set; elsewhere, after its fingerprint): the job embeds the rest."""
         stored = text_map(self.redis.hgetall(keys.profile_vectors(org, namespace, user_id)))
-        return {memory_id: value.partition(":")[0] for memory_id, value in stored.items()}
+        if not self.on_engine:
+            # A fingerprint without its vector (written on a server with the engine) is none.
+            return {memory_id: value.partition(":")[0] for memory_id, value in stored.items()
+                    if ":" in value}
+        ids = list(stored)
+        pipe = self.redis.pipeline(transaction=False)
+        vector_set = keys.profile_vector_set(org, namespace, user_id)
+        for memory_id in ids:
+            cast(Any, pipe).execute_command("VISMEMBER", vector_set, memory_id)
+        return {memory_id: stored[memory_id].partition(":")[0]
+                for memory_id, member in zip(ids, pipe.execute(), strict=True) if member}
 
     def store(self, location: Location, memory_id: str, content_sha256: str,
               vector: Sequence[float], made_from: str) -> bool:
         """Store a section's vector unless its row moved on since it was read (see module)."""
         org, namespace, user_id = location.org, location.namespace, location.user_id
+        if self.on_engine:
+            value, packed = made_from, array("f", unit(vector)).tobytes()
+        else:
+            value, packed = encode_vector(vector, made_from), b""
         stored = self._store(
             keys=[location.row_key(), keys.profile_vectors(org, namespace, user_id),
-                  keys.user_erasing(org, namespace, user_id)],
-            args=[memory_id, content_sha256, encode_vector(vector, made_from)],
+                  keys.user_erasing(org, namespace, user_id),
+                  keys.profile_vector_set(org, namespace, user_id)],
+            args=[memory_id, content_sha256, value, packed],
         )
         return bool(int(stored))
 
@@ -132,7 +174,16 @@ class ProfileVectorStore:
         ids = list(memory_ids)
         if not ids:
             return 0
-        return int(self.redis.hdel(keys.profile_vectors(org, namespace, user_id), *ids))
+        if not self.on_engine:
+            return int(self.redis.hdel(keys.profile_vectors(org, namespace, user_id), *ids))
+        # Both keys are in the user's slot: on one server one transaction takes the
+        # fingerprint and the vector together.
+        pipe = self.redis.pipeline(transaction=not self._clustered)
+        pipe.hdel(keys.profile_vectors(org, namespace, user_id), *ids)
+        vector_set = keys.profile_vector_set(org, namespace, user_id)
+        for memory_id in ids:
+            cast(Any, pipe).execute_command("VREM", vector_set, memory_id)
+        return int(pipe.execute()[0])
 
     def claim_queued(self, org: str, namespace: str, user_id: str) -> None:
         """Take the queued marker down as a job starts: a write from now on enqueues again."""

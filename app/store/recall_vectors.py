@@ -1,26 +1,32 @@
-"""The vector leg of recall: each fact's embedding in its user's slot, and exact cosine over them.
+"""The vector leg of recall: each fact's embedding in its user's slot, scored by the server's
+vector engine where it has one, by exact cosine here where it has not.
 
 Per user (the user's slot, beside the lexical index): ``keys.recall_vectors`` (memory_id ->
-``fingerprint:vector``) and ``keys.recall_vectors_due`` (the memory_ids whose text changed since
-their vector was stored). The memory write scripts keep both atomically with the row
-(``index_recall`` in app/store/lua/memory_write.lua): a write that changes a fact's indexed text
-drops its vector and lists it as due; a delete, a redact, a ``forget`` tag or a profile type drops
-the vector and the listing. A lock or pin leaves both as they were, so it costs no call.
+fingerprint, and on a server without vector sets the vector after it), ``keys.recall_vectors_due``
+(the memory_ids whose text changed since their vector was stored) and, on a server with Redis 8's
+vector sets (``detect_engine`` answers ``vectorset``), ``keys.recall_vector_set``: element
+memory_id, the vector quantised by the server (Q8, docs/decisions.md). Every key carries the
+user's hash tag, so one script keeps them with the row on Redis Cluster. The memory write scripts
+keep them atomically with the row (``index_recall`` in app/store/lua/memory_write.lua): a write
+that changes a fact's indexed text drops its vector (VREM where the set holds it) and lists it as
+due; a delete, a redact, a ``forget`` tag or a profile type drops the vector and the listing. A
+lock or pin leaves both as they were, so it costs no call.
 
 The embeddings job (jobs/recall_embed.py) reads the due rows, embeds their text and stores each
 vector with ``recall_vector_store.lua``, which checks the row's version first: a vector of a text
 that a later write replaced, or of a row deleted or redacted meanwhile, never lands.
 
-A vector is stored L2-normalised and quantised to int8 (127 steps a unit), base64 encoded: 384
-bytes for a 384-dimension model instead of 1,536 as float32; the ranking it gives matches the
-float ranking to the third decimal of cosine. The fingerprint (sha1 of model, dimensions and
-text, 16 hex) tells the job a row whose text and model are those of its vector, which costs no
-call.
+A vector is L2-normalised and quantised to int8 (127 steps a unit): on a server without the
+engine stored base64 after its fingerprint, 384 bytes for a 384-dimension model instead of 1,536
+as float32; on the engine the same int8 values go to VADD, so both rank the same vectors. The
+fingerprint (sha1 of model, dimensions and text, 16 hex) tells the job a row whose text and model
+are those of its vector, which costs no call.
 
-Search is exact cosine over the vectors of the users in scope, read in one pipeline (one
-HGETALL a user, each in its own slot on Redis Cluster) and scored with numpy. No approximate
-index is involved; ``detect_engine`` reports whether the server has one (Redis 8 vector sets or
-a search module) for the operator, see docs/decisions.md.
+Search on the engine is one VSIM a user in scope (pipelined; a namespace is each of its users'
+sets), as deep as the search asks. Without it, the vectors of the users in scope are read in one
+pipeline (one HGETALL a user, each in its own slot on Redis Cluster), kept decoded in this
+process while each user's generation holds, and a namespace's are laid out as one contiguous
+matrix, so a search is one product over it.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import binascii
 import hashlib
 import logging
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,6 +66,14 @@ STORE_OUTCOMES = ("OK", "MOVED", "GONE", "ERASING")
 # Most decoded vectors one process keeps between searches (float32: 1.5 KiB each at 384
 # dimensions, so about 150 MiB at most).
 CACHE_VECTORS_MAX = 100_000
+# Namespaces whose vectors one process keeps laid out as one matrix (views of the same memory
+# as the users' kept vectors, so they add nothing but while one is rebuilt).
+CACHE_SCOPES_MAX = 8
+# The engine's search effort: VSIM explores at least this many candidates (its EF), or as many
+# as the search asks for. On 10,000 random vectors of 384 dimensions, EF 200 finds 0.99 of the
+# exact top 40 (bench/recall_vectors.py prints it for the run's vectors).
+ENGINE_EF_MIN = 200
+VECTORSET = "vectorset"
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +135,7 @@ def detect_engine(client: redis.Redis) -> str:
     # the same server.
     where: dict[str, Any] = ({"target_nodes": redis.RedisCluster.RANDOM}
                              if isinstance(client, redis.RedisCluster) else {})
-    for command, engine in (("VSIM", "vectorset"), ("FT.SEARCH", "search")):
+    for command, engine in (("VSIM", VECTORSET), ("FT.SEARCH", "search")):
         try:
             cast(Any, client).execute_command(command, **where)
         except redis.ResponseError as error:
@@ -133,6 +148,26 @@ def detect_engine(client: redis.Redis) -> str:
     return "none"
 
 
+_engines: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+_engines_lock = threading.Lock()
+
+
+def engine_of(client: redis.Redis) -> str:
+    """``detect_engine`` once per client: every store on it asks the server once."""
+    with _engines_lock:
+        found = _engines.get(client)
+    if found is None:
+        found = detect_engine(client)
+        with _engines_lock:
+            _engines[client] = found
+    return found
+
+
+def vector_bytes(stored: str) -> bytes:
+    """The FP32 bytes VADD takes of a stored value's int8 vector (the same values either way)."""
+    return decode_vector(stored).tobytes()
+
+
 @dataclass(frozen=True, slots=True)
 class _Block:
     """One user's vectors of one length, decoded: ids and the int8 rows as float32 unit rows
@@ -143,14 +178,30 @@ class _Block:
     matrix: np.ndarray
 
 
+@dataclass(frozen=True, slots=True)
+class _Scope:
+    """A namespace's kept vectors as one matrix: the users and generations it was laid out
+    from, each row's owner (an index into ``users``) and memory_id."""
+
+    users: tuple[str, ...]
+    generations: tuple[str, ...]
+    owners: np.ndarray
+    ids: list[str]
+    matrix: np.ndarray
+
+
 def _generation(reply: Sequence[object]) -> str:
     born, count = reply
     return f"{born or ''}:{count or 0}"
 
 
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _decode_block(generation: str, stored: dict[str, str], width: int) -> _Block:
     # One decode and one array for every vector: per-vector numpy calls would cost more than
-    # the scoring.
+    # the scoring. A value without a payload (its vector is in a vector set) is skipped.
     ids: list[str] = []
     payloads: list[bytes] = []
     for memory_id, value in stored.items():
@@ -165,6 +216,15 @@ def _decode_block(generation: str, stored: dict[str, str], width: int) -> _Block
     return _Block(generation, ids, matrix / norms[:, None])
 
 
+def _best(scores: np.ndarray, top: int) -> np.ndarray:
+    """The rows scoring at least the top-th best and above 0, ties kept whole (the caller
+    orders them by (-score, memory_id): the same answer as sorting every row)."""
+    if len(scores) > top:
+        floor = np.partition(scores, len(scores) - top)[len(scores) - top]
+        return np.flatnonzero((scores >= floor) & (scores > 0))
+    return np.flatnonzero(scores > 0)
+
+
 class RecallVectorStore:
     def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
@@ -174,14 +234,16 @@ class RecallVectorStore:
         # Users' decoded vectors, least recently searched first, at most CACHE_VECTORS_MAX.
         self._cache: OrderedDict[tuple[str, str, str, int], _Block] = OrderedDict()
         self._cached_vectors = 0
+        self._scopes: OrderedDict[tuple[str, str, int], _Scope] = OrderedDict()
         self._cache_lock = threading.Lock()
         self.enabled = services.settings.embeddings_configured
-        # Reported once per process, when the vector leg is on: which engine the server has.
-        # Scoring is exact cosine either way (docs/decisions.md, Recall).
-        self.engine = detect_engine(self.redis) if self.enabled else "none"
+        self.engine = engine_of(self.redis)
+        # The vectors live in vector sets and the server scores them (module docstring).
+        self.on_engine = self.engine == VECTORSET
         if self.enabled:
-            log.info("recall: vector leg on; the server's vector engine: %s (exact cosine "
-                     "over the vectors in scope)", self.engine)
+            log.info("recall: vector leg on; the server's vector engine: %s (%s)", self.engine,
+                     "VSIM over each user's vector set" if self.on_engine
+                     else "exact cosine over the vectors in scope")
 
     # --- the job's side ------------------------------------------------------------------
 
@@ -250,25 +312,44 @@ class RecallVectorStore:
 
     def fingerprints(self, org: str, namespace: str, user_id: str,
                      memory_ids: Sequence[str]) -> list[str | None]:
-        """The fingerprint of each row's stored vector (None where it has none)."""
+        """The fingerprint of each row's stored vector (None where it has none a search can
+        score: on the engine, none unless the set holds it; without, none unless the payload
+        is there), so a database moved between the two is embedded again, not trusted."""
         if not memory_ids:
             return []
-        stored = optional_texts(self.redis.hmget(
-            keys.recall_vectors(org, namespace, user_id), list(memory_ids)))
-        return [None if value is None else value[:FINGERPRINT_CHARS] for value in stored]
+        ids = list(memory_ids)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hmget(keys.recall_vectors(org, namespace, user_id), ids)
+        if self.on_engine:
+            vector_set = keys.recall_vector_set(org, namespace, user_id)
+            for memory_id in ids:
+                cast(Any, pipe).execute_command("VISMEMBER", vector_set, memory_id)
+        replies = pipe.execute()
+        stored = optional_texts(replies[0])
+        if self.on_engine:
+            return [value[:FINGERPRINT_CHARS] if value is not None and bool(member) else None
+                    for value, member in zip(stored, replies[1:], strict=True)]
+        return [value[:FINGERPRINT_CHARS] if value is not None and len(value) > FINGERPRINT_CHARS
+                else None for value in stored]
 
     def store(self, org: str, namespace: str, user_id: str, row_key: str, memory_id: str,
               version: int, stored: str) -> str:
-        """Store one row's vector (``stored`` '' keeps the one there) if the row is still at
-        ``version``; answers OK, MOVED, GONE or ERASING (recall_vector_store.lua)."""
+        """Store one row's vector (``stored``, what ``encode_vector`` made; '' keeps the one
+        there) if the row is still at ``version``; answers OK, MOVED, GONE or ERASING
+        (recall_vector_store.lua). On the engine the hash gets the fingerprint and the set the
+        vector."""
+        value, vector = stored, b""
+        if self.on_engine and stored:
+            value, vector = stored[:FINGERPRINT_CHARS], vector_bytes(stored)
         reply = self._store(
             keys=[row_key, keys.recall_vectors(org, namespace, user_id),
                   keys.recall_vectors_due(org, namespace, user_id),
                   keys.user_erasing(org, namespace, user_id),
-                  keys.recall_vectors_generation(org, namespace, user_id)],
-            args=[memory_id, str(version), stored],
+                  keys.recall_vectors_generation(org, namespace, user_id),
+                  keys.recall_vector_set(org, namespace, user_id)],
+            args=[memory_id, str(version), value, vector],
         )
-        return str(reply[0])
+        return _text(reply[0])
 
     def drop_due(self, org: str, namespace: str, user_id: str, memory_id: str) -> None:
         """Take a row whose key is gone off the due list."""
@@ -327,14 +408,20 @@ class RecallVectorStore:
         """How many vectors each user has (to skip embedding a query nobody can match)."""
         pipe = self.redis.pipeline(transaction=False)
         for user_id in user_ids:
-            pipe.hlen(keys.recall_vectors(org, namespace, user_id))
-        return {user_id: int(n) for user_id, n in zip(user_ids, pipe.execute(), strict=True)}
+            if self.on_engine:
+                cast(Any, pipe).execute_command(
+                    "VCARD", keys.recall_vector_set(org, namespace, user_id))
+            else:
+                pipe.hlen(keys.recall_vectors(org, namespace, user_id))
+        return {user_id: int(n or 0)
+                for user_id, n in zip(user_ids, pipe.execute(), strict=True)}
 
     def nearest(self, org: str, namespace: str, user_ids: Sequence[str],
                 query: Sequence[float], top: int) -> list[VectorHit]:
         """The ``top`` facts of these users closest to ``query`` by cosine, best first; only
         vectors of the query's length count (a model change leaves old ones until re-embedded),
-        and only those pointing the query's way (cosine above 0)."""
+        and only those pointing the query's way (cosine above 0). Exact without the engine;
+        on it, what VSIM finds (approximate past a few hundred vectors a user)."""
         users = [u for u in dict.fromkeys(user_ids)]
         if not users or top <= 0:
             return []
@@ -343,34 +430,83 @@ class RecallVectorStore:
         if norm == 0:
             return []
         wanted = wanted / norm
+        if self.on_engine:
+            return self._nearest_on_engine(org, namespace, users, wanted, top)
         width = wanted.shape[0]
         blocks = self._vectors_of(org, namespace, users, width)
         if not blocks:
             return []
-        # Each user's own best ``top`` first (no array of every vector in scope is built),
-        # then one selection over those candidates: Python objects only for the winners, as
-        # building one per candidate cost more than the scoring (100 users x 70 at namespace
-        # scope). The winners are every candidate scoring at least the top-th best, ties kept,
-        # then ordered by (-score, memory_id): the same answer as sorting every candidate.
-        found_scores: list[np.ndarray] = []
-        found_rows: list[np.ndarray] = []
-        for _user_id, block in blocks:
+        if len(blocks) == 1:
+            user_id, block = blocks[0]
             scores = block.matrix @ wanted
-            count = min(top, len(block.ids))
-            best = (np.argpartition(-scores, count - 1)[:count] if count < len(block.ids)
-                    else np.arange(len(block.ids)))
-            found_scores.append(scores[best])
-            found_rows.append(best)
-        scores = np.concatenate(found_scores)
-        owners = np.repeat(np.arange(len(blocks)), [len(rows) for rows in found_rows])
-        rows = np.concatenate(found_rows)
-        if len(scores) > top:
-            floor = np.partition(scores, len(scores) - top)[len(scores) - top]
-            chosen = np.flatnonzero((scores >= floor) & (scores > 0))
+            chosen = _best(scores, top).tolist()
+            score_of = scores.tolist()
+            hits = [VectorHit(user_id, block.ids[i], score_of[i]) for i in chosen]
         else:
-            chosen = np.flatnonzero(scores > 0)
-        owner_of, row_of, score_of = owners.tolist(), rows.tolist(), scores.tolist()
-        hits = [VectorHit(blocks[owner_of[i]][0], blocks[owner_of[i]][1].ids[row_of[i]],
-                          score_of[i]) for i in chosen.tolist()]
+            # One product over the scope's one matrix, then one selection: Python objects
+            # only for the winners.
+            scope = self._scope_of(org, namespace, width, blocks)
+            scores = scope.matrix @ wanted
+            chosen = _best(scores, top).tolist()
+            owner_of, score_of = scope.owners.tolist(), scores.tolist()
+            hits = [VectorHit(scope.users[owner_of[i]], scope.ids[i], score_of[i])
+                    for i in chosen]
+        hits.sort(key=lambda hit: (-hit.score, hit.memory_id))
+        return hits[:top]
+
+    def _scope_of(self, org: str, namespace: str, width: int,
+                  blocks: list[tuple[str, _Block]]) -> _Scope:
+        """The kept matrix of these users' vectors while every generation holds; else laid
+        out again, the users' kept blocks becoming views of it (no second copy is kept)."""
+        users = tuple(user_id for user_id, _ in blocks)
+        generations = tuple(block.generation for _, block in blocks)
+        where = (org, namespace, width)
+        with self._cache_lock:
+            kept = self._scopes.get(where)
+            if kept is not None and kept.users == users and kept.generations == generations:
+                self._scopes.move_to_end(where)
+                return kept
+        matrix = np.concatenate([block.matrix for _, block in blocks])
+        sizes = [len(block.ids) for _, block in blocks]
+        ids = [memory_id for _, block in blocks for memory_id in block.ids]
+        scope = _Scope(users, generations, np.repeat(np.arange(len(blocks)), sizes), ids,
+                       matrix)
+        if len(ids) > CACHE_VECTORS_MAX:
+            return scope
+        with self._cache_lock:
+            offset = 0
+            for (user_id, block), size in zip(blocks, sizes, strict=True):
+                user_key = (org, namespace, user_id, width)
+                if self._cache.get(user_key) is block:
+                    self._cache[user_key] = _Block(block.generation, block.ids,
+                                                   matrix[offset:offset + size])
+                offset += size
+            self._scopes[where] = scope
+            self._scopes.move_to_end(where)
+            while len(self._scopes) > CACHE_SCOPES_MAX:
+                self._scopes.popitem(last=False)
+        return scope
+
+    def _nearest_on_engine(self, org: str, namespace: str, users: Sequence[str],
+                           wanted: np.ndarray, top: int) -> list[VectorHit]:
+        """One VSIM a user (each set in its user's slot), merged. VSIM's score is
+        (1 + cosine) / 2; a set of another length than the query's answers an error and is
+        left out, as the exact path leaves such vectors out."""
+        blob = wanted.astype(np.float32).tobytes()
+        effort = max(ENGINE_EF_MIN, top)
+        pipe = self.redis.pipeline(transaction=False)
+        for user_id in users:
+            cast(Any, pipe).execute_command("VSIM", keys.recall_vector_set(org, namespace, user_id),
+                                 "FP32", blob, "WITHSCORES", "COUNT", top, "EF", effort)
+        hits: list[VectorHit] = []
+        for user_id, reply in zip(users, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(reply, Exception) or not reply:
+                continue
+            pairs = (reply.items() if isinstance(reply, dict)
+                     else zip(reply[::2], reply[1::2], strict=True))
+            for member, similarity in pairs:
+                cosine = 2.0 * float(similarity) - 1.0
+                if cosine > 0:
+                    hits.append(VectorHit(user_id, _text(member), cosine))
         hits.sort(key=lambda hit: (-hit.score, hit.memory_id))
         return hits[:top]

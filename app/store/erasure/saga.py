@@ -487,6 +487,8 @@ class ErasureStore:
             keys.recall_vectors_due(*user),
             keys.recall_vectors_queued(*user),
             keys.recall_vectors_generation(*user),
+            keys.recall_vector_set(*user),
+            keys.profile_vector_set(*user),
         ])
         self._count(run, index_entries=self._remove_namespace_entries(run, names, writers))
 

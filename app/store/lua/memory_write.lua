@@ -2,7 +2,8 @@
 -- 4 the user's rows, 5 memory_id -> row key, 6 renderable profile sections, 7 sources,
 -- 8 digest, 9 source expiry, 10 the user's erasure marker, 11 live rows, 12 recall docs,
 -- 13 recall postings, 14 recall stats, 15 recall vectors, 16 rows due for a vector, 17 the
--- vectors' generation. A script that takes more keys takes them after these
+-- vectors' generation, 18 the user's vector set (only ever present on a server with Redis 8's
+-- vector sets). A script that takes more keys takes them after these
 -- (KEYS[SHARED_KEYS + 1] on); when the write answers an Idempotency-Key, that key's record
 -- is the last key of all.
 -- The last ARGV of every memory write script is its tail (JSON, built by
@@ -15,7 +16,7 @@
 --#include recall_posting
 local SOURCE_TYPES = {semantic = true, preference = true, decision = true}
 local NUL = string.char(0)
-local SHARED_KEYS = 17
+local SHARED_KEYS = 18
 local STRUCTURED_WORKER = 'worker:structured_profile'
 local TAIL = cjson.decode(ARGV[#ARGV])
 local OUTCOME = nil
@@ -73,7 +74,12 @@ local function index_recall(r)
   end
   if old == new then return end
   -- The vector described the old text: it goes, and the row waits for the embeddings job.
-  if redis.call('HDEL', KEYS[15], mid) == 1 then bump_vector_generation(KEYS[17]) end
+  -- Where the vector set holds it, it leaves the set in the same step (the key exists only
+  -- on a server with the engine, so no other server is sent VREM).
+  if redis.call('HDEL', KEYS[15], mid) == 1 then
+    bump_vector_generation(KEYS[17])
+    if redis.call('EXISTS', KEYS[18]) == 1 then redis.call('VREM', KEYS[18], mid) end
+  end
   if new then
     redis.call('ZADD', KEYS[16], 0, mid)
   else

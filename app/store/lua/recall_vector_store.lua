@@ -1,8 +1,9 @@
 -- Store the vector the embeddings job computed for one row, unless the row moved meanwhile.
 -- KEYS: 1 the row, 2 recall vectors, 3 rows due for a vector, 4 the user's erasure marker,
--- 5 the vectors' generation (bumped by every change to them).
--- ARGV: 1 memory_id, 2 the row's version the text was read at, 3 the stored value
--- ('' stores nothing: the vector there is already of this text).
+-- 5 the vectors' generation (bumped by every change to them), 6 the user's vector set.
+-- ARGV: 1 memory_id, 2 the row's version the text was read at, 3 the value for KEYS[2]
+-- ('' stores nothing: the vector there is already of this text), 4 on a server with vector
+-- sets the vector as FP32 bytes for KEYS[6] (KEYS[2] then gets the fingerprint alone), else ''.
 -- Answers OK (stored, or kept), MOVED (a later write changed the row: its own job embeds it,
 -- the row stays due), GONE (the row left the index: nothing stored, no longer due) or ERASING.
 local function bump_generation()
@@ -21,10 +22,20 @@ end
 if row[2] ~= ARGV[2] then return {'MOVED'} end
 if row[3] == '1' or row[4] == '1' or row[5] == 'profile' or (row[6] or '') == '' then
   if redis.call('HDEL', KEYS[2], mid) == 1 then bump_generation() end
+  if redis.call('EXISTS', KEYS[6]) == 1 then redis.call('VREM', KEYS[6], mid) end
   redis.call('ZREM', KEYS[3], mid)
   return {'GONE'}
 end
 if ARGV[3] ~= '' then
+  if ARGV[4] ~= '' then
+    -- A set holds vectors of one length: a vector of another (the model changed) starts the
+    -- set again, as the exact path scores only vectors of the query's length.
+    if redis.call('EXISTS', KEYS[6]) == 1
+        and redis.call('VDIM', KEYS[6]) * 4 ~= string.len(ARGV[4]) then
+      redis.call('DEL', KEYS[6])
+    end
+    redis.call('VADD', KEYS[6], 'FP32', ARGV[4], mid, 'Q8')
+  end
   redis.call('HSET', KEYS[2], mid, ARGV[3])
   bump_generation()
 end

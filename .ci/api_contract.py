@@ -4,7 +4,8 @@
 
 Starts the embedded server and gunicorn (the Procfile's configuration, ``gunicorn.conf.py``)
 on free loopback ports, each time with ``LOOM_VALIDATE_ANSWERS`` on, and runs ``schemathesis
-run`` with ``schemathesis.toml`` (every check, every phase, bounded examples per op) twice:
+run`` with ``schemathesis.toml`` (every check, every phase, bounded examples per op) and
+``api_contract_hooks.py`` (the document's ``x-loom-rules``, kept by the cases drawn as valid) twice:
 auth off with no token (the install's single user), then auth on with an admin token fixed
 to one namespace, agent and user (``scoped_token``). Exits
 non-zero on any finding. Nothing outside its own temporary folder is touched.
@@ -29,6 +30,8 @@ if str(ROOT) not in sys.path:
 from app.local import RedisServerProcess, die_with_parent, free_port  # noqa: E402
 
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
+# The document's x-loom-rules, kept by the cases drawn as valid (api_contract_hooks.py).
+HOOKS = Path(__file__).resolve().with_name("api_contract_hooks.py")
 _CPYTHON_AST_BUG = "AST constructor recursion depth mismatch"
 
 
@@ -100,8 +103,10 @@ def run(name: str, redis: RedisServerProcess, workdir: Path, extra: list[str],
         command = [str(SCHEMATHESIS), "run", f"{url}/openapi.json", "--no-color", "--checks",
                    "all",
                    *(part for header in headers for part in ("-H", header)), *extra]
+        hooks = {**os.environ, "SCHEMATHESIS_HOOKS": str(HOOKS)}
         for _attempt in range(3):
-            result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+            result = subprocess.run(command, cwd=ROOT, env=hooks, capture_output=True,
+                                    text=True)
             output = result.stdout + result.stderr
             print(output, flush=True)
             code = result.returncode

@@ -90,7 +90,6 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-_JSON_WHITESPACE = b" \t\n\r"
 # json.loads builds a new decoder for every call that passes options; one is enough.
 _decode_body = json.JSONDecoder(parse_constant=_reject_constant).decode
 
@@ -136,9 +135,9 @@ def _is_json(mimetype: str) -> bool:
 def read_json_body(environ: dict[str, Any], max_bytes: int) -> dict[str, Any]:
     """The request body as a JSON object; an empty body is ``{}``."""
     raw = _body_bytes(environ, max_bytes)
-    # JSON's whitespace only (RFC 8259): bytes.strip() would also take a form feed or a
-    # vertical tab, and a body of those is not JSON.
-    if not raw.strip(_JSON_WHITESPACE):
+    # No bytes at all is no body (the document's optional one); whitespace alone is a body,
+    # and no JSON text (RFC 8259 needs a value), so it is refused below like any other.
+    if not raw:
         return {}
     mimetype = _mimetype(environ)
     if not _is_json(mimetype):

@@ -31,6 +31,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.errors import ValidationFailed
+from app.json_patterns import PY_SPACE
 from app.keyed import keyed_digest
 
 SCOPE_KINDS = ("conversation", "task", "object", "subject")
@@ -58,10 +59,11 @@ _PHONE_PATTERN = rf"(?:\+|00){_SEPARATORS}*[1-9](?:{_SEPARATORS}*[0-9]){{7,14}}{
 def handle_pattern(control_free: bool = False) -> str:
     """The handle rules of ``canonical_subject`` as one pattern; ``control_free`` also bars
     control characters (a handle field that is an identity text)."""
+    # Python's whitespace spelled out (str.strip() and re's \s read it), not ECMA-262's \s.
     bar = r"\x00-\x1f\x7f" if control_free else ""
-    space = rf"[^\S{bar}]" if control_free else r"\s"
-    email = rf"[^@\s{bar}]+@[^@\s{bar}]+"
-    customer_id = rf"(?!(?:\+|00)[0-9 .\-()]*{space}*$)[^@\s{bar}][^@{bar}]*"
+    space = rf"(?![{bar}])[{PY_SPACE}]" if control_free else rf"[{PY_SPACE}]"
+    email = rf"[^@{PY_SPACE}{bar}]+@[^@{PY_SPACE}{bar}]+"
+    customer_id = rf"(?!(?:\+|00)[0-9 .\-()]*{space}*$)[^@{PY_SPACE}{bar}][^@{bar}]*"
     return rf"^{space}*(?:{email}|{_PHONE_PATTERN}|{customer_id}){space}*$"
 
 

@@ -187,10 +187,13 @@ def test_null_for_an_optional_argument_means_left_out(document, client):
 
 
 def _admits(document: dict, path: str, body: dict) -> bool:
-    """Whether the document's request schema for ``path`` admits ``body`` (no nulls in it:
-    OpenAPI 3.0's ``nullable`` is no JSON Schema keyword)."""
+    """Whether the document's request schema for ``path`` admits ``body``, its patterns read
+    as ECMA-262 regular expressions, as a client's validator (and schemathesis) reads them (no
+    nulls in it: OpenAPI 3.0's ``nullable`` is no JSON Schema keyword)."""
+    import jsonschema_rs
+
     schema = {**_args_schema(document, path), "components": document["components"]}
-    return jsonschema.Draft7Validator(schema).is_valid(body)
+    return jsonschema_rs.Draft7Validator(schema).is_valid(body)
 
 
 def test_a_version_is_named_one_way(document, client):
@@ -291,3 +294,113 @@ def test_any_cursor_the_document_admits_is_a_place_to_start_after(document, clie
         assert not _admits(document, "/v1/memory.list", {**who, "cursor": cursor})
         assert client.post("/v1/memory.list", json={**who, "cursor": cursor}).status_code \
             == 422
+
+
+def _loom_rules(document: dict, path: str) -> list[dict]:
+    return _args_schema(document, path).get("x-loom-rules", [])
+
+
+def test_two_fields_compared_and_the_clock_are_stated_as_x_loom_rules(document, client):
+    """What JSON Schema cannot say (a field against another, or against the clock) the
+    document says in x-loom-rules, and a body keeps each rule exactly when the op takes it."""
+    from app.schemas.rules import after, future, length_within, rule_holds
+
+    who = {"namespace": "n", "agent": "a"}
+    assert _loom_rules(document, "/v1/memory.set") == [after("valid_to", "valid_at")]
+    for start, end in (("2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"),
+                       ("2026-01-02T00:00:00Z", "2026-01-01T00:00:00Z"),
+                       ("2026-01-01T00:00:00Z", "2026-01-01T00:00:00Z"),
+                       ("2026-01-01T01:00:00+02:00", "2026-01-01T00:00:00Z")):
+        body = {**who, "key": "k", "value": 1, "valid_at": start, "valid_to": end}
+        kept = all(rule_holds(rule, body) for rule in _loom_rules(document, "/v1/memory.set"))
+        assert (client.post("/v1/memory.set", json=body).status_code == 200) is kept, body
+
+    assert _loom_rules(document, "/v1/working_memory.set") == [
+        length_within("content", "char_limit", 4096, "characters")]
+    for content, limit in (("é" * 10, 10), ("é" * 11, 10), ("x" * 4096, None),
+                           ("x" * 4097, None), ("", 1)):
+        body = {**who, "block_key": "b", "content": content}
+        if limit is not None:
+            body["char_limit"] = limit
+        kept = rule_holds(_loom_rules(document, "/v1/working_memory.set")[0], body)
+        answer = client.post("/v1/working_memory.set", json=body)
+        assert (answer.status_code == 200) is kept, (len(content), limit, answer.get_json())
+        if not kept:
+            assert answer.get_json()["error"]["code"] == "WORKING_MEMORY_LIMIT_EXCEEDED"
+
+    assert _loom_rules(document, "/v1/profile.set") == [
+        length_within("value", "char_limit", 8192, "json")]
+    for value, limit in (("é" * 8, 10), ("é" * 9, 10), ('"' * 4, 10), ('"' * 5, 10),
+                         ("x" * 8190, None), ("x" * 8191, None)):
+        body = {**who, "label": "persona", "value": value}
+        if limit is not None:
+            body["char_limit"] = limit
+        kept = rule_holds(_loom_rules(document, "/v1/profile.set")[0], body)
+        answer = client.post("/v1/profile.set", json=body)
+        assert (answer.status_code == 200) is kept, (value[:12], limit, answer.get_json())
+        if not kept:
+            assert answer.get_json()["error"]["code"] == "CHAR_LIMIT_EXCEEDED"
+
+    assert _loom_rules(document, "/v1/token.create") == [future("expires_at")]
+    for moment in ("2001-01-01T00:00:00Z", "2999-01-01T00:00:00Z", "2999-01-01T00:00:00"):
+        body = {"namespace": "n", "role": "viewer", "expires_at": moment}
+        kept = rule_holds(_loom_rules(document, "/v1/token.create")[0], body)
+        assert (client.post("/v1/token.create", json=body).status_code == 200) is kept, moment
+
+
+def test_ci_draws_only_valid_cases_that_keep_the_stated_rules(document):
+    """.ci/api_contract_hooks.py: a case schemathesis draws as valid that breaks an
+    x-loom-rules rule is not drawn; a negative one, or one that keeps them, is."""
+    import importlib.util
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from schemathesis.generation import GenerationMode
+
+    path = Path(__file__).resolve().parents[1] / ".ci" / "api_contract_hooks.py"
+    spec = importlib.util.spec_from_file_location("api_contract_hooks", path)
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    operation = SimpleNamespace(
+        definition=SimpleNamespace(raw=document["paths"]["/v1/working_memory.set"]["post"]),
+        schema=SimpleNamespace(raw_schema=document))
+    context = SimpleNamespace(operation=operation)
+
+    def drawn(mode: GenerationMode, body: dict) -> bool:
+        meta = SimpleNamespace(generation=SimpleNamespace(mode=mode))
+        return hooks.filter_case(context, SimpleNamespace(meta=meta, body=body))
+
+    over = {"namespace": "n", "agent": "a", "content": "xyz", "char_limit": 2}
+    assert drawn(GenerationMode.POSITIVE, over) is False
+    assert drawn(GenerationMode.NEGATIVE, over) is True
+    assert drawn(GenerationMode.POSITIVE, {**over, "char_limit": 3}) is True
+
+
+def test_a_session_token_names_its_user_where_no_token_can(document, client, app_factory):
+    """token.create bound to a session pins a user; with auth off nothing else can give it,
+    so the document requires read_user_id beside a session_id, and only then."""
+    bodies = {"no session": ({"namespace": "n", "role": "viewer"}, True),
+              "session, no user": ({"namespace": "n", "role": "viewer", "session_id": "s-1"},
+                                   False),
+              "session and user": ({"namespace": "n", "role": "viewer", "session_id": "s-1",
+                                    "read_user_id": "u-1"}, True),
+              "no session named": ({"namespace": "n", "role": "viewer", "session_id": "-"},
+                                   True)}
+    for name, (body, valid) in bodies.items():
+        assert _admits(document, "/v1/token.create", body) is valid, name
+        answer = client.post("/v1/token.create", json=body)
+        assert (answer.status_code == 200) is valid, (name, answer.get_json())
+    with_auth = app_factory(auth="on", admin_token="t" * 32).test_client().get(
+        "/openapi.json").get_json()
+    assert "anyOf" not in _args_schema(with_auth, "/v1/token.create")  # the token may pin it
+
+
+def test_a_blank_scope_id_is_blank_as_python_reads_it(document, client):
+    """A scope id is trimmed with str.strip(), whose whitespace holds U+001C to U+001F (not
+    ECMA-262's \\s): the document spells it out, so "\\x1f" is refused by both."""
+    for scope_id, valid in (("\x1f", False), (" \x1c ", False), ("\ufeff", True),
+                            ("conv-1", True)):
+        body = {"namespace": "n", "scope": {"kind": "conversation", "id": scope_id}}
+        assert _admits(document, "/v1/agent_state.erase", body) is valid, repr(scope_id)
+        answer = client.post("/v1/agent_state.erase", json=body)
+        assert (answer.status_code != 422) is valid, (repr(scope_id), answer.get_json())

@@ -17,6 +17,7 @@ from marshmallow import Schema, fields, validate
 
 from app.clock import iso_from_ns
 from app.errors import AuthInsufficient, ValidationFailed
+from app.json_patterns import NOT_BLANK_PATTERN
 from app.ops.namespace_config import NamespaceArgs
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, IdentityText, StrictInt, VersionText
@@ -49,8 +50,9 @@ def _scope_field(description: str) -> fields.Dict:
         "required": ["kind", "id"],
         "properties": {
             "kind": {"type": "string", "enum": list(SCOPE_KINDS)},
+            # Not blank as str.strip() reads it (app.scope_ids), Python's whitespace spelled out.
             "id": {"type": "string", "minLength": 1, "maxLength": MAX_SCOPE_ID_LENGTH,
-                   "pattern": r"\S"},
+                   "pattern": NOT_BLANK_PATTERN},
         },
         "anyOf": [
             {"properties": {"kind": {"enum": ["conversation", "task"]}}},

@@ -37,6 +37,7 @@ from app.schemas.common import (
     VersionText,
     no_control_characters,
 )
+from app.schemas.rules import after
 from app.store.activity import ActivityStore
 from app.store.memory import (
     DEFAULT_PROFILE_CHAR_LIMIT,
@@ -128,6 +129,9 @@ def _moment(description: str) -> Moment:
 
 
 class MemorySetArgs(IdentityArgs):
+    # _window below, as the OpenAPI document states it (app.schemas.rules).
+    OPENAPI_RULES: ClassVar[dict[str, Any]] = {"x-loom-rules": [after("valid_to", "valid_at")]}
+
     key = KeyText(required=True, metadata={"description": "The row's name in this identity."})
     value = fields.Raw(
         required=True,

@@ -12,7 +12,7 @@ as the key (the SDK's ``profile.get`` etc.).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from marshmallow import Schema, fields, validate
 
@@ -30,6 +30,7 @@ from app.prompt_text import markdown_body, markdown_heading, xml_attribute, xml_
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, StrictInt
 from app.schemas.fastload import fast_load
+from app.schemas.rules import length_within
 from app.store.activity import RETENTION_DAYS, ActivityStore
 from app.store.memory import (
     DEFAULT_PROFILE_CHAR_LIMIT,
@@ -49,6 +50,10 @@ _WHO = {"namespace": "support", "agent": "triage-bot", "user_id": "u-42"}
 
 @fast_load
 class ProfileSetArgs(IdentityArgs):
+    # The char_limit beside the value caps its JSON, as the OpenAPI document states it.
+    OPENAPI_RULES: ClassVar[dict[str, Any]] = {"x-loom-rules": [
+        length_within("value", "char_limit", DEFAULT_PROFILE_CHAR_LIMIT, "json")]}
+
     label = KeyText(
         required=True,
         metadata={"description": "The section's name (its memory key), e.g. persona."},

@@ -12,7 +12,7 @@ have minted: inside its org, namespace, pinned user, session and agent.
 from __future__ import annotations
 
 from datetime import UTC
-from typing import Any
+from typing import Any, ClassVar
 
 from marshmallow import fields, validate
 
@@ -21,12 +21,22 @@ from app.errors import AuthInsufficient, TokenNotFound, ValidationFailed
 from app.principal import ROLE_RANK
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, IdentityText
+from app.schemas.rules import future
 from app.store.tokens import TokenStore
 
 KNOWN_SCOPES = ("agent_state",)
 
 
 class TokenCreateArgs(IdentityArgs):
+    # token_create's clock check, as the OpenAPI document states it (app.schemas.rules).
+    OPENAPI_RULES: ClassVar[dict[str, Any]] = {"x-loom-rules": [future("expires_at")]}
+    # A session-bound token is pinned to a user: with no token to take it from, the body
+    # names it (claims_for).
+    OPENAPI_RULES_WITHOUT_TOKEN: ClassVar[dict[str, Any]] = {"anyOf": [
+        {"properties": {"session_id": {"enum": ["-", None]}}},
+        {"required": ["read_user_id"], "properties": {"read_user_id": {"type": "string"}}},
+    ]}
+
     namespace = IdentityText(
         load_default=None,
         metadata={"description": "The namespace the token reaches, or '*' for every one."},

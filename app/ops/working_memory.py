@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from marshmallow import Schema, fields, validate
 
@@ -10,6 +10,7 @@ from app.prompt_text import markdown_body, markdown_heading, xml_attribute, xml_
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, StrictInt, no_control_characters
 from app.schemas.fastload import fast_load
+from app.schemas.rules import length_within
 from app.store.working_memory import (
     DEFAULT_BLOCK_KEY,
     DEFAULT_CHAR_LIMIT,
@@ -32,6 +33,10 @@ def _block_key(description: str) -> fields.String:
 
 @fast_load
 class WorkingMemorySetArgs(IdentityArgs):
+    # The char_limit beside the content caps it, as the OpenAPI document states it.
+    OPENAPI_RULES: ClassVar[dict[str, Any]] = {"x-loom-rules": [
+        length_within("content", "char_limit", DEFAULT_CHAR_LIMIT, "characters")]}
+
     block_key = _block_key("The block to write, within the caller's scope.")
     content = fields.String(
         load_default="", metadata={"description": "The block's whole new text."}

@@ -5,7 +5,9 @@ apispec turns each schema's fields into JSON Schema; three things it cannot see 
 - a field's own validators that have a JSON Schema form (``no_control_characters`` becomes a
   ``pattern``), through ``field_properties``, registered on flask-smorest's converter;
 - a rule over several fields of one schema (``key`` or ``memory_id``, exactly one), written as
-  the schema's ``OPENAPI_RULES`` and merged by ``LoomMarshmallowPlugin``;
+  the schema's ``OPENAPI_RULES`` (and, for a rule only a token can meet otherwise,
+  ``OPENAPI_RULES_WITHOUT_TOKEN``: auth off) and merged by ``LoomMarshmallowPlugin``; a rule
+  JSON Schema cannot state at all is in ``x-loom-rules`` (``app.schemas.rules``);
 - what this install requires of each op's identity (and that a write names one agent, not
   ``*``): with auth off nothing can fill
   ``namespace``, ``agent`` or ``user_id``, so each op that needs one lists it as required
@@ -120,6 +122,8 @@ class InputRules:
     identity: list[str] = dataclasses.field(default_factory=list)
     # A field that stands in for user_id (an op's ``needs_user`` name), with auth off.
     user_stand_in: str | None = None
+    # No token fills anything: the schema's ``OPENAPI_RULES_WITHOUT_TOKEN`` hold too.
+    without_token: bool = False
 
 
 def input_rules(ops: Iterable[Op], auth_on: bool) -> dict[type[Schema], InputRules]:
@@ -130,7 +134,7 @@ def input_rules(ops: Iterable[Op], auth_on: bool) -> dict[type[Schema], InputRul
         if op.http_method == "GET":
             continue
         write = op.kind != "read"
-        found = rules.setdefault(op.args, InputRules(write=write))
+        found = rules.setdefault(op.args, InputRules(write=write, without_token=not auth_on))
         if found.write != write:
             raise ValueError(f"{op.args.__name__} is the input of a read and of a write: give "
                              f"{op.name} a schema of its own (only a read may name agent '*')")
@@ -214,6 +218,9 @@ class LoomMarshmallowPlugin(MarshmallowPlugin):
         inputs = self.inputs.get(schema_class)
         if inputs is not None:  # after: an identity no token fills is required, never null
             _apply_input_rules(converted, inputs)
+            unfilled = getattr(schema_class, "OPENAPI_RULES_WITHOUT_TOKEN", None)
+            if inputs.without_token and unfilled:
+                converted.update(copy.deepcopy(unfilled))
         return converted
 
 

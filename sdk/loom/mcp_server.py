@@ -349,6 +349,8 @@ def _portable(node: Any, *, top: bool = False) -> Any:
     if not top and set(node) <= ANNOTATIONS:
         out.update(ANY_JSON_VALUE)  # "any value", said in a way every client reads
     for key, value in node.items():
+        if key.startswith("x-"):
+            continue  # an OpenAPI extension (x-loom-rules): the op checks it, no client need
         if key == "type" and isinstance(value, list):
             kinds = [kind for kind in value if kind != "null"]
             if len(kinds) == 1:

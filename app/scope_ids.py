@@ -61,7 +61,7 @@ def handle_pattern(control_free: bool = False) -> str:
     control characters (a handle field that is an identity text)."""
     # Python's whitespace spelled out (str.strip() and re's \s read it), not ECMA-262's \s.
     bar = r"\x00-\x1f\x7f" if control_free else ""
-    space = rf"(?![{bar}])[{PY_SPACE}]" if control_free else rf"[{PY_SPACE}]"
+    space = rf"(?:(?![{bar}])[{PY_SPACE}])" if control_free else rf"[{PY_SPACE}]"
     email = rf"[^@{PY_SPACE}{bar}]+@[^@{PY_SPACE}{bar}]+"
     customer_id = rf"(?!(?:\+|00)[0-9 .\-()]*{space}*$)[^@{PY_SPACE}{bar}][^@{bar}]*"
     return rf"^{space}*(?:{email}|{_PHONE_PATTERN}|{customer_id}){space}*$"

@@ -404,3 +404,19 @@ def test_a_blank_scope_id_is_blank_as_python_reads_it(document, client):
         assert _admits(document, "/v1/agent_state.erase", body) is valid, repr(scope_id)
         answer = client.post("/v1/agent_state.erase", json=body)
         assert (answer.status_code != 422) is valid, (repr(scope_id), answer.get_json())
+
+
+def test_a_profile_id_holds_no_control_character_even_among_spaces(document, client):
+    """The profile id in the agent-state path is a handle with no control character: not in
+    the spaces around it either (each space tested, not only the first)."""
+    import urllib.parse
+
+    import jsonschema_rs
+
+    parameters = document["paths"]["/v1/profiles/{profile_id}/agent-state"]["get"]["parameters"]
+    schema = next(p for p in parameters if p["name"] == "profile_id")["schema"]
+    for profile_id, valid in (("\u2003\x1f cust-5", False), ("\u2003 cust-5\u2003", True)):
+        assert jsonschema_rs.is_valid(schema, profile_id) is valid, repr(profile_id)
+        answer = client.get(f"/v1/profiles/{urllib.parse.quote(profile_id)}/agent-state"
+                            "?namespace=n")
+        assert (answer.status_code != 422) is valid, (repr(profile_id), answer.get_json())

@@ -213,27 +213,13 @@ def recall_cli() -> None:
 @recall_cli.command("backfill")
 @click.option("--vectors/--no-vectors", default=True, show_default=True,
               help="Also enqueue the embeddings job of every user whose facts wait for a vector "
-                   "(when LOOM_EMBED_* is set).")
+                   "(when LOOM_EMBED_* is set and the org's model calls are on).")
 @with_appcontext
 def recall_backfill(vectors: bool) -> None:
-    """Move every user's lexical index onto the current posting layout, a bounded step at a
-    time beside live traffic; run it again after an interruption, it resumes."""
-    from app.store.recall import RecallStore
-    from app.store.recall_vectors import RecallVectorStore
+    """Bring every fact's recall entry up to date, as memory.backfill does one's: each lexical
+    index onto the current posting layout, every live row's terms, a vector asked for where
+    there is none. Bounded steps beside live traffic; run it again after an interruption."""
+    from app.recall_backfill import backfill_all
 
     services = current_app.extensions["loom"]
-    recall = services.store(RecallStore)
-    users = moved = 0
-    for org, namespace, user_id in recall.indexed_users():
-        users += 1
-        moved += recall.relayout(org, namespace, user_id)
-    click.echo(f"lexical index: {users} users, {moved} facts moved to the current layout")
-    if not vectors:
-        return
-    store = services.store(RecallVectorStore)
-    if not store.enabled:
-        click.echo("vectors: no embeddings endpoint (LOOM_EMBED_*); nothing enqueued")
-        return
-    due = store.users_due()
-    requested = sum(store.request(u.org, u.namespace, u.user_id) for u in due)
-    click.echo(f"vectors: {len(due)} users with facts waiting, {requested} jobs enqueued")
+    backfill_all(services, written_by="loom-cli", vectors=vectors, progress=click.echo)

@@ -11,7 +11,8 @@ Three sources, gathered into one fresh registry per scrape:
   (``app.store.metrics``), read back here in one round trip: passes, pass duration, builds by
   outcome, model calls and tokens by org.
 - **the queues, read at scrape time**: depth and oldest job age per queue, failed jobs,
-  workers alive, the lease holders' age, whether a scheduler runs.
+  workers alive, the lease holders' age, whether a scheduler runs; and the embeddings backlog
+  (facts waiting for a vector, and their users), counted from the users' due lists.
 
 Label values are bounded: ``op`` is a registry op or one of a few route names, ``status`` an
 HTTP status, ``org`` at most ``LOOM_METRICS_MAX_ORGS`` orgs plus ``_other``, ``outcome``,
@@ -48,6 +49,7 @@ from app.store.connection import STORE_ERROR
 from app.store.job_queues import JobQueueReader
 from app.store.lease import PASS_LEASES, LeaseStore
 from app.store.metrics import JobMetricsStore, Labels
+from app.store.recall_vectors import RecallVectorStore
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -162,6 +164,7 @@ class JobsCollector:
         yield from self._guarded(self._job_metrics)
         yield from self._guarded(self._queue_metrics)
         yield from self._guarded(self._lease_metrics)
+        yield from self._guarded(self._backlog_metrics)
 
     def _guarded(self, source: Any) -> Iterator[Metric]:
         try:
@@ -225,6 +228,19 @@ class JobsCollector:
             age.add_metric([name], seconds or 0.0)
         yield held
         yield age
+
+
+    def _backlog_metrics(self) -> Iterator[Metric]:
+        backlog = self.services.store(RecallVectorStore).backlog()
+        facts = GaugeMetricFamily("loom_recall_vectors_backlog_facts",
+                                  "Facts waiting for a vector (memory.search's vector leg): "
+                                  "written or changed since their last embedding.")
+        facts.add_metric([], backlog.facts)
+        users = GaugeMetricFamily("loom_recall_vectors_backlog_users",
+                                  "Users with facts waiting for a vector.")
+        users.add_metric([], backlog.users)
+        yield facts
+        yield users
 
 
 def _values(labels: Labels, label_names: tuple[str, ...]) -> list[str]:

@@ -26,7 +26,10 @@ facts written before an endpoint was configured, and those whose job failed or r
 budget. Every ``LOOM_RECALL_EMBED_SWEEP_INTERVAL_SECONDS`` it requests the job of at most
 ``LOOM_RECALL_EMBED_SWEEP_USERS_PER_PASS`` users with rows due, starting after the user the last
 pass stopped at, so every user gets a turn; the jobs it enqueues are the ones a write enqueues,
-with the same budgets, ledger and follow-ups. It calls no model itself.
+with the same budgets, ledger and follow-ups. It calls no model itself. A user whose queued
+marker names a job that no longer waits in its queue (its enqueue failed, or the queue's server
+came back without it after a kill) gets a new job from the next pass, not after the marker's
+ten-minute lifetime.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from app.model.budget import USAGE_WORKER, EmbeddingsOutOfBudget, embed_within_budget
 from app.model.embeddings import embedder_for
 from app.model.errors import ModelCallFailed
+from app.recall_backfill import Requested, request_jobs
 from app.services import Services
 from app.store.memory import MemoryRow, MemoryStore
 from app.store.recall_terms import row_text
@@ -164,37 +168,23 @@ def sweep() -> dict[str, Any]:
 
 
 def sweep_due(svc: Services) -> dict[str, Any]:
-    """Request the embeddings job of the next users with rows due (see the module)."""
+    """Request the embeddings job of the next users with rows due (see the module), through
+    the loop memory.backfill and ``flask loom recall backfill`` use (app/recall_backfill.py)."""
     vectors = svc.store(RecallVectorStore)
-    totals = {"users_due": 0, "requested": 0, "already_queued": 0, "model_off": 0}
     if not vectors.enabled:
         # No endpoint: a job could call nothing, so none is asked for and nothing is read.
-        return {**totals, "stopped": "model_off"}
-    usage = svc.store(UsageStore)
+        return {**Requested().counts(), "stopped": "model_off"}
     due = vectors.users_due()
-    totals["users_due"] = len(due)
     after = vectors.sweep_position()
     turn = [u for u in due if u.position > after] + [u for u in due if u.position <= after]
-    calls_on: dict[str, bool] = {}
-    reached = ""
-    for user in turn:
-        if totals["requested"] >= svc.settings.recall_embed_sweep_users_per_pass:
-            break
-        reached = user.position
-        if user.org not in calls_on:
-            calls_on[user.org] = usage.model_calls_enabled(user.org)
-        if not calls_on[user.org]:
-            totals["model_off"] += 1
-        elif vectors.request(user.org, user.namespace, user.user_id):
-            totals["requested"] += 1
-        else:
-            totals["already_queued"] += 1
-    if reached:
-        vectors.set_sweep_position(reached)
+    totals = request_jobs(svc, turn, limit=svc.settings.recall_embed_sweep_users_per_pass)
+    if totals.reached:
+        vectors.set_sweep_position(totals.reached)
+    counts = totals.counts()
     log.info("recall_embeddings sweep: %(users_due)d users with rows due, %(requested)d jobs "
              "requested, %(already_queued)d already queued, %(model_off)d with model calls off",
-             totals)
-    return {**totals, "stopped": ""}
+             counts)
+    return {**counts, "stopped": ""}
 
 
 def periodic(settings: Settings) -> Periodic:

@@ -978,8 +978,9 @@ def memory_recall(call: Call) -> dict[str, Any]:
     example={**_WHO, "key": "invoice_currency"})
 def memory_backfill(call: Call) -> dict[str, Any]:
     """Bring a row's recall index entry up to date, keeping its content and last change."""
+    from app.recall_backfill import backfill_one
+
     location, memory_id = _write_target(call)
-    written = memory_store(call).backfill(
-        location, written_by=call.identity.agent, memory_id=memory_id, held=call.held_key
-    )
+    written = backfill_one(call.services, location, written_by=call.identity.agent,
+                           memory_id=memory_id, held=call.held_key)
     return _revision_answer(call, written)

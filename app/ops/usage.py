@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
-from marshmallow import fields
+from marshmallow import Schema, fields
 
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, StrictBool
+from app.store.recall_vectors import RecallVectorStore
 from app.store.usage import UsageStore
 
 
 class UsageArgs(IdentityArgs):
     pass
+
+
+class RecallBacklog(Schema):
+    facts = fields.Integer(metadata={"description": (
+        "Facts waiting for a vector: written or changed since their last embedding.")})
+    users = fields.Integer(metadata={"description": "Users those facts belong to."})
 
 
 class Usage(Answer):
@@ -36,6 +44,9 @@ class Usage(Answer):
             "The same counters for each worker apart: structured_profile (structured-profile "
             "builds), profile_consolidation (folds) and recall_embeddings (the embeddings of "
             "facts and of search queries).")})
+    recall_backlog = fields.Nested(RecallBacklog, metadata={"description": (
+        "The namespace's facts waiting for the embeddings job (memory.search's vector leg), "
+        "which a fact's write enqueues and the periodic sweep enqueues again after a fault.")})
 
 
 class ModelCallsArgs(IdentityArgs):
@@ -52,7 +63,7 @@ class ModelCalls(Answer):
 @op("usage.get", role="admin", kind="read", listed=False, args=UsageArgs, answer=Usage,
     needs_agent=False, example={"namespace": "support"})
 def usage_get(call: Call) -> dict[str, Any]:
-    """The namespace's cost ledger: calls, tokens, builds, skips, refusals, failures, deferrals."""
+    """The namespace's cost ledger (calls, tokens, builds, skips, failures) and vector backlog."""
     store = call.services.store(UsageStore)
     ident = call.identity
     return {
@@ -60,6 +71,8 @@ def usage_get(call: Call) -> dict[str, Any]:
         **store.get(ident.org, ident.namespace),
         "by_worker": store.by_worker(ident.org, ident.namespace),
         "model_calls_enabled": store.model_calls_enabled(ident.org),
+        "recall_backlog": asdict(call.services.store(RecallVectorStore).namespace_backlog(
+            ident.org, ident.namespace)),
     }
 
 

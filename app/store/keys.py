@@ -196,6 +196,11 @@ def memory_keys(org: str, namespace: str, user_id: str) -> str:
     return f"{PREFIX}:mem-keys:{user_tag(org, namespace, user_id)}"
 
 
+def memory_keys_pattern() -> str:
+    """SCAN pattern of every user's ``memory_keys``: the users with rows."""
+    return f"{PREFIX}:mem-keys:*"
+
+
 def memory_ids(org: str, namespace: str, user_id: str) -> str:
     """Hash memory_id -> row key of a user's rows, for scripts that start from an id."""
     return f"{PREFIX}:mem-ids:{user_tag(org, namespace, user_id)}"

@@ -49,7 +49,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -249,6 +249,11 @@ class MemoryStore:
         locations = [Location.from_member(org, namespace, user_id, m) for m in members]
         rows = self._read_many(locations)
         return list(zip(members, rows, strict=True)), more
+
+    def users_with_rows(self) -> Iterator[tuple[str, str, str]]:
+        """(org, namespace, user_id) of every user with rows, on every node."""
+        for key in self.redis.scan_iter(match=keys.memory_keys_pattern(), count=1000):
+            yield keys.user_tag_parts(key.decode() if isinstance(key, bytes) else str(key))
 
     def history(
         self, location: Location, *, before: int | None = None, limit: int = 20
@@ -565,11 +570,13 @@ class MemoryStore:
         return self._finish(location, reply, held)
 
     def backfill(self, location: Location, *, written_by: str, memory_id: str = "",
-                 held: HeldKey | None = None) -> Written:
+                 held: HeldKey | None = None, request_vectors: bool = True) -> Written:
         """Bring the row's lexical recall entry up to this release's terms and list it for a
         vector when it has none, keeping the row's content and last change; ``changed`` False
         when both were current. The terms are computed here from the row as read, and written
-        only over that version (compare-and-swap, retried)."""
+        only over that version (compare-and-swap, retried). ``request_vectors`` False leaves
+        the user's embeddings job to the caller (app/recall_backfill.py requests it with the
+        org's check)."""
 
         def attempt() -> Written:
             # No row (or a tombstone) goes to the script all the same: it answers an erasure
@@ -587,7 +594,7 @@ class MemoryStore:
                       "1" if engine_of(self.redis) == VECTORSET else "",
                       self._tail(location, held)],
             )
-            return self._finish(location, reply, held)
+            return self._finish(location, reply, held, request_vectors=request_vectors)
 
         return self._with_retries(attempt)
 
@@ -784,7 +791,7 @@ class MemoryStore:
         )
 
     def _finish(self, location: Location, reply: list[Any], held: HeldKey | None = None,
-                **context: Any) -> Written:
+                *, request_vectors: bool = True, **context: Any) -> Written:
         status = reply[0]
         if status not in ("OK", "CREATED", "NOOP"):
             self._refuse(location, reply, **context)
@@ -794,7 +801,8 @@ class MemoryStore:
         row = written.row
         if written.changed:
             self._after_write(location, written, reply[2])
-            if row.live and not row.redacted and row.memory_type != PROFILE_TYPE:
+            if (request_vectors and row.live and not row.redacted
+                    and row.memory_type != PROFILE_TYPE):
                 # The write listed the row as due when its text changed; the job embeds it.
                 self.services.store(RecallVectorStore).request(
                     location.org, location.namespace, location.user_id)

@@ -35,6 +35,7 @@ import binascii
 import hashlib
 import logging
 import threading
+import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -55,8 +56,8 @@ log = logging.getLogger("loom.store.recall_vectors")
 
 FINGERPRINT_CHARS = 16
 QUANT_STEPS = 127
-# A queued-job marker outlives a job that never started (a queue that was down) by this long,
-# after which the user's next write enqueues again.
+# A queued-job marker names its job and lapses after this long, after which the user's next write
+# enqueues again; the sweep enqueues sooner for a marker whose job no longer waits in its queue.
 QUEUED_MARKER_SECONDS = 600
 # The job's entry point, named without importing the jobs (the store is below them).
 EMBED_FUNC = "jobs.recall_embed.embed_user"
@@ -74,6 +75,8 @@ CACHE_SCOPES_MAX = 8
 # exact top 40 (bench/recall_vectors.py prints it for the run's vectors).
 ENGINE_EF_MIN = 200
 VECTORSET = "vectorset"
+# Due lists whose lengths one pipeline of the backlog's count reads.
+BACKLOG_BATCH = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,18 @@ class DueUser:
     org: str
     namespace: str
     user_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """Facts waiting for a vector (listed due: written or changed since their vector was
+    stored, or never embedded), and how many users they belong to."""
+
+    facts: int = 0
+    users: int = 0
+
+    def __add__(self, other: Backlog) -> Backlog:
+        return Backlog(self.facts + other.facts, self.users + other.users)
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,18 +266,45 @@ class RecallVectorStore:
         """Take down the queued marker as a job starts: a write from now on enqueues again."""
         self.redis.delete(keys.recall_vectors_queued(org, namespace, user_id))
 
-    def mark_queued(self, org: str, namespace: str, user_id: str) -> bool:
-        """Set the queued marker; True when it was not set (the caller enqueues a job). Never
-        while the user is being erased: no job, and no marker, is left behind for the census."""
-        reply = self._queue(keys=[keys.recall_vectors_queued(org, namespace, user_id),
-                                  keys.user_erasing(org, namespace, user_id)],
-                            args=[QUEUED_MARKER_SECONDS])
-        return int(reply) == 1
+    def _mark_queued(self, org: str, namespace: str, user_id: str, job_id: str,
+                     lost: str = "") -> tuple[bool, str]:
+        """Set the queued marker to ``job_id`` (or take it over from the ``lost`` job it still
+        names): (True, '') when set, the caller enqueuing that job; else (False, the id the
+        marker holds). Never while the user is being erased: no job, and no marker, is left
+        behind for the census."""
+        took, held = self._queue(keys=[keys.recall_vectors_queued(org, namespace, user_id),
+                                       keys.user_erasing(org, namespace, user_id)],
+                                 args=[QUEUED_MARKER_SECONDS, job_id, lost])
+        return int(took) == 1, str(held)
 
-    def request(self, org: str, namespace: str, user_id: str) -> bool:
+    def _job_waiting(self, job_id: str) -> bool:
+        """Whether the job a marker names still waits in its queue. A job that started took the
+        marker down itself, so one that started, ended, failed or is gone (its enqueue never
+        reached the queue, or the queue's server came back without it) holds it no longer."""
+        from rq.exceptions import NoSuchJobError
+        from rq.job import Job, JobStatus
+
+        try:
+            job = Job.fetch(job_id, connection=self.queue_redis)
+        except NoSuchJobError:
+            return False
+        return (job.get_status(refresh=False) == JobStatus.QUEUED
+                and job.get_position() is not None)
+
+    def request(self, org: str, namespace: str, user_id: str, *, recover: bool = False) -> bool:
         """After a write of a user's fact: enqueue the user's embeddings job unless one is
-        queued already or embeddings are off; True when a job was enqueued. Computes nothing."""
-        if not self.enabled or not self.mark_queued(org, namespace, user_id):
+        queued already or embeddings are off; True when a job was enqueued. Computes nothing.
+
+        ``recover`` (the sweep's) also looks up the job the marker names, and enqueues anew when
+        that job no longer waits in its queue: a lost job holds the marker for no longer than
+        the sweep's interval, where a write alone waits out its TTL."""
+        if not self.enabled:
+            return False
+        job_id = str(uuid.uuid4())
+        took, held = self._mark_queued(org, namespace, user_id, job_id)
+        if not took and recover and held and not self._job_waiting(held):
+            took, _ = self._mark_queued(org, namespace, user_id, job_id, lost=held)
+        if not took:
             return False
         from rq import Queue
 
@@ -270,13 +312,18 @@ class RecallVectorStore:
 
         try:
             Queue(BUILDS, connection=self.queue_redis).enqueue(
-                EMBED_FUNC, org, namespace, user_id, job_timeout=JOB_TIMEOUT_SECONDS,
-                result_ttl=600, failure_ttl=24 * 3600, description="recall embeddings")
+                EMBED_FUNC, org, namespace, user_id, job_id=job_id,
+                job_timeout=JOB_TIMEOUT_SECONDS, result_ttl=600, failure_ttl=24 * 3600,
+                description="recall embeddings")
         except redis.RedisError:
-            # The row is written and listed as due; the marker lapses and a later write
-            # enqueues again. A write does not fail for want of its vector.
+            # The row is written and listed as due; the marker names a job no queue holds, so
+            # the sweep's next pass enqueues again (as does a write once the marker lapses). A
+            # write does not fail for want of its vector.
             log.warning("recall_embeddings: could not enqueue a job; the rows stay due")
-            self.redis.delete(keys.recall_vectors_queued(org, namespace, user_id))
+            try:
+                self.redis.delete(keys.recall_vectors_queued(org, namespace, user_id))
+            except redis.RedisError:
+                pass
             return False
         return True
 
@@ -354,6 +401,33 @@ class RecallVectorStore:
     def drop_due(self, org: str, namespace: str, user_id: str, memory_id: str) -> None:
         """Take a row whose key is gone off the due list."""
         self.redis.zrem(keys.recall_vectors_due(org, namespace, user_id), memory_id)
+
+    def backlog(self) -> Backlog:
+        """The facts waiting for a vector, and their users, on every node (/metrics): one SCAN
+        for the users' due lists, their lengths read a pipeline at a time."""
+        found = Backlog()
+        pending: list[str] = []
+        for raw in self.redis.scan_iter(match=keys.recall_vectors_due_pattern(), count=1000):
+            pending.append(raw.decode() if isinstance(raw, bytes) else str(raw))
+            if len(pending) >= BACKLOG_BATCH:
+                found = found + self._due_lengths(pending)
+                pending = []
+        return found + self._due_lengths(pending)
+
+    def namespace_backlog(self, org: str, namespace: str) -> Backlog:
+        """The facts of a namespace waiting for a vector, and their users: the due list of each
+        user who has (or had) facts in it."""
+        users = sorted(str(u) for u in self.redis.smembers(keys.recall_users(org, namespace)))
+        return self._due_lengths([keys.recall_vectors_due(org, namespace, u) for u in users])
+
+    def _due_lengths(self, due_keys: Sequence[str]) -> Backlog:
+        if not due_keys:
+            return Backlog()
+        pipe = self.redis.pipeline(transaction=False)
+        for key in due_keys:
+            pipe.zcard(key)
+        lengths = [int(n) for n in pipe.execute()]
+        return Backlog(facts=sum(lengths), users=sum(1 for n in lengths if n))
 
     # --- the search's side -------------------------------------------------------------------
 

@@ -692,6 +692,12 @@ class UsageGetAnswer(TypedDict, total=False):
     failures: int
     deferred_for_budget: int
     by_worker: dict[str, dict[str, int]]
+    recall_backlog: RecallBacklog
+
+
+class RecallBacklog(TypedDict, total=False):
+    facts: int
+    users: int
 
 
 class UserEraseAnswer(TypedDict, total=False):

@@ -5136,8 +5136,8 @@ OPS: dict[str, dict[str, Any]] = {
         'http_method': 'POST',
         'path': '/v1/usage.get',
         'summary': (
-            "The namespace's cost ledger: calls, tokens, builds, skips, refusals, failures, "
-            'deferrals.'
+            "The namespace's cost ledger (calls, tokens, builds, skips, failures) and vector "
+            'backlog.'
         ),
         'fields': {
             'org': {'required': False, 'default': None},

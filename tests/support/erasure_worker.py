@@ -28,6 +28,10 @@ class _QuietWorker(SimpleWorker):
     def _install_signal_handlers(self) -> None:
         """A worker in a test's thread: signal handlers belong to the main thread."""
 
+    def subscribe(self) -> None:
+        """No command channel: a burst worker in a test takes no commands, and stopping the
+        channel's thread (redis-py's stop() joins it) waits out its 60 s poll."""
+
 
 def run_erasure_jobs(services: Services) -> None:
     context.use_services(services)

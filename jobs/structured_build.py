@@ -216,7 +216,10 @@ def _read_sources(svc: Services, identity: Identity) -> BuildResult | _SourcesRe
             fingerprint = refusal_fingerprint(snapshot.digest.digest, snapshot.row_state(),
                                               schema.sha)
             return BuildResult(Outcome.REFUSED, fingerprint, detail="profile row refuses builds")
-        entries = memory.source_entries(org, namespace, user_id)
+        # Of the snapshot's moment: a fact written since is in neither the digest the build
+        # records nor what it reads (read apart, it reached the model uncounted, and once it
+        # passed its valid_to the digest matched the record again: ready, holding it).
+        entries = snapshot.entries or {}
         chosen = _ordered_sources(entries, svc.settings.structured_profile_memory_limit)
         rows = memory.rows_by_id(org, namespace, user_id, [mid for mid, _ in chosen])
         read_at = svc.clock.now_ns()

@@ -13,7 +13,6 @@ from tests.test_structured_worker import answer
 
 # The worker tests' fixtures, bound in this module so pytest offers them to these tests.
 world = test_structured_worker.world
-model = test_structured_worker.model
 
 
 def _built(world, model):

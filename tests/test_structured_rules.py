@@ -10,7 +10,6 @@ from tests.test_structured_worker import SCHEMA, World, answer
 
 # The worker tests' fixtures, bound in this module so pytest offers them to these tests.
 world = test_structured_worker.world
-model = test_structured_worker.model
 
 ROW = {"user_id": "u-42", "agent": "-", "key": "structured_profile"}
 

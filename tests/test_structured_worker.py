@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from datetime import UTC, datetime
 
 import pytest
 from rq import Queue, SimpleWorker
@@ -12,6 +13,7 @@ from app.clock import FrozenClock
 from app.services import Services
 from app.settings import load_settings
 from app.store import keys
+from app.store.memory import MemoryStore
 from app.store.usage import UsageStore
 from jobs import context
 from jobs.queues import BUILDS, PASSES
@@ -373,3 +375,45 @@ def test_refused_users_never_starve_the_users_behind_them(redis_url, tmp_path, m
             break
     assert w.structured("late-user")["status"] == "ready"
     assert len(w.calls()) == len(locked) + 1
+
+
+def test_a_fact_written_as_a_build_reads_its_sources_is_in_its_prompt_only_if_in_its_digest(
+        world, model, monkeypatch):
+    """Issue 40 point 1: a build counted its digest in one round trip and read the sources in
+    the next, so a fact written in between reached the model but not the build's record; once
+    that fact passed its valid_to, the digest came back to the record's and the profile read
+    ready, still holding the expired fact's value, with nothing left to rebuild it."""
+    world.fact("name", "Call me Sam")
+    valid_to = datetime.fromtimestamp(world.clock.now() + 60, tz=UTC)
+    original = MemoryStore.source_entries
+    written = []
+
+    def a_write_lands_first(self, org, namespace, user_id):
+        if not written:  # the build's read of its sources, once: the fact lands just before
+            world.clock.advance(0.001)  # after the build's snapshot, as on a moving clock
+            written.append(world.fact("tz", "Lives in Berlin",
+                                      valid_to=valid_to.isoformat().replace("+00:00", "Z")))
+        return original(self, org, namespace, user_id)
+
+    model.default = lambda body: answer(
+        preferred_name="Sam",
+        timezone="Europe/Berlin" if "Berlin" in body["messages"][-1]["content"] else None)
+    monkeypatch.setattr(MemoryStore, "source_entries", a_write_lands_first)
+    world.run_pass()
+    monkeypatch.setattr(MemoryStore, "source_entries", original)
+    assert written
+    out = world.structured()
+    prompt = world.calls()[0].body["messages"][-1]["content"]
+    # Either the build read the fact and counted it, or it did neither and reads stale.
+    if "Berlin" in prompt:
+        assert out["status"] == "ready" and out["profile"]["timezone"] == "Europe/Berlin"
+    else:
+        assert out["status"] == "stale" and out["profile"]["timezone"] is None
+    for step in (61, 600):  # past the fact's valid_to, then past the new fact's cooldown
+        world.clock.advance(step)
+        for _ in range(2):
+            out = world.structured()
+            assert not (out["status"] == "ready" and out["profile"]["timezone"]), out
+            world.run_pass()
+    out = world.structured()
+    assert out["status"] == "ready" and out["profile"] == answer(preferred_name="Sam"), out

@@ -38,7 +38,7 @@ from app.store.memory import (
 )
 from app.store.namespace_config import AUDIT_MAX_ENTRIES, canonical_json
 from app.store.profile_schema import StoredSchema, parse_stored
-from app.store.replies import text_set, texts
+from app.store.replies import text_map, text_set, texts
 
 if TYPE_CHECKING:
     from app.store.services import StoreServices
@@ -83,6 +83,9 @@ class Snapshot:
     record: BuildRecord | None
     digest: SourceDigest
     blacklisted_since: int | None = None  # ns; None when the user is not blacklisted
+    # A build's snapshot: the user's source entries (memory_id -> entry), read in the same
+    # MULTI as the digest, so the facts a build reads are the ones its record counts.
+    entries: dict[str, str] | None = None
 
     def refuses_builds(self) -> bool:
         """Whether the worker must leave the profile as it is: the user is blacklisted, or the
@@ -201,29 +204,35 @@ class StructuredStore:
         self._clustered = isinstance(self.redis, redis.RedisCluster)
 
     def snapshot(self, identity: Identity, *, for_build: bool = True) -> Snapshot:
-        """The schema, the profile row, its build record, the user's digest, and (for a build,
-        not a read: it changes no status) whether the user is blacklisted. The row, record and
-        digest are read in one MULTI, so they are of one moment: the worker writes a row and
+        """The schema, the profile row, its build record, the user's digest, and for a build
+        (not a read: they change no status, and the entries grow with the user's facts) the
+        user's source entries and whether the user is blacklisted. The row, record, digest and
+        entries are read in one MULTI, so they are of one moment: the worker writes a row and
         its record in one step (``record_fields``), and no read sees one without the other.
         One round trip on a single server, two on a cluster (the schema and the blacklist are
         in the namespace's slot)."""
         org, namespace, user_id = identity.org, identity.namespace, identity.user_id
         user_reads = self._user_reads(org, namespace, [user_id])
+        if for_build:
+            user_reads.hgetall(keys.profile_sources(org, namespace, user_id))
         pipe = user_reads if not self._clustered else self.redis.pipeline(transaction=False)
         pipe.hgetall(keys.profile_schema(org, namespace))
         if for_build:
             pipe.zscore(keys.structured_blacklist(org, namespace), user_id)
         if self._clustered:
-            (row, record, digest), (schema_row, *blacklisted) = (
-                user_reads.execute(), pipe.execute())
+            found = [*user_reads.execute(), *pipe.execute()]
         else:
-            row, record, digest, schema_row, *blacklisted = pipe.execute()
+            found = pipe.execute()
+        row, record, digest = found[:3]
+        entries = text_map(found[3]) if for_build else None
+        schema_row, *blacklisted = found[4:] if for_build else found[3:]
         return Snapshot(
             parse_stored(schema_row),
             MemoryRow.from_fields(row) if row else None,
             BuildRecord.from_fields(record),
             SourceDigest.from_fields(digest),
             _since(blacklisted[0]) if blacklisted else None,
+            entries,
         )
 
     def _user_reads(self, org: str, namespace: str, user_ids: list[str]) -> Any:

@@ -7,7 +7,7 @@ import json
 import threading
 
 import pytest
-from rq import Queue, SimpleWorker
+from rq import Queue
 from rq_scheduler import Scheduler
 
 from app.clock import Clock, FrozenClock
@@ -21,6 +21,7 @@ from jobs.consolidation import run_pass
 from jobs.queues import PASSES
 from jobs.scheduler import Periodic, periodic_jobs, register
 from tests.conftest import TEST_SECRET, make_app
+from tests.support.rq_worker import BurstWorker
 
 NS = "support"
 USER = "u-42"
@@ -512,7 +513,7 @@ def test_the_scheduler_enqueues_the_pass_and_a_real_worker_folds(world, model):
         scheduler.enqueue_jobs()
         queue = Queue(PASSES, connection=world.services.queue_redis)
         assert queue.count == 2  # the structured pass and the fold
-        SimpleWorker([queue], connection=world.services.queue_redis).work(burst=True)
+        BurstWorker([queue], connection=world.services.queue_redis).work(burst=True)
         assert world.section()["value"] == "Prefers tea."
     finally:
         context.use_services(None)

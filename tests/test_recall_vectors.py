@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from rq import Queue, SimpleWorker
+from rq import Queue
 from rq.timeouts import TimerDeathPenalty
 
 from app.queue_names import BUILDS
@@ -27,6 +27,7 @@ from jobs.recall_embed import embed_due
 from tests.conftest import make_app
 from tests.support.api import op_helpers
 from tests.support.model_server import ScriptedModelServer
+from tests.support.rq_worker import BurstWorker
 
 NS = {"namespace": "support", "agent": "triage-bot", "user_id": "u-42"}
 call, ok = op_helpers(NS)
@@ -34,7 +35,7 @@ SYNONYMS = {"automobile": "car", "vehicle": "car", "beverage": "drink", "cuppa":
 MODEL = "embed-test"
 
 
-class _Worker(SimpleWorker):
+class _Worker(BurstWorker):
     death_penalty_class = TimerDeathPenalty
 
     def _install_signal_handlers(self) -> None:

@@ -7,13 +7,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import redis
-from rq import Queue, SimpleWorker
+from rq import Queue
 from rq_scheduler import Scheduler
 
 from app.clock import FrozenClock
 from jobs import context
 from jobs.queues import MAINTENANCE
 from jobs.scheduler import JOB_ID_PREFIX, Periodic, periodic_jobs, register
+from tests.support.rq_worker import BurstWorker
 
 
 @pytest.fixture
@@ -60,7 +61,7 @@ def test_the_scheduler_enqueues_the_sweep_and_a_worker_runs_it(job_env):
     scheduler.enqueue_jobs()
     queue = Queue(MAINTENANCE, connection=job_env)
     assert queue.count == 2  # the agent-state sweep and the erasures' resume pass
-    worker = SimpleWorker([queue], connection=job_env)
+    worker = BurstWorker([queue], connection=job_env)
     assert worker.work(burst=True)
     finished = {queue.fetch_job(job_id).func_name: queue.fetch_job(job_id)
                 for job_id in queue.finished_job_registry.get_job_ids()}
@@ -102,7 +103,7 @@ def test_a_periodic_job_keeps_its_hash_ten_intervals_at_least_an_hour_after_it_r
     scheduler = Scheduler(connection=job_env)
     register(scheduler, [definition])
     scheduler.enqueue_jobs()
-    SimpleWorker([Queue(MAINTENANCE, connection=job_env)], connection=job_env).work(burst=True)
+    BurstWorker([Queue(MAINTENANCE, connection=job_env)], connection=job_env).work(burst=True)
     assert 3000 < job_env.ttl(f"rq:job:{definition.job_id}") <= 3600  # set by the run
     assert _loom_jobs(scheduler) == [definition.job_id]
 
@@ -121,7 +122,7 @@ def test_a_job_an_older_release_scheduled_gets_this_definitions_result_ttl(job_e
         assert job_env.hget(key, "result_ttl") == str(definition.result_ttl).encode()
         assert 3000 < job_env.ttl(key) <= 3600
         scheduler.enqueue_jobs()
-        SimpleWorker([Queue(MAINTENANCE, connection=job_env)],
+        BurstWorker([Queue(MAINTENANCE, connection=job_env)],
                      connection=job_env).work(burst=True)
         assert 3000 < job_env.ttl(key) <= 3600
 

@@ -9,12 +9,13 @@ once, are in tests/test_structured_worker_processes.py.
 from __future__ import annotations
 
 import pytest
-from rq import Queue, SimpleWorker
+from rq import Queue
 
 from app.store import keys
 from jobs import context
 from jobs.queues import BUILDS, PASSES
 from jobs.structured_profile import LEASE, run_pass
+from tests.support.rq_worker import BurstWorker
 from tests.test_structured_worker import SCHEMA, World, answer
 
 USERS = [f"u-{i}" for i in range(4)]
@@ -37,7 +38,7 @@ def fan_out_pass(world):
     queue_redis = world.services.queue_redis
     planned = run_pass(world.services, holder="worker-a", force=True, fan_out=True)
     assert world.services.redis.exists(keys.worker_lease(LEASE))  # carried on by the jobs
-    SimpleWorker([Queue(PASSES, connection=queue_redis), Queue(BUILDS, connection=queue_redis)],
+    BurstWorker([Queue(PASSES, connection=queue_redis), Queue(BUILDS, connection=queue_redis)],
                  connection=queue_redis).work(burst=True)
     assert not world.services.redis.exists(keys.worker_lease(LEASE))  # the closing job ran
     return planned

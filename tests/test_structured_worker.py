@@ -6,7 +6,7 @@ import threading
 from datetime import UTC, datetime
 
 import pytest
-from rq import Queue, SimpleWorker
+from rq import Queue
 from rq_scheduler import Scheduler
 
 from app.clock import FrozenClock
@@ -20,6 +20,7 @@ from jobs.queues import BUILDS, PASSES
 from jobs.scheduler import periodic_jobs, register
 from jobs.structured_profile import run_pass
 from tests.conftest import TEST_SECRET, make_app
+from tests.support.rq_worker import BurstWorker
 
 NS = "support"
 SCHEMA = {
@@ -346,7 +347,7 @@ def test_the_scheduler_enqueues_passes_and_a_real_worker_builds(world, model, mo
         # The pass hands its build to the builds queue and a closing job back to the passes
         # queue: a worker on both runs the three.
         builds = Queue(BUILDS, connection=world.services.queue_redis)
-        SimpleWorker([queue, builds], connection=world.services.queue_redis).work(burst=True)
+        BurstWorker([queue, builds], connection=world.services.queue_redis).work(burst=True)
         assert world.structured()["status"] == "ready"
         assert world.services.redis.exists(keys.worker_lease("structured_profile")) == 0
     finally:

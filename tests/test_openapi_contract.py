@@ -222,7 +222,8 @@ MOMENTS = {
     "2026-05-01T10:00:00Z": True, "2024-02-29T23:59:59.123456789+14:00": True,
     "1970-01-01T00:00:00Z": True, "1970-01-01T05:00:00+04:59": True,
     "9999-12-31T23:59:59-01:00": True,
-    "2026-05-01T10:00:00": False,  # no offset
+    "2026-05-01T10:00:00": True, "1970-01-01T00:00:00.5": True,  # no offset: UTC
+    "1969-12-31T23:59:59": False,
     "2023-02-29T00:00:00Z": False, "2026-04-31T00:00:00Z": False,
     "2026-05-01t10:00:00z": False, "2026-05-01 10:00:00Z": False,
     "2016-12-31T23:59:60Z": False,  # a leap second: no datetime holds it
@@ -232,8 +233,9 @@ MOMENTS = {
 
 
 def test_a_moment_is_the_text_the_document_states(document, client):
-    """A fact's valid_at and valid_to: RFC 3339 with an offset, a real date, and nothing
-    before 1970 (stored as nanoseconds since); the document's pattern and the op agree."""
+    """A fact's valid_at and valid_to: RFC 3339 with an offset or none (UTC), a real date, and
+    nothing before 1970 (stored as nanoseconds since); the document's pattern and the op
+    agree."""
     who = {"namespace": "n", "agent": "a"}
     for moment, valid in MOMENTS.items():
         for name in ("valid_at", "valid_to"):
@@ -249,6 +251,27 @@ def test_a_moment_is_the_text_the_document_states(document, client):
     earlier = {**search, "valid_at": "1900-01-01T00:00:00Z"}  # a search may ask of any time
     assert _admits(document, "/v1/memory.search", earlier)
     assert client.post("/v1/memory.search", json=earlier).status_code == 200
+
+
+def test_a_moment_without_an_offset_is_utc(document, client):
+    """Plain Python's isoformat() of a naive datetime has no offset: the op reads it as UTC,
+    the same instant as with Z, and the document admits it."""
+    from datetime import datetime
+
+    who = {"namespace": "n", "agent": "a"}
+    naive = datetime(2026, 1, 1, 12, 30).isoformat()
+    assert naive == "2026-01-01T12:30:00"
+    body = {**who, "key": "k", "value": 1, "valid_at": naive}
+    assert _admits(document, "/v1/memory.set", body)
+    assert client.post("/v1/memory.set", json=body).status_code == 200
+    read = client.post("/v1/memory.get", json={**who, "key": "k"}).get_json()
+    assert datetime.fromisoformat(read["memory"]["valid_at"]) == datetime.fromisoformat(
+        naive + "+00:00")
+    # The same instant as with Z: a valid_to at it is not after it, a second later is.
+    same = client.post("/v1/memory.set", json={**body, "valid_to": naive + "Z"})
+    assert same.status_code == 422 and "valid_to" in same.get_json()["error"]["fields"]
+    later = client.post("/v1/memory.set", json={**body, "valid_to": "2026-01-01T12:30:01Z"})
+    assert later.status_code == 200
 
 
 def test_an_erasure_id_of_another_user_is_not_found(document, client):

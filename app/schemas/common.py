@@ -9,6 +9,7 @@ the field.
 from __future__ import annotations
 
 import re
+from datetime import UTC
 from functools import cache
 from typing import Any
 
@@ -173,7 +174,8 @@ class ErrorAnswer(Schema):
 
 def _moment_pattern(from_epoch: bool) -> str:
     """An RFC 3339 date-time as the ops read it, as one regular expression: a real calendar
-    date from year 1, ``T``, a time to the second (fraction optional), ``Z`` or an offset; with
+    date from year 1, ``T``, a time to the second (fraction optional), then ``Z``, an offset or
+    neither (a time with no offset is UTC, as ``datetime.isoformat()`` writes a naive one); with
     ``from_epoch``, a date written from 1970-01-01 on, and no instant before
     1970-01-01T00:00:00Z."""
     leap = r"(?:\d\d(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)"
@@ -183,7 +185,7 @@ def _moment_pattern(from_epoch: bool) -> str:
                      rf"|02-{day_of[28]})")
     month_day = rf"(?:01-{day_of[31]}|{after_january})"
     clock = r"(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d+)?"
-    offset = r"(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)"
+    offset = r"(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)?"
     if not from_epoch:
         year = r"(?:000[1-9]|00[1-9]\d|0[1-9]\d\d|[1-9]\d{3})"  # datetime starts at year 1
         date = rf"(?:{year}-{month_day}|{leap}-02-29)"
@@ -201,7 +203,7 @@ def _moment_pattern(from_epoch: bool) -> str:
         rf"(?:{'|'.join(f'{hour:02d}' for hour in range(offset_hour + 1, 24))})"
         rf":[0-5]\d:[0-5]\d(?:\.\d+)?\+{offset_hour:02d}:[0-5]\d"
         for offset_hour in range(23))
-    first_day = (rf"1970-01-01T(?:{clock}(?:Z|-(?:[01]\d|2[0-3]):[0-5]\d|\+00:00)|{east})")
+    first_day = (rf"1970-01-01T(?:{clock}(?:Z|-(?:[01]\d|2[0-3]):[0-5]\d|\+00:00)?|{east})")
     return rf"^(?:{later}|{first_day})$"
 
 
@@ -210,17 +212,18 @@ EPOCH_MOMENT_PATTERN = _moment_pattern(from_epoch=True)
 
 
 class Moment(fields.AwareDateTime):
-    """An instant as an RFC 3339 date-time with its offset (``Z`` or ``+hh:mm``), held to the
-    pattern the OpenAPI document gives it, so the document and the op accept the same text.
+    """An instant as an RFC 3339 date-time with its offset (``Z`` or ``+hh:mm``) or none (then
+    UTC: plain Python's ``isoformat()`` of a naive datetime), held to the pattern the OpenAPI
+    document gives it, so the document and the op accept the same text.
     ``from_epoch`` refuses an instant before 1970-01-01 (a time stored as nanoseconds since)."""
 
     def __init__(self, *, from_epoch: bool = False, **kwargs: Any) -> None:
         pattern = EPOCH_MOMENT_PATTERN if from_epoch else MOMENT_PATTERN
-        error = ("must be an RFC 3339 date-time with an offset, from 1970-01-01"
-                 if from_epoch else "must be an RFC 3339 date-time with an offset")
+        error = ("must be an RFC 3339 date-time (no offset reads as UTC), from 1970-01-01"
+                 if from_epoch else "must be an RFC 3339 date-time (no offset reads as UTC)")
         metadata = {**kwargs.pop("metadata", {}), "pattern": pattern}
         validators = [validate.Regexp(pattern, error=error)]
-        super().__init__(format="iso", metadata=metadata, **kwargs)
+        super().__init__(format="iso", default_timezone=UTC, metadata=metadata, **kwargs)
         self._text_check = validators[0]
 
     def _deserialize(self, value: Any, attr: Any, data: Any, **kwargs: Any) -> Any:

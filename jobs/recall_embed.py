@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from app.model.budget import USAGE_WORKER, EmbeddingsOutOfBudget, embed_within_budget
-from app.model.embeddings import embedder_for
+from app.model.embeddings import DOCUMENT, embedder_for
 from app.model.errors import ModelCallFailed
 from app.recall_backfill import Requested, request_jobs
 from app.services import Services
@@ -107,7 +107,7 @@ def embed_due(svc: Services, org: str, namespace: str, user_id: str,
         key_of = {d.memory_id: d.row_key for d in present if d.row_key is not None}
         wanted = [rows[d.memory_id] for d in present if d.memory_id in rows]
         texts = {row.memory_id: row_text(row.key, row.value) for row in wanted}
-        made_from = {mid: fingerprint(embedder.model, embedder.dimensions, text)
+        made_from = {mid: fingerprint(embedder.made_by, embedder.dimensions, text)
                      for mid, text in texts.items()}
         stored = vectors.fingerprints(org, namespace, user_id, [r.memory_id for r in wanted])
         to_embed: list[MemoryRow] = []
@@ -124,7 +124,8 @@ def embed_due(svc: Services, org: str, namespace: str, user_id: str,
             batch = to_embed[start:start + step]
             try:
                 answer = embed_within_budget(svc, org, namespace, embedder,
-                                             [texts[row.memory_id] for row in batch])
+                                             [texts[row.memory_id] for row in batch],
+                                             purpose=DOCUMENT)
             except EmbeddingsOutOfBudget as out:
                 result.stopped = "budget"
                 log.info("recall_embeddings: %s/%s is out of its %s budget; rows wait",

@@ -31,7 +31,8 @@ def cosine(a: list[float], b: list[float]) -> float:
 
 def test_request_and_vectors(srv: ScriptedModelServer) -> None:
     with OpenAICompatibleEmbedder(srv.base_url, "sk-e", "embed-model", 5) as embedder:
-        result = embedder.embed(["my car is red", "an automobile that is red", "tea at noon"])
+        result = embedder.embed(["my car is red", "an automobile that is red", "tea at noon"],
+                                purpose="document")
     (request,) = srv.embedding_requests
     assert request.path == "/v1/embeddings"
     assert request.headers["Authorization"] == "Bearer sk-e"
@@ -51,7 +52,7 @@ def test_request_and_vectors(srv: ScriptedModelServer) -> None:
 def test_batches_keep_order_and_sum_tokens(srv: ScriptedModelServer) -> None:
     texts = [f"text number {i}" for i in range(7)]
     with OpenAICompatibleEmbedder(srv.base_url, None, "m", 5, batch_size=3) as embedder:
-        result = embedder.embed(texts)
+        result = embedder.embed(texts, purpose="document")
     assert [len(r.body["input"]) for r in srv.embedding_requests] == [3, 3, 1]
     assert "Authorization" not in srv.embedding_requests[0].headers
     assert result.calls == 3
@@ -61,20 +62,20 @@ def test_batches_keep_order_and_sum_tokens(srv: ScriptedModelServer) -> None:
 
 def test_dimensions_are_asked_and_checked(srv: ScriptedModelServer) -> None:
     with OpenAICompatibleEmbedder(srv.base_url, None, "m", 5, dimensions=32) as embedder:
-        (vector,) = embedder.embed(["short"]).vectors
+        (vector,) = embedder.embed(["short"], purpose="document").vectors
     assert srv.embedding_requests[0].body["dimensions"] == 32
     assert len(vector) == 32
     srv.script_embedding(body={"data": [{"index": 0, "embedding": [0.1, 0.2]}]})
     with OpenAICompatibleEmbedder(srv.base_url, None, "m", 5, dimensions=32) as embedder:
         with pytest.raises(ModelCallFailed, match="2 dimensions, not 32"):
-            embedder.embed(["short"])
+            embedder.embed(["short"], purpose="document")
 
 
 def test_answer_out_of_order_is_put_back_in_order(srv: ScriptedModelServer) -> None:
     srv.script_embedding(body={"data": [{"index": 1, "embedding": [0.0, 1.0]},
                                         {"index": 0, "embedding": [1.0, 0.0]}]})
     with OpenAICompatibleEmbedder(srv.base_url, None, "m", 5) as embedder:
-        result = embedder.embed(["a", "b"])
+        result = embedder.embed(["a", "b"], purpose="document")
     assert result.vectors == [[1.0, 0.0], [0.0, 1.0]]
     assert result.prompt_tokens is None  # the server reported no usage
 
@@ -100,7 +101,7 @@ def test_failures_are_model_call_failed(
     srv.script_embedding(status=status, body=body)
     with OpenAICompatibleEmbedder(srv.base_url, None, "m", 5) as embedder:
         with pytest.raises(ModelCallFailed, match=message) as caught:
-            embedder.embed(["a", "b"])
+            embedder.embed(["a", "b"], purpose="document")
     if status != 200:
         assert caught.value.status == status
 
@@ -109,10 +110,10 @@ def test_unreachable_and_slow_servers_fail_as_model_calls(srv: ScriptedModelServ
     srv.script_embedding(gate=threading.Event())  # never set: no answer until the server closes
     with OpenAICompatibleEmbedder(srv.base_url, None, "m", 0.2) as embedder:
         with pytest.raises(ModelCallFailed, match="did not answer"):
-            embedder.embed(["a"])
+            embedder.embed(["a"], purpose="document")
     with OpenAICompatibleEmbedder("http://127.0.0.1:9/v1", None, "m", 1) as embedder:
         with pytest.raises(ModelCallFailed, match="could not reach"):
-            embedder.embed(["a"])
+            embedder.embed(["a"], purpose="document")
 
 
 def test_from_settings(srv: ScriptedModelServer) -> None:

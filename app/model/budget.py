@@ -20,7 +20,12 @@ import logging
 from typing import Any
 
 from app.model.chat import Completion, ModelProvider, estimate_call_tokens
-from app.model.embeddings import EmbeddingProvider, Embeddings, estimate_embedding_tokens
+from app.model.embeddings import (
+    EmbeddingProvider,
+    Embeddings,
+    Purpose,
+    estimate_embedding_tokens,
+)
 from app.model.errors import ModelCallFailed
 from app.services import Services
 from app.store.budget import BudgetStore, Reservation
@@ -118,9 +123,10 @@ class EmbeddingsOutOfBudget(Exception):
 
 def embed_within_budget(
     services: StoreServices, org: str, namespace: str, embedder: EmbeddingProvider,
-    texts: list[str],
+    texts: list[str], *, purpose: Purpose,
 ) -> Embeddings:
-    """One embeddings call (``texts`` at most one batch) as every model call is made: one call
+    """One embeddings call (``texts`` at most one batch, embedded as a ``purpose``: a query or
+    a document) as every model call is made: one call
     and its estimate reserved against the namespace's and the org's budgets first (refused:
     ``EmbeddingsOutOfBudget``, counted ``deferred_for_budget``), settled with the tokens the
     server reported, and counted in the ledger under ``recall_embeddings`` (a failure as a
@@ -132,7 +138,7 @@ def embed_within_budget(
         usage.add(org, namespace, worker=USAGE_WORKER, deferred_for_budget=1)
         raise EmbeddingsOutOfBudget(org, namespace, reservation.over)
     try:
-        result = embedder.embed(texts)
+        result = embedder.embed(texts, purpose=purpose)
     except ModelCallFailed as error:
         if error.prompt_tokens is None:
             budgets.release(reservation)

@@ -30,7 +30,7 @@ from marshmallow import Schema, fields, validate
 
 from app.auth import row_visible
 from app.model.budget import EmbeddingsOutOfBudget, embed_within_budget
-from app.model.embeddings import embedder_for
+from app.model.embeddings import QUERY, embedder_for
 from app.model.errors import ModelCallFailed
 from app.ops.memory import (
     TAG_MAX,
@@ -245,7 +245,7 @@ def query_vector(call: Call, query: str, users: Sequence[str]) -> list[float] | 
             return None
         try:
             answer = embed_within_budget(services, identity.org, identity.namespace, embedder,
-                                         [query])
+                                         [query], purpose=QUERY)
         except EmbeddingsOutOfBudget as out:
             log.info("memory.search: the %s budget is spent; the lexical leg answers alone",
                      out.scope)

@@ -27,7 +27,7 @@ from typing import Any
 from marshmallow import Schema, fields, validate
 
 from app.model.budget import EmbeddingsOutOfBudget, embed_within_budget
-from app.model.embeddings import embedder_for
+from app.model.embeddings import QUERY, embedder_for
 from app.model.errors import ModelCallFailed
 from app.ops.memory import record_profile_read
 from app.ops.profile import section_text, sections_in_scope
@@ -137,7 +137,7 @@ def vector_scores(call: Call, query: str, sections: list[MemoryRow]) -> dict[str
         by_section: dict[str, list[float]] = {}
         for row in sections:
             made_from, vector = stored.get(row.memory_id, ("", []))
-            if made_from != fingerprint(embedder.model, dimensions, row.content_sha256):
+            if made_from != fingerprint(embedder.made_by, dimensions, row.content_sha256):
                 return None  # not refreshed yet: the lexical leg answers until it is
             by_section[row.memory_id] = vector
         shared = call.memo.get(QUERY_VECTOR_MEMO)
@@ -146,7 +146,7 @@ def vector_scores(call: Call, query: str, sections: list[MemoryRow]) -> dict[str
         else:
             try:
                 embedded = embed_within_budget(svc, identity.org, identity.namespace,
-                                               embedder, [query])
+                                               embedder, [query], purpose=QUERY)
             except (EmbeddingsOutOfBudget, ModelCallFailed) as error:
                 log.info("loom_search: the profile leg scores lexically: %s", error)
                 return None

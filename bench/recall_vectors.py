@@ -147,7 +147,7 @@ def run(engine: str, args: argparse.Namespace, workdir: Path) -> None:
             for _ in range(queries):
                 query = words(rng, vocabulary, 3)
                 begun = time.perf_counter()
-                embedder.embed([query])
+                embedder.embed([query], purpose="query")
                 embedding.append(1000 * (time.perf_counter() - begun))
                 begun = time.perf_counter()
                 response = client.post("/v1/memory.search", json={
@@ -175,7 +175,8 @@ def run(engine: str, args: argparse.Namespace, workdir: Path) -> None:
             found = []
             vector_set = keys.recall_vector_set(org, NAMESPACE, "solo")
             for _ in range(20):
-                query = np.asarray(embedder.embed([words(rng, vocabulary, 3)]).vectors[0])
+                query = np.asarray(embedder.embed([words(rng, vocabulary, 3)],
+                                                  purpose="query").vectors[0])
                 query = query / np.linalg.norm(query)
                 got = {hit.memory_id for hit in vectors.nearest(org, NAMESPACE, ["solo"],
                                                                 query.tolist(), 40)}

@@ -13,8 +13,7 @@ from rq.timeouts import TimerDeathPenalty
 from app.model.embeddings import EMBEDDED_MODEL, QueryMarking
 from app.queue_names import BUILDS
 from app.settings import SettingsError, load_settings
-from app.store import keys
-from app.store.recall_vectors import FINGERPRINT_CHARS, fingerprint
+from app.store.recall_vectors import RecallVectorStore, fingerprint
 from jobs import context
 from tests.support.model_server import ScriptedModelServer
 
@@ -133,11 +132,12 @@ def test_a_facts_fingerprint_names_how_documents_were_marked(app_factory, srv):
     app = app_with(app_factory, srv, EMBEDDED_MODEL)
     sent(srv, app)
     services = app.extensions["loom"]
-    (stored,) = services.redis.hvals(
-        keys.recall_vectors(services.settings.default_org, "support", "u-42"))
+    memory_id = ok(app.test_client(), "memory.get", key="commute")["memory"]["memory_id"]
+    (stored,) = services.store(RecallVectorStore).fingerprints(
+        services.settings.default_org, "support", "u-42", [memory_id])
     text = f"commute: {FACT}"
     marked = fingerprint(EMBEDDED_MODEL + "\x00input_type=document", None, text)
-    assert stored[:FINGERPRINT_CHARS] == marked
+    assert stored == marked
     assert marked != fingerprint(EMBEDDED_MODEL, None, text)
 
 

@@ -9,7 +9,9 @@ by RQ's SimpleWorker; the request itself never calls the endpoint for a fact.
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -103,7 +105,26 @@ def vectors_of(app, user_id: str = "u-42") -> dict[str, str]:
         for memory_id in stored:
             assert redis.execute_command("VISMEMBER", vector_set, memory_id)
             assert len(redis.execute_command("VEMB", vector_set, memory_id)) > 0
+        # The namespace's set holds the same facts of the user, each under its user's element.
+        assert set(namespace_elements(app, user_id)) == set(stored)
+        for memory_id in stored:
+            element = keys.recall_namespace_element(user_id, memory_id)
+            assert json.loads(redis.execute_command(
+                "VGETATTR", namespace_set(app), element)) == {"user": user_id}
     return stored
+
+
+def namespace_set(app) -> str:
+    return keys.recall_namespace_vector_set(org_of(app), "support")
+
+
+def namespace_elements(app, user_id: str) -> list[str]:
+    """The memory_ids of the user's elements in the namespace's vector set (read whole)."""
+    redis = app.extensions["loom"].redis
+    size = int(redis.execute_command("VCARD", namespace_set(app)) or 0)
+    names = [name.decode() if isinstance(name, bytes) else name for name in
+             (redis.execute_command("VRANDMEMBER", namespace_set(app), size) if size else [])]
+    return [name.split("\x00", 1)[1] for name in names if name.split("\x00", 1)[0] == user_id]
 
 
 def due_of(app, user_id: str = "u-42") -> list[str]:
@@ -119,6 +140,10 @@ def row_of(client, key: str, **body) -> dict[str, Any]:
 
 def id_of(client, key: str) -> str:
     return row_of(client, key)["memory_id"]
+
+
+def id_of_user(client, key: str, user_id: str) -> str:
+    return row_of(client, key, user_id=user_id)["memory_id"]
 
 
 def ledger(client) -> dict[str, int]:
@@ -293,10 +318,34 @@ def test_search_ranks_by_meaning_and_fuses_the_legs(app, client, srv):
     assert out["hits"][0]["key"] == "drink" and out["hits"][0]["matched_terms"] == []
 
 
+def test_a_namespace_search_finds_the_facts_of_several_users_by_meaning(app, client, srv):
+    """On the engine the namespace's one vector set answers a namespace search: with every
+    user's own set gone it still finds each user's fact by meaning, while a search of the
+    user's own facts (which reads the user's set) finds none."""
+    ok(client, "memory.set", key="commute", value="drives an automobile to work")
+    ok(client, "memory.set", key="ride", value="owns a red vehicle", user_id="u-7")
+    ok(client, "memory.set", key="bike", value="parks the car downtown", user_id="u-9")
+    ok(client, "memory.set", key="tea", value="a cuppa at four", user_id="u-9")
+    run_jobs(app)
+    out = ok(client, "memory.search", query="automobile", read_scope="namespace", limit=10)
+    by_meaning = {(hit["user_id"], hit["key"]) for hit in out["hits"] if "vector" in hit["legs"]}
+    assert by_meaning == {("u-42", "commute"), ("u-7", "ride"), ("u-9", "bike")}
+    if not on_engine(app):
+        return
+    redis = app.extensions["loom"].redis
+    assert int(redis.execute_command("VCARD", namespace_set(app))) == 4
+    for user in ("u-42", "u-7", "u-9"):
+        redis.delete(keys.recall_vector_set(org_of(app), "support", user))
+    out = ok(client, "memory.search", query="vehicle", read_scope="namespace", limit=10)
+    assert {(hit["user_id"], hit["key"]) for hit in out["hits"]} == {
+        ("u-42", "commute"), ("u-7", "ride"), ("u-9", "bike")}
+    assert search(client, "vehicle", read_scope="own_user") == []
+
+
 def test_without_an_endpoint_search_is_lexical_alone(app_factory, srv):
     client = app_factory().test_client()
     facts(client)
-    assert search(client, "vehicle") == []
+    assert search(client, "vehicle", read_scope="own_user") == []
     assert search(client, "automobile") == [("commute", ["lexical"])]
     assert srv.embedding_requests == []
 
@@ -337,7 +386,7 @@ def test_a_searching_process_sees_every_change_to_the_vectors_it_keeps(app, clie
     ok(client, "memory.delete", key="commute")
     assert [key for key, _ in search(client, "vehicle")] == ["car_colour"]
     ok(client, "memory.redact", key="car_colour")
-    assert search(client, "vehicle") == []
+    assert search(client, "vehicle", read_scope="own_user") == []
     # An erased user written again starts a new generation, never equal to the kept one.
     from tests.support.erasure_worker import run_erasure_jobs
 
@@ -449,7 +498,43 @@ def test_erasure_takes_the_vector_keys_and_the_census_is_clean(app, client, srv)
     run_jobs(app)  # a job queued before the erasure finds nothing to write
     assert not any(redis.exists(key) for key in vector_keys)
     assert vectors_of(app, "u-7") != {}
+    if on_engine(app):
+        assert namespace_elements(app, "u-42") == []
+        assert len(namespace_elements(app, "u-7")) == 1
     assert [key for key, _ in search(client, "car", read_scope="namespace")] == ["ride"]
+
+
+def test_the_census_finds_an_element_of_the_user_in_the_namespace_set(app, client, srv):
+    """An element of the user that the user's own indexes no longer name (a step lost on
+    Redis Cluster, say) is found by the census's search and taken by the sweep."""
+    from app.store.erasure import leftovers
+    from app.store.erasure.run import ErasureRun
+
+    if not on_engine(app):
+        pytest.skip("the namespace's vector set lives on the engine")
+    facts(client)
+    ok(client, "memory.set", key="ride", value="a vehicle of their own", user_id="u-7")
+    run_jobs(app)
+    services = app.extensions["loom"]
+    redis, org = services.redis, org_of(app)
+    vector = redis.execute_command("VEMB", namespace_set(app),
+                                   keys.recall_namespace_element("u-7", id_of_user(client,
+                                                                                   "ride", "u-7")))
+    blob = struct.pack(f"{len(vector)}f", *(float(x) for x in vector))
+    redis.execute_command("VADD", namespace_set(app), "FP32", blob,
+                          keys.recall_namespace_element("u-42", "lost-id"), "Q8")
+    run = ErasureRun(org=org, namespace="support", user_id="u-42", erasure_id="probe",
+                     subjects=[], actor="test")
+    assert leftovers.namespace_vectors(redis, run, remove=False) == 4  # three facts, one stray
+    started = ok(client, "user.erase", user_id="u-42")
+    from tests.support.erasure_worker import run_erasure_jobs
+
+    run_erasure_jobs(services)
+    receipt = ok(client, "erasure.status", erasure_id=started["erasure_id"])
+    assert receipt["status"] == "done" and receipt["census"]["clean"] is True
+    assert namespace_elements(app, "u-42") == []
+    assert leftovers.namespace_vectors(redis, run, remove=False) == 0
+    assert len(namespace_elements(app, "u-7")) == 1
 
 
 def test_export_carries_no_vector(app, client, srv):
@@ -580,6 +665,8 @@ def test_backfill_lists_a_fact_whose_vector_no_search_can_read(app, client, srv)
     made_from = vectors_of(app)[commute][:FINGERPRINT_CHARS]
     if on_engine(app):
         redis.execute_command("VREM", keys.recall_vector_set(org, "support", "u-42"), commute)
+        redis.execute_command("VREM", namespace_set(app),
+                              keys.recall_namespace_element("u-42", commute))
     else:
         redis.hset(keys.recall_vectors(org, "support", "u-42"), commute, made_from)
     assert "commute" not in [key for key, _ in search(client, "vehicle")]
@@ -594,6 +681,27 @@ def test_backfill_lists_a_fact_whose_vector_no_search_can_read(app, client, srv)
     # Current now: a second backfill lists nothing.
     assert ok(client, "memory.backfill", key="commute")["changed"] is False
     assert due_of(app) == []
+
+
+def test_backfill_lists_a_fact_the_namespace_set_lacks(app, client, srv):
+    """A database written before the namespace's vector set (each vector in its user's set
+    alone): memory.backfill lists the fact, the job stores it in both sets, and a namespace
+    search finds it by meaning."""
+    if not on_engine(app):
+        pytest.skip("the namespace's vector set lives on the engine")
+    facts(client)
+    run_jobs(app)
+    redis = app.extensions["loom"].redis
+    commute = id_of(client, "commute")
+    redis.execute_command("VREM", namespace_set(app),
+                          keys.recall_namespace_element("u-42", commute))
+    assert commute not in namespace_elements(app, "u-42")
+    assert ok(client, "memory.backfill", key="commute")["changed"] is True
+    assert commute in due_of(app)
+    run_jobs(app)
+    assert commute in vectors_of(app)  # both sets again
+    hits = ok(client, "memory.search", query="vehicle", read_scope="namespace")["hits"]
+    assert [(hit["key"], hit["legs"]) for hit in hits] == [("commute", ["vector"])]
 
 
 def test_a_killed_engine_server_restarts_with_every_vector(tmp_path, srv, redis_server_url):

@@ -227,10 +227,12 @@ def fuse(lexical: Sequence[LexicalHit], vector: Sequence[VectorHit] | None) -> l
 QUERY_VECTOR_MEMO = "query_vector"
 
 
-def query_vector(call: Call, query: str, users: Sequence[str]) -> list[float] | None:
+def query_vector(call: Call, query: str, users: Sequence[str],
+                 whole_namespace: bool = False) -> list[float] | None:
     """The query's embedding, or None when the vector leg sits this search out: no endpoint,
     no vector stored for anyone in scope (no call is made for nothing to match), model calls
-    off for the org, the budget spent, or the call failed."""
+    off for the org, the budget spent, or the call failed. ``whole_namespace``: ``users`` are
+    every user of the namespace."""
     services = call.services
     settings = services.settings
     identity = call.identity
@@ -238,8 +240,8 @@ def query_vector(call: Call, query: str, users: Sequence[str]) -> list[float] | 
     if embedder is None:
         return None
     with embedder:
-        counts = services.store(RecallVectorStore).counts(identity.org, identity.namespace, users)
-        if not any(counts.values()):
+        if not services.store(RecallVectorStore).has_vectors(
+                identity.org, identity.namespace, users, whole_namespace=whole_namespace):
             return None
         if not services.store(UsageStore).model_calls_enabled(identity.org):
             return None
@@ -267,7 +269,8 @@ def search_rows(call: Call, query: str, limit: int, read_scope: str,
     recall = call.services.store(RecallStore)
     memory = call.services.store(MemoryStore)
     users = _users(call, read_scope)
-    wanted = query_vector(call, query, users)
+    whole_namespace = read_scope == "namespace"
+    wanted = query_vector(call, query, users, whole_namespace)
     if not terms and wanted is None:
         return []
     vectors = call.services.store(RecallVectorStore)
@@ -277,7 +280,7 @@ def search_rows(call: Call, query: str, limit: int, read_scope: str,
     # round below. The engine's cost grows with the depth asked: each round asks its own.
     depth = top if vectors.on_engine else CANDIDATES_MAX
     vector_hits = None if wanted is None else vectors.nearest(
-        identity.org, identity.namespace, users, wanted, depth)
+        identity.org, identity.namespace, users, wanted, depth, whole_namespace=whole_namespace)
     kept: list[tuple[MemoryRow, Hit]] = []
     seen: set[tuple[str, str]] = set()
     while True:
@@ -285,7 +288,8 @@ def search_rows(call: Call, query: str, limit: int, read_scope: str,
             else []
         if wanted is not None and top > depth:
             depth = top
-            vector_hits = vectors.nearest(identity.org, identity.namespace, users, wanted, depth)
+            vector_hits = vectors.nearest(identity.org, identity.namespace, users, wanted, depth,
+                                          whole_namespace=whole_namespace)
         vector = None if vector_hits is None else vector_hits[:top]
         hits = [hit for hit in fuse(lexical, vector) if (hit.user_id, hit.memory_id) not in seen]
         examined = 0

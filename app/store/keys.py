@@ -335,6 +335,19 @@ def recall_vector_set(org: str, namespace: str, user_id: str) -> str:
     return f"{PREFIX}:recall-vset:{user_tag(org, namespace, user_id)}"
 
 
+def recall_namespace_vector_set(org: str, namespace: str) -> str:
+    """Vector set of every fact vector of the namespace, in the namespace's slot, element
+    ``recall_namespace_element`` (user and memory_id), attribute ``{"user": user_id}``: what a
+    namespace-scope search asks with one VSIM, beside each user's ``recall_vector_set``."""
+    return f"{PREFIX}:recall-ns-vset:{namespace_tag(org, namespace)}"
+
+
+def recall_namespace_element(user_id: str, memory_id: str) -> str:
+    """A fact's element name in ``recall_namespace_vector_set``: the user, NUL, the memory_id
+    (a memory_id holds none, so the name splits back at its last NUL)."""
+    return f"{user_id}\x00{memory_id}"
+
+
 def recall_vectors_due(org: str, namespace: str, user_id: str) -> str:
     """Sorted set (all scores 0) of the memory_ids whose text changed since their vector was
     stored: what the next embeddings job of the user embeds."""

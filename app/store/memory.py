@@ -824,6 +824,7 @@ class MemoryStore:
             "pointer": keys.memory_pointer(org, namespace, ""),
             "pointer_value": location.pointer_value(),
             "recall_users": keys.recall_users(org, namespace),
+            "recall_vector_set": keys.recall_namespace_vector_set(org, namespace),
             "profile_users": keys.profile_users(org, namespace),
             "label_users": keys.profile_label_users(org, namespace, location.key),
             "agent_users": keys.profile_agent_users(org, namespace, location.agent),

@@ -22,8 +22,12 @@ as float32; on the engine the same int8 values go to VADD, so both rank the same
 fingerprint (sha1 of model, dimensions and text, 16 hex) tells the job a row whose text and model
 are those of its vector, which costs no call.
 
-Search on the engine is one VSIM a user in scope (pipelined; a namespace is each of its users'
-sets), as deep as the search asks. Without it, the vectors of the users in scope are read in one
+In the namespace's slot, on the engine, ``keys.recall_namespace_vector_set`` holds every fact
+vector of the namespace again (element user NUL memory_id, attribute the user), kept in the same
+step as the user's set on one server and in a second step on Redis Cluster (docs/decisions.md).
+
+Search on the engine is one VSIM a user in scope for ``own_user``/``own_session`` (pipelined),
+and one VSIM over the namespace's set for a namespace search, as deep as the search asks. Without it, the vectors of the users in scope are read in one
 pipeline (one HGETALL a user, each in its own slot on Redis Cluster), kept decoded in this
 process while each user's generation holds, and a namespace's are laid out as one contiguous
 matrix, so a search is one product over it.
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import binascii
 import hashlib
+import json
 import logging
 import threading
 import uuid
@@ -244,6 +249,7 @@ class RecallVectorStore:
         self.redis = services.redis
         self.queue_redis = services.queue_redis
         self._store = script(self.redis, "recall_vector_store")
+        self._clustered = isinstance(self.redis, redis.RedisCluster)
         self._queue = script(self.redis, "recall_vector_queue")
         # Users' decoded vectors, least recently searched first, at most CACHE_VECTORS_MAX.
         self._cache: OrderedDict[tuple[str, str, str, int], _Block] = OrderedDict()
@@ -368,13 +374,20 @@ class RecallVectorStore:
         pipe.hmget(keys.recall_vectors(org, namespace, user_id), ids)
         if self.on_engine:
             vector_set = keys.recall_vector_set(org, namespace, user_id)
+            namespace_set = keys.recall_namespace_vector_set(org, namespace)
             for memory_id in ids:
                 cast(Any, pipe).execute_command("VISMEMBER", vector_set, memory_id)
+                cast(Any, pipe).execute_command(
+                    "VISMEMBER", namespace_set, keys.recall_namespace_element(user_id, memory_id))
         replies = pipe.execute()
         stored = optional_texts(replies[0])
         if self.on_engine:
-            return [value[:FINGERPRINT_CHARS] if value is not None and bool(member) else None
-                    for value, member in zip(stored, replies[1:], strict=True)]
+            # A vector counts only where both sets hold it: one the namespace's set lacks (a
+            # database from before it, a step lost on Redis Cluster) is stored again.
+            members = replies[1:]
+            return [value[:FINGERPRINT_CHARS]
+                    if value is not None and bool(members[2 * i]) and bool(members[2 * i + 1])
+                    else None for i, value in enumerate(stored)]
         return [value[:FINGERPRINT_CHARS] if value is not None and len(value) > FINGERPRINT_CHARS
                 else None for value in stored]
 
@@ -387,14 +400,27 @@ class RecallVectorStore:
         value, vector = stored, b""
         if self.on_engine and stored:
             value, vector = stored[:FINGERPRINT_CHARS], vector_bytes(stored)
+        namespace_set = keys.recall_namespace_vector_set(org, namespace)
+        element = keys.recall_namespace_element(user_id, memory_id)
+        attributes = json.dumps({"user": user_id})
         reply = self._store(
             keys=[row_key, keys.recall_vectors(org, namespace, user_id),
                   keys.recall_vectors_due(org, namespace, user_id),
                   keys.user_erasing(org, namespace, user_id),
                   keys.recall_vectors_generation(org, namespace, user_id),
                   keys.recall_vector_set(org, namespace, user_id)],
-            args=[memory_id, str(version), value, vector],
+            args=[memory_id, str(version), value, vector,
+                  "" if self._clustered else namespace_set, element, attributes],
         )
+        # On Redis Cluster the namespace's set is in another slot: its step follows. A process
+        # that dies between the two leaves the namespace set behind the user's until the row's
+        # next vector (the job's fingerprints check both, so the next job stores it again).
+        left = _text(reply[1]) if len(reply) > 1 else ""
+        if left == "add":
+            cast(Any, self.redis).execute_command(
+                "VADD", namespace_set, "FP32", vector, element, "Q8", "SETATTR", attributes)
+        elif left == "remove":
+            cast(Any, self.redis).execute_command("VREM", namespace_set, element)
         return _text(reply[0])
 
     def drop_due(self, org: str, namespace: str, user_id: str, memory_id: str) -> None:
@@ -489,12 +515,25 @@ class RecallVectorStore:
         return {user_id: int(n or 0)
                 for user_id, n in zip(user_ids, pipe.execute(), strict=True)}
 
+    def has_vectors(self, org: str, namespace: str, user_ids: Sequence[str], *,
+                    whole_namespace: bool = False) -> bool:
+        """Whether any of these users has a vector (no query is embedded for nothing to
+        match); ``whole_namespace`` as in ``nearest``: on the engine one VCARD of the
+        namespace's set."""
+        if self.on_engine and whole_namespace:
+            return bool(cast(Any, self.redis).execute_command(
+                "VCARD", keys.recall_namespace_vector_set(org, namespace)))
+        return any(self.counts(org, namespace, user_ids).values())
+
     def nearest(self, org: str, namespace: str, user_ids: Sequence[str],
-                query: Sequence[float], top: int) -> list[VectorHit]:
+                query: Sequence[float], top: int, *,
+                whole_namespace: bool = False) -> list[VectorHit]:
         """The ``top`` facts of these users closest to ``query`` by cosine, best first; only
         vectors of the query's length count (a model change leaves old ones until re-embedded),
         and only those pointing the query's way (cosine above 0). Exact without the engine;
-        on it, what VSIM finds (approximate past a few hundred vectors a user)."""
+        on it, what VSIM finds (approximate past a few hundred vectors a user).
+        ``whole_namespace`` says ``user_ids`` are every user of the namespace: on the engine
+        that is one VSIM over the namespace's set, not one a user."""
         users = [u for u in dict.fromkeys(user_ids)]
         if not users or top <= 0:
             return []
@@ -503,6 +542,8 @@ class RecallVectorStore:
         if norm == 0:
             return []
         wanted = wanted / norm
+        if self.on_engine and whole_namespace:
+            return self._nearest_in_namespace(org, namespace, users, wanted, top)
         if self.on_engine:
             return self._nearest_on_engine(org, namespace, users, wanted, top)
         width = wanted.shape[0]
@@ -584,5 +625,27 @@ class RecallVectorStore:
                 cosine = 2.0 * float(similarity) - 1.0
                 if cosine > 0:
                     hits.append(VectorHit(user_id, _text(member), cosine))
+        hits.sort(key=lambda hit: (-hit.score, hit.memory_id))
+        return hits[:top]
+
+    def _nearest_in_namespace(self, org: str, namespace: str, users: Sequence[str],
+                              wanted: np.ndarray, top: int) -> list[VectorHit]:
+        """One VSIM over the namespace's set (its slot), each element naming its user: a
+        user erased or left meanwhile (no longer in ``users``) is dropped here."""
+        reply = cast(Any, self.redis).execute_command(
+            "VSIM", keys.recall_namespace_vector_set(org, namespace), "FP32",
+            wanted.astype(np.float32).tobytes(), "WITHSCORES", "COUNT", top,
+            "EF", max(ENGINE_EF_MIN, top))
+        if not reply:
+            return []
+        wanted_users = set(users)
+        pairs = (reply.items() if isinstance(reply, dict)
+                 else zip(reply[::2], reply[1::2], strict=True))
+        hits: list[VectorHit] = []
+        for element, similarity in pairs:
+            user_id, _, memory_id = _text(element).rpartition("\x00")
+            cosine = 2.0 * float(similarity) - 1.0
+            if cosine > 0 and user_id in wanted_users:
+                hits.append(VectorHit(user_id, memory_id, cosine))
         hits.sort(key=lambda hit: (-hit.score, hit.memory_id))
         return hits[:top]

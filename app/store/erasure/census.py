@@ -1,8 +1,9 @@
 """The census: the last step of an erasure, a search for anything of the user left anywhere.
 
 It runs the sweep's searches again without removing (keys under the user's tag on every
-primary, pointers, the namespace's sets), then the agent-state subject indexes, every RQ job,
-the tokens pinned to the user and the workers' state. Anything found fails the erasure closed.
+primary, pointers, the namespace's sets and vector set), then the agent-state subject indexes,
+every RQ job, the tokens pinned to the user and the workers' state. Anything found fails the
+erasure closed.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def take_census(services: StoreServices, run: ErasureRun) -> Census:
         found[_CENSUS_KIND[kind_of(key)]] += 1
     found["index_entries"] += len(leftovers.pointers_naming(client, run))
     found["index_entries"] += leftovers.namespace_sets(client, run, remove=False)
+    found["index_entries"] += leftovers.namespace_vectors(client, run, remove=False)
     states, entries = leftovers.agent_state_left(client, run)
     found["agent_states"] += states
     found["index_entries"] += entries

@@ -2,7 +2,8 @@
 
 Each search reaches every primary (``scanning.scan_keys``): the keys under the user's hash tag,
 the namespace's memory_id pointers naming the user, the user as a member of the namespace's
-sets and sorted sets, and the agent states still naming one of the user's subjects.
+sets and sorted sets, the user's elements in the namespace's vector set, and the agent states
+still naming one of the user's subjects.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from app.store import keys
 from app.store.batching import batches
 from app.store.erasure.run import ErasureRun
 from app.store.erasure.scanning import scan_keys, text
+from app.store.recall_vectors import VECTORSET, engine_of
 
 BATCH = 200
 
@@ -79,6 +81,28 @@ def namespace_sets(client: Any, run: ErasureRun, *, remove: bool) -> int:
                     pipe.zscore(key, user_id)
             total += sum(1 for hit in pipe.execute() if _hit(hit))
     return total
+
+
+def namespace_vectors(client: Any, run: ErasureRun, *, remove: bool) -> int:
+    """The user's elements in the namespace's vector set (named ``user NUL memory_id``),
+    removed or only counted. The set is read whole (VRANDMEMBER with its size answers every
+    element): the user's own indexes may have lost a memory_id."""
+    if engine_of(client) != VECTORSET:
+        return 0
+    key = keys.recall_namespace_vector_set(run.org, run.namespace)
+    size = int(client.execute_command("VCARD", key) or 0)
+    if not size:
+        return 0
+    prefix = run.user_id + "\x00"
+    mine = [name for name in map(text, client.execute_command("VRANDMEMBER", key, size))
+            if name.startswith(prefix) and "\x00" not in name[len(prefix):]]
+    if remove:
+        for batch in batches(mine, BATCH):
+            pipe = client.pipeline(transaction=False)
+            for name in batch:
+                pipe.execute_command("VREM", key, name)
+            pipe.execute()
+    return len(mine)
 
 
 def agent_state_left(client: Any, run: ErasureRun) -> tuple[int, int]:

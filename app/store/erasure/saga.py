@@ -51,7 +51,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from app.errors import ErasureNotFound, ErasureRunning, ValidationFailed
 from app.keyed import keyed_digest
@@ -73,6 +73,7 @@ from app.store.erasure.scanning import text
 from app.store.erasure.worker_state import scrub_stored
 from app.store.lua import raise_for_status, script
 from app.store.namespace_config import AuditLog
+from app.store.recall_vectors import VECTORSET, engine_of
 from app.store.structured import PROFILE_KEY
 from app.store.tokens import TokenStore
 
@@ -451,6 +452,7 @@ class ErasureStore:
             if doomed:
                 removed += self.redis.delete(*doomed)
         self._count(run, index_entries=removed)
+        self._count(run, index_entries=self._remove_namespace_vectors(run))
         rows_key = keys.memory_keys(*user)
         # The names the user's rows had, whose namespace label and agent indexes list the user.
         names: set[str] = set()
@@ -491,6 +493,24 @@ class ErasureStore:
             keys.profile_vector_set(*user),
         ])
         self._count(run, index_entries=self._remove_namespace_entries(run, names, writers))
+
+    def _remove_namespace_vectors(self, run: ErasureRun) -> int:
+        """The user's facts' elements in the namespace's vector set, named from the user's
+        vector hash (every fact with a vector has its fingerprint there); the sweep reads the
+        set whole for any the hash lost."""
+        if engine_of(self.redis) != VECTORSET:
+            return 0
+        namespace_set = keys.recall_namespace_vector_set(run.org, run.namespace)
+        removed = 0
+        ids = (text(mid) for mid, _ in
+               self.redis.hscan_iter(keys.recall_vectors(*run.user), count=500))
+        for batch in batches(ids, BATCH):
+            pipe = self.redis.pipeline(transaction=False)
+            for mid in batch:
+                cast(Any, pipe).execute_command("VREM", namespace_set,
+                                     keys.recall_namespace_element(run.user_id, mid))
+            removed += sum(int(n or 0) for n in pipe.execute())
+        return removed
 
     def _remove_namespace_entries(self, run: ErasureRun, labels: set[str],
                                   agents: set[str]) -> int:
@@ -550,6 +570,7 @@ class ErasureStore:
         pointers = leftovers.pointers_naming(self.redis, run)
         removed = int(self.redis.delete(*pointers)) if pointers else 0
         removed += leftovers.namespace_sets(self.redis, run, remove=True)
+        removed += leftovers.namespace_vectors(self.redis, run, remove=True)
         self._count(run, index_entries=removed)
 
     # --- the end --------------------------------------------------------------------------------

@@ -15,10 +15,15 @@ if err then return err end
 if r.deleted == '1' then return {'MISSING'} end
 if r.locked == '1' then return {'LOCKED', r.memory_id} end
 local change = ARGV[2]
--- Whether the row has a vector a search can score: in the vector set on the engine, else as
--- the payload after the fingerprint in the user's vector hash.
+-- Whether the row has a vector a search can score: in the vector set on the engine (and, on
+-- one server, where the script reaches it, in the namespace's set too: a database from before
+-- that set is listed and embedded again), else as the payload after the fingerprint in the
+-- user's vector hash.
 local function has_vector(mid)
-  if ARGV[9] == '1' then return redis.call('VISMEMBER', KEYS[18], mid) == 1 end
+  if ARGV[9] == '1' then
+    return redis.call('VISMEMBER', KEYS[18], mid) == 1 and (not TAIL.apply
+      or redis.call('VISMEMBER', TAIL.recall_vector_set, TAIL.user_id .. NUL .. mid) == 1)
+  end
   local stored = redis.call('HGET', KEYS[15], mid)
   return stored ~= false and string.find(stored, ':', 1, true) ~= nil
 end

@@ -20,6 +20,9 @@ local SHARED_KEYS = 18
 local STRUCTURED_WORKER = 'worker:structured_profile'
 local TAIL = cjson.decode(ARGV[#ARGV])
 local OUTCOME = nil
+-- The memory_id whose vector this write took out of the user's vector set: it leaves the
+-- namespace's set too, as one of the namespace commands.
+local VECTOR_LEFT = nil
 if TAIL.holder ~= '' then OUTCOME = KEYS[#KEYS] end
 
 -- The section's three entries in the user's section index (keys.profile_sections).
@@ -78,7 +81,10 @@ local function index_recall(r)
   -- on a server with the engine, so no other server is sent VREM).
   if redis.call('HDEL', KEYS[15], mid) == 1 then
     bump_vector_generation(KEYS[17])
-    if redis.call('EXISTS', KEYS[18]) == 1 then redis.call('VREM', KEYS[18], mid) end
+    if redis.call('EXISTS', KEYS[18]) == 1 then
+      redis.call('VREM', KEYS[18], mid)
+      VECTOR_LEFT = mid
+    end
   end
   if new then
     redis.call('ZADD', KEYS[16], 0, mid)
@@ -242,6 +248,10 @@ local function namespace_commands(r, moved, changed_at, redacted)
   local by_caller = t.structured_row and (redacted or r.written_by ~= STRUCTURED_WORKER)
   if moved or by_caller then
     commands[#commands + 1] = {'ZADD', t.changed_users, changed_at, t.user_id}
+  end
+  if VECTOR_LEFT then
+    -- A namespace search's one VSIM reads this set (app/store/recall_vectors.py).
+    commands[#commands + 1] = {'VREM', t.recall_vector_set, t.user_id .. NUL .. VECTOR_LEFT}
   end
   if moved then
     -- The consolidation fold's own change list and the namespaces it visits.

@@ -721,6 +721,9 @@ def test_a_killed_engine_server_restarts_with_every_vector(tmp_path, srv, redis_
         binary = vectorset_binary()
     settings = {"embed_base_url": srv.base_url, "embed_model": MODEL, "embed_batch_size": 4}
     server = RedisServerProcess(tmp_path / "redis", appendonly=True, binary=binary).start()
+    # One server of its own, data plane and queue, even in the cluster run (whose fixtures set
+    # LOOM_REDIS_CLUSTER and LOOM_QUEUE_URL for the process once any test has asked for them).
+    settings.update(redis_cluster="off", queue_url=server.url)
     try:
         app = make_app(server.url, tmp_path / "loom", **settings)
         assert on_engine(app)

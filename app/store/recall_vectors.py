@@ -27,10 +27,11 @@ vector of the namespace again (element user NUL memory_id, attribute the user), 
 step as the user's set on one server and in a second step on Redis Cluster (docs/decisions.md).
 
 Search on the engine is one VSIM a user in scope for ``own_user``/``own_session`` (pipelined),
-and one VSIM over the namespace's set for a namespace search, as deep as the search asks. Without it, the vectors of the users in scope are read in one
-pipeline (one HGETALL a user, each in its own slot on Redis Cluster), kept decoded in this
-process while each user's generation holds, and a namespace's are laid out as one contiguous
-matrix, so a search is one product over it.
+and one VSIM over the namespace's set for a namespace search, as deep as the search asks.
+Without the engine, the vectors of the users in scope are read in one pipeline (one HGETALL a
+user, each in its own slot on Redis Cluster), kept decoded in this process while each user's
+generation holds, and a namespace's are laid out as one contiguous matrix, so a search is one
+product over it.
 """
 
 from __future__ import annotations

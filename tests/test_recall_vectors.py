@@ -26,7 +26,7 @@ from app.store.recall_terms import row_text
 from app.store.recall_vectors import FINGERPRINT_CHARS, RecallVectorStore, fingerprint
 from jobs import context
 from jobs.recall_embed import embed_due
-from tests.conftest import make_app
+from tests.conftest import make_app, on_cluster_skip
 from tests.support.api import op_helpers
 from tests.support.model_server import ScriptedModelServer
 from tests.support.rq_worker import BurstWorker
@@ -704,6 +704,7 @@ def test_backfill_lists_a_fact_the_namespace_set_lacks(app, client, srv):
     assert [(hit["key"], hit["legs"]) for hit in hits] == [("commute", ["vector"])]
 
 
+@on_cluster_skip  # its own single engine server, killed and restarted
 def test_a_killed_engine_server_restarts_with_every_vector(tmp_path, srv, redis_server_url):
     """kill -9 of Redis 8 with the append-only file on (everysec, as app/local.py runs it),
     then a restart on the same folder: every fact's vector and every section vector is still

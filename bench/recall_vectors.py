@@ -15,7 +15,8 @@ that endpoint), then times ``memory.search`` through the Flask app (test client)
 ``own_user`` on the one user, ``namespace`` over every fact. A search's time includes the
 query's embedding, one call to the endpoint; that call is also timed alone just before each
 search and shown apart, with the search less it. On the engine it also prints the share of
-the exact top 40 (VSIM TRUTH, a linear scan) that the search's VSIM found.
+the exact top 40 (VSIM TRUTH, a linear scan) that the search's VSIM found. After each scope,
+its lexical and vector legs alone, called as the search calls them.
 """
 
 from __future__ import annotations
@@ -43,8 +44,11 @@ if str(ROOT) not in sys.path:
 from app import create_app  # noqa: E402
 from app.local import RedisServerProcess  # noqa: E402
 from app.model.embeddings import embedder_for  # noqa: E402
+from app.ops.recall import CANDIDATES_MAX, OVERFETCH  # noqa: E402
 from app.store import keys  # noqa: E402
 from app.store.memory import Content, Location, MemoryStore  # noqa: E402
+from app.store.recall import RecallStore  # noqa: E402
+from app.store.recall_terms import query_terms  # noqa: E402
 from app.store.recall_vectors import RecallVectorStore  # noqa: E402
 from jobs.recall_embed import embed_due  # noqa: E402
 
@@ -169,8 +173,36 @@ def run(engine: str, args: argparse.Namespace, workdir: Path) -> None:
                   f"p50 {statistics.median(less):.1f} ms, p99 {percentile(less, 0.99):.1f} ms; "
                   f"{vector_hits}/{queries} answers hold a vector hit", flush=True)
 
+        def legs(user_id: str, scope: str, queries: int) -> None:
+            """Where a search's time goes: its two legs alone, called as search_rows calls
+            them (same users, terms and depth for a limit of 10), the query already embedded;
+            what a whole search takes beyond them and the embedding is reading the rows,
+            fusing and answering."""
+            users = list(dict.fromkeys(["-", user_id, *(
+                recall.namespace_users(org, NAMESPACE) if scope == "namespace" else [])]))
+            top = 10 * OVERFETCH + 10
+            depth = top if vectors.on_engine else CANDIDATES_MAX
+            lexical, vector = [], []
+            for _ in range(queries):
+                query = words(rng, vocabulary, 3)
+                wanted = embedder.embed([query], purpose="query").vectors[0]
+                begun = time.perf_counter()
+                recall.lexical(org, NAMESPACE, users, query_terms(query), top)
+                lexical.append(1000 * (time.perf_counter() - begun))
+                begun = time.perf_counter()
+                vectors.nearest(org, NAMESPACE, users, wanted, depth,
+                                whole_namespace=scope == "namespace")
+                vector.append(1000 * (time.perf_counter() - begun))
+            print(f"[{engine}]   {scope} legs alone: lexical p50 "
+                  f"{statistics.median(lexical):.1f} ms, p99 {percentile(lexical, 0.99):.1f} ms; "
+                  f"vector p50 {statistics.median(vector):.1f} ms, "
+                  f"p99 {percentile(vector, 0.99):.1f} ms", flush=True)
+
+        recall = services.store(RecallStore)
         timed("solo", "own_user", args.queries)
+        legs("solo", "own_user", args.queries)
         timed("u0", "namespace", max(20, args.queries // 2))
+        legs("u0", "namespace", max(20, args.queries // 2))
         if engine == "vectorset":
             found = []
             vector_set = keys.recall_vector_set(org, NAMESPACE, "solo")

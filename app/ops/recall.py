@@ -315,11 +315,11 @@ def _rows_of(recall: RecallStore, memory: MemoryStore, org: str, namespace: str,
     for hit in hits:
         by_user.setdefault(hit.user_id, []).append(hit)
     row_key_of: dict[str, str] = {}
-    for user_id, user_hits in by_user.items():
-        ids = [hit.memory_id for hit in user_hits]
-        for memory_id, row_key in zip(
-            ids, recall.row_keys(org, namespace, user_id, ids), strict=True
-        ):
+    ids_by_user = {user_id: [hit.memory_id for hit in user_hits]
+                   for user_id, user_hits in by_user.items()}
+    found = recall.row_keys_by_user(org, namespace, ids_by_user)
+    for user_id, ids in ids_by_user.items():
+        for memory_id, row_key in zip(ids, found[user_id], strict=True):
             if row_key is not None:
                 row_key_of[memory_id] = row_key
     wanted = [hit for hit in hits if hit.memory_id in row_key_of]

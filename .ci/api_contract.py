@@ -103,7 +103,8 @@ def run(name: str, redis: RedisServerProcess, workdir: Path, extra: list[str],
         command = [str(SCHEMATHESIS), "run", f"{url}/openapi.json", "--no-color", "--checks",
                    "all",
                    *(part for header in headers for part in ("-H", header)), *extra]
-        hooks = {**os.environ, "SCHEMATHESIS_HOOKS": str(HOOKS)}
+        hooks = {**os.environ, "SCHEMATHESIS_HOOKS": str(HOOKS), "LOOM_CONTRACT_URL": url,
+                 "LOOM_CONTRACT_AUTHORIZATION": headers[0].split(": ", 1)[1] if headers else ""}
         for _attempt in range(3):
             result = subprocess.run(command, cwd=ROOT, env=hooks, capture_output=True,
                                     text=True)

@@ -457,6 +457,19 @@ def _validate_retention(
     return state_days, per_field
 
 
+def retention_fits(raw_type: Any) -> bool:
+    """Whether one type's retention names declared fields only, each kept at most as long as
+    the state (``x-loom-rules``' ``retention_fits``; a type that is no object keeps it)."""
+    declared = raw_type.get("fields") if isinstance(raw_type, Mapping) else None
+    if not isinstance(raw_type, Mapping) or not isinstance(declared or {}, Mapping):
+        return True
+    try:
+        _validate_retention(raw_type.get("retention"), declared or {}, "retention")
+    except SchemaRuleViolation:
+        return False
+    return True
+
+
 # --- the registry as JSON Schema -----------------------------------------------------------------
 
 # Days from 1 to MAX_RETENTION_DAYS (180) as parse_days reads them: at most four digits,

@@ -147,6 +147,15 @@ def _re2_compile(pattern: str) -> Any:
     return re2.compile(pattern, _re2_options())
 
 
+def pattern_is_accepted(pattern: str) -> bool:
+    """Whether a pii rule's ``pattern`` keeps the rules ``_check_pattern`` holds it to."""
+    try:
+        _check_pattern(pattern, "pattern")
+    except SchemaRuleViolation:
+        return False
+    return True
+
+
 def _check_pattern(pattern: Any, where: str) -> str:
     if not isinstance(pattern, str) or not pattern:
         raise SchemaRuleViolation(

@@ -329,7 +329,10 @@ def test_two_fields_compared_and_the_clock_are_stated_as_x_loom_rules(document, 
     from app.schemas.rules import after, future, length_within, rule_holds
 
     who = {"namespace": "n", "agent": "a"}
-    assert _loom_rules(document, "/v1/memory.set") == [after("valid_to", "valid_at")]
+    from app.store.memory_row import MAX_CHAR_LIMIT
+
+    assert _loom_rules(document, "/v1/memory.set") == [
+        after("valid_to", "valid_at"), length_within("value", "char_limit", MAX_CHAR_LIMIT, "json")]
     for start, end in (("2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"),
                        ("2026-01-02T00:00:00Z", "2026-01-01T00:00:00Z"),
                        ("2026-01-01T00:00:00Z", "2026-01-01T00:00:00Z"),
@@ -443,3 +446,105 @@ def test_a_profile_id_holds_no_control_character_even_among_spaces(document, cli
         answer = client.get(f"/v1/profiles/{urllib.parse.quote(profile_id)}/agent-state"
                             "?namespace=n")
         assert (answer.status_code != 422) is valid, (repr(profile_id), answer.get_json())
+
+
+def _contract_hooks():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / ".ci" / "api_contract_hooks.py"
+    spec = importlib.util.spec_from_file_location("api_contract_hooks", path)
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    return hooks
+
+
+def test_a_features_document_states_unique_names_and_patterns_that_compile(document, client):
+    """features.set: rule names unique and patterns RE2 can run are x-loom-rules, and a body
+    keeps them exactly when the op takes it."""
+    from app.schemas.rules import rule_holds
+
+    rules = _loom_rules(document, "/v1/features.set")
+    assert {rule["rule"] for rule in rules} == {"unique_by", "re2_pattern"}
+    bodies = {
+        "fine": [{"name": "ticket", "pattern": "T-[0-9]+"}, {"name": "order", "pattern": "O\\d"}],
+        "same name": [{"name": "ticket", "pattern": "T-1"}, {"name": "ticket", "pattern": "T-2"}],
+        "no compile": [{"name": "ticket", "pattern": "T-("}],
+        "lookahead": [{"name": "ticket", "pattern": "T(?=1)"}],
+        "matches empty": [{"name": "ticket", "pattern": "x*"}],
+    }
+    for name, pii_rules in bodies.items():
+        body = {"namespace": "n", "features": {"pii_rules": pii_rules}}
+        assert _admits(document, "/v1/features.set", body), name
+        kept = all(rule_holds(rule, body) for rule in rules)
+        answer = client.post("/v1/features.set", json=body)
+        assert (answer.status_code == 200) is kept, (name, answer.get_json())
+        assert kept is (name == "fine")
+
+
+def test_an_object_types_registry_states_unique_names_and_retention_within_the_state(
+        document, client):
+    """object_types.set: type names unique, retention naming declared fields and none longer
+    than the state's are x-loom-rules; a body keeps them exactly when the op takes it."""
+    from app.schemas.rules import rule_holds
+
+    rules = _loom_rules(document, "/v1/object_types.set")
+    assert {rule["rule"] for rule in rules} == {"unique_by", "retention_fits"}
+
+    from app.ops.namespace_config import EXAMPLE_TYPE
+
+    def kind(name: str, **retention: str) -> dict:
+        declared = {key: value for key, value in EXAMPLE_TYPE.items() if key != "retention"}
+        return {**declared, "type": name, **({"retention": retention} if retention else {})}
+
+    bodies = {
+        "fine": [kind("a_state", state="30d", step="7d"), kind("b_state")],
+        "same name": [kind("a_state"), kind("a_state")],
+        "undeclared field": [kind("a_state", state="30d", other="7d")],
+        "longer than the state": [kind("a_state", state="7d", step="30d")],
+    }
+    for name, types in bodies.items():
+        body = {"namespace": "n", "types": types}
+        assert _admits(document, "/v1/object_types.set", body), name
+        kept = all(rule_holds(rule, body) for rule in rules)
+        answer = client.post("/v1/object_types.set", json=body)
+        assert (answer.status_code == 200) is kept, (name, answer.get_json())
+        assert kept is (name == "fine")
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/working_memory.replace", {"block_key": "state", "old": "EUR", "new": "CHF"}),
+    ("/v1/working_memory.append", {"block_key": "state", "addition": "x" * 4096}),
+    ("/v1/working_memory.append", {"block_key": "state", "addition": "x" * 5000}),
+    ("/v1/profile.replace", {"label": "preferences", "old": "EUR", "new": "CHF"}),
+    ("/v1/profile.append", {"label": "preferences", "addition": "x" * 9000}),
+    ("/v1/memory.set", {"key": "k", "value": "x" * 9000}),
+])
+def test_ci_writes_the_stored_state_a_valid_case_needs(client, path, body):
+    """.ci/api_contract_hooks.py's before_call: a case drawn as valid against the stored state
+    it needs (the text to replace in the block, room for an addition, a row's cap) is sent
+    after that state is written, so the op takes it; first the state is the opposite."""
+    from types import SimpleNamespace
+
+    from schemathesis.generation import GenerationMode
+
+    who = {"namespace": "n", "agent": "a"}
+    body = {**who, **body}
+    op = path.rsplit("/", 1)[1]
+    if op.startswith("working_memory"):
+        client.post("/v1/working_memory.set", json={**who, "block_key": "state",
+                                                    "content": "", "char_limit": 1})
+    elif op.startswith("profile"):
+        client.post("/v1/profile.set", json={**who, "label": "preferences", "value": "",
+                                             "char_limit": 3})
+    else:
+        client.post("/v1/memory.set", json={**who, "key": "k", "value": 1, "char_limit": 8})
+    assert client.post(path, json=body).status_code == 422  # against the state as it was
+    hooks = _contract_hooks()
+    hooks._SERVER = "http://loom.test"
+    hooks._write = lambda name, prepared: client.post(f"/v1/{name}", json=prepared)
+    meta = SimpleNamespace(generation=SimpleNamespace(mode=GenerationMode.POSITIVE))
+    case = SimpleNamespace(meta=meta, body=body, operation=SimpleNamespace(path=path))
+    hooks.before_call(None, case)
+    answer = client.post(path, json=body)
+    assert answer.status_code == 200, answer.get_json()

@@ -83,10 +83,16 @@ class AgentStateArgs(IdentityArgs):
 
 class AgentStatePutArgs(AgentStateArgs):
     # cas needs if_version (a number: 0 for "must not exist"); merge_by_key, the default, may
-    # leave it out.
-    OPENAPI_RULES = {"anyOf": [
-        {"properties": {"mode": {"enum": ["merge_by_key", None]}}},
-        {"required": ["if_version"], "properties": {"if_version": {"type": "integer"}}},
+    # leave it out. A subject-scoped state's customer is its scope's id: subject is left out.
+    OPENAPI_RULES = {"allOf": [
+        {"anyOf": [
+            {"properties": {"mode": {"enum": ["merge_by_key", None]}}},
+            {"required": ["if_version"], "properties": {"if_version": {"type": "integer"}}},
+        ]},
+        {"anyOf": [
+            {"properties": {"scope": {"properties": {"kind": {"not": {"enum": ["subject"]}}}}}},
+            {"properties": {"subject": {"enum": [None]}}},
+        ]},
     ]}
 
     mode = fields.String(

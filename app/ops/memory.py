@@ -37,7 +37,7 @@ from app.schemas.common import (
     VersionText,
     no_control_characters,
 )
-from app.schemas.rules import after
+from app.schemas.rules import after, length_within
 from app.store.activity import ActivityStore
 from app.store.memory import (
     DEFAULT_PROFILE_CHAR_LIMIT,
@@ -129,8 +129,11 @@ def _moment(description: str) -> Moment:
 
 
 class MemorySetArgs(IdentityArgs):
-    # _window below, as the OpenAPI document states it (app.schemas.rules).
-    OPENAPI_RULES: ClassVar[dict[str, Any]] = {"x-loom-rules": [after("valid_to", "valid_at")]}
+    # _window below, and the cap on the value (char_limit, else the row's, at most
+    # MAX_CHAR_LIMIT), as the OpenAPI document states them (app.schemas.rules).
+    OPENAPI_RULES: ClassVar[dict[str, Any]] = {"x-loom-rules": [
+        after("valid_to", "valid_at"),
+        length_within("value", "char_limit", MAX_CHAR_LIMIT, "json")]}
 
     key = KeyText(required=True, metadata={"description": "The row's name in this identity."})
     value = fields.Raw(

@@ -8,7 +8,7 @@ or the console, never through a model.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypedDict
+from typing import Any, ClassVar, Literal, TypedDict
 
 from marshmallow import fields, validate
 
@@ -17,6 +17,7 @@ from app.object_types import types_json_schema
 from app.pii import BUILTIN_MASKS, MAX_MASK_LENGTH, MAX_PATTERN_LENGTH, MAX_RULES
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, StrictInt
+from app.schemas.rules import re2_pattern, retention_within_state, unique_by
 from app.store.namespace_config import (
     AUDIT_DEFAULT_LIMIT,
     AUDIT_MAX_LIMIT,
@@ -74,6 +75,11 @@ def _features_document() -> dict[str, Any]:
 
 
 class FeaturesSetArgs(NamespaceArgs):
+    # What the features document's JSON Schema cannot state, as the OpenAPI document states it.
+    OPENAPI_RULES: ClassVar[dict[str, Any]] = {"x-loom-rules": [
+        unique_by("features", ["pii_rules"], "name"),
+        re2_pattern("features", ["pii_rules", "*", "pattern"])]}
+
     features = fields.Raw(
         required=True,
         metadata={
@@ -86,6 +92,10 @@ class FeaturesSetArgs(NamespaceArgs):
 
 
 class ObjectTypesSetArgs(NamespaceArgs):
+    # What the registry's JSON Schema cannot state, as the OpenAPI document states it.
+    OPENAPI_RULES: ClassVar[dict[str, Any]] = {"x-loom-rules": [
+        unique_by("types", [], "type"), retention_within_state("types", ["*"])]}
+
     types = fields.Raw(
         required=True,
         metadata={**types_json_schema(),

@@ -322,9 +322,26 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
             'required': ['body', 'scope'],
-            'anyOf': [
-                {'properties': {'mode': {'enum': ['merge_by_key', None]}}},
-                {'required': ['if_version'], 'properties': {'if_version': {'type': 'integer'}}},
+            'allOf': [
+                {
+                    'anyOf': [
+                        {'properties': {'mode': {'enum': ['merge_by_key', None]}}},
+                        {
+                            'required': ['if_version'],
+                            'properties': {'if_version': {'type': 'integer'}},
+                        },
+                    ],
+                },
+                {
+                    'anyOf': [
+                        {
+                            'properties': {
+                                'scope': {'properties': {'kind': {'not': {'enum': ['subject']}}}},
+                            },
+                        },
+                        {'properties': {'subject': {'enum': [None]}}},
+                    ],
+                },
             ],
         },
         'identity_required': ['namespace', 'agent'],
@@ -931,6 +948,19 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
             'required': ['features'],
+            'x-loom-rules': [
+                {
+                    'rule': 'unique_by',
+                    'field': 'features',
+                    'path': ['pii_rules'],
+                    'member': 'name',
+                },
+                {
+                    'rule': 're2_pattern',
+                    'field': 'features',
+                    'path': ['pii_rules', '*', 'pattern'],
+                },
+            ],
         },
         'identity_required': ['namespace'],
     },
@@ -3062,7 +3092,16 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
             'required': ['key', 'value'],
-            'x-loom-rules': [{'rule': 'after', 'field': 'valid_to', 'than': 'valid_at'}],
+            'x-loom-rules': [
+                {'rule': 'after', 'field': 'valid_to', 'than': 'valid_at'},
+                {
+                    'rule': 'length_within',
+                    'field': 'value',
+                    'limit': 'char_limit',
+                    'default': 65536,
+                    'measure': 'json',
+                },
+            ],
         },
         'identity_required': ['namespace', 'agent'],
     },
@@ -3668,6 +3707,10 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
             'required': ['types'],
+            'x-loom-rules': [
+                {'rule': 'unique_by', 'field': 'types', 'path': [], 'member': 'type'},
+                {'rule': 'retention_fits', 'field': 'types', 'path': ['*']},
+            ],
         },
         'identity_required': ['namespace'],
     },

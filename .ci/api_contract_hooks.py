@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -63,22 +62,12 @@ _BLOCK_CAP, _BLOCK_DEFAULT_CAP = 16384, 4096  # app.store.working_memory
 _ROW_CAP = 65536  # app.store.memory_row.MAX_CHAR_LIMIT
 
 
-# An erasure of the user (another case's) refuses writes until it ends: the state is written
-# once it has, within this long.
-_ERASURE_WAIT = 20.0
-
-
 def _write(op: str, body: dict[str, Any]) -> None:
     headers = {"Authorization": _AUTHORIZATION} if _AUTHORIZATION else {}
-    deadline = time.monotonic() + _ERASURE_WAIT
-    while True:
-        answer = requests.post(f"{_SERVER}/v1/{op}", json=body, headers=headers, timeout=30)
-        erasing = answer.status_code == 409 and '"USER_BEING_ERASED"' in answer.text
-        if not erasing or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    # Any other refusal (403 for another namespace than the token's, ...) leaves the case to
-    # meet the state as it is: the case's own answer is what is checked.
+    requests.post(f"{_SERVER}/v1/{op}", json=body, headers=headers, timeout=30)
+    # A preparation refused (403 for another namespace than the token's, 409 while another
+    # case's erasure of the user runs, ...) leaves the case to meet the state as it is: the
+    # case's own answer is what is checked, and it is refused the same way.
 
 
 def _prepare_working_memory(path: str, body: dict[str, Any], who: dict[str, Any]) -> None:

@@ -306,11 +306,13 @@ def test_memory_writes_for_the_user_are_refused_while_it_runs(world):
         if step == "working_memory":
             seen["set"] = world.call("memory.set", user_id=USER, key="k", value="x")
             seen["profile"] = world.call("profile.set", user_id=USER, label="p", value="x")
+            seen["replace"] = world.call("profile.replace", user_id=USER, label="persona",
+                                         old="not there", new="x")
             seen["other"] = world.call("memory.set", user_id=OTHER, key="k", value="x")
             seen["status"] = world.post("erasure.status", user_id=USER)
 
     world.store().erase(ORG, NS, USER, actor="test", progress=during)
-    for name in ("set", "profile"):
+    for name in ("set", "profile", "replace"):
         status, out = seen[name]
         assert status == 409 and out["error"]["code"] == "USER_BEING_ERASED", out
     assert seen["other"][0] == 200

@@ -61,6 +61,7 @@ from app.errors import (
     MemoryTypeMismatch,
     ProfileSectionNotFound,
     SubstringNotFound,
+    UserBeingErased,
     ValidationFailed,
     WriteContended,
 )
@@ -710,6 +711,13 @@ class MemoryStore:
         """Replace every occurrence of ``old`` in a text row; compare-and-swap, retried."""
 
         def attempt() -> Written:
+            # While the user's erasure runs no write lands (409), whatever the section holds:
+            # the refusal a caller can act on comes first, as for every other write.
+            if self.redis.exists(keys.user_erasing(
+                    location.org, location.namespace, location.user_id)):
+                raise UserBeingErased(
+                    f"user {location.user_id!r} is being erased; writes are refused",
+                    user_id=location.user_id)
             row = self.read(location)
             if row is None or not row.live or row.memory_type != memory_type:
                 raise ProfileSectionNotFound(

@@ -140,11 +140,12 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     """Defaults, then the environment, then ``test_config``.
 
     ``test_config`` keys are settings attributes (``redis_url``, ``auth``, ...); the keys
-    ``clock`` and ``redis`` inject a clock and a Redis client.
+    ``clock``, ``redis`` and ``queue_redis`` inject a clock, a Redis client and RQ's client.
     """
     overrides = dict(test_config or {})
     clock = overrides.pop("clock", None)
     redis_client = overrides.pop("redis", None)
+    queue_redis = overrides.pop("queue_redis", None)
     settings = load_settings(overrides=overrides)
 
     app = LoomFlask(__name__)
@@ -165,7 +166,8 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     logging.getLogger("loom").setLevel(logging.INFO)
     log_ids.install(settings.secret_key)
 
-    services = Services(settings, redis_client=redis_client, clock=clock)
+    services = Services(settings, redis_client=redis_client, clock=clock,
+                        queue_redis=queue_redis)
     app.extensions["loom"] = services
 
     app.register_blueprint(swagger_ui_assets())

@@ -1,8 +1,10 @@
 """The recall_embeddings job: embeds a user's facts whose text changed, for recall's vector leg.
 
 A fact write lists the row as due in the user's slot, atomically with the row (app/store/lua/
-memory_write.lua), and the store enqueues one job a user (``RecallVectorStore.request``) on the
-builds queue; the request computes nothing. ``embed_user`` is that job:
+memory_write.lua), and the same script sets the user's queued marker when no job is queued,
+so the store enqueues one job a user (``RecallVectorStore.enqueue``; the sweep and the backfill
+go through ``RecallVectorStore.request``) on the builds queue; neither computes anything.
+``embed_user`` is that job:
 
 * It takes down the user's queued marker first, so a write from then on enqueues a new job
   while this one runs, and no write is missed.

@@ -6,6 +6,10 @@ write asserts outside the user's slot (the memory_id's pointer, the namespace's 
 lists of users whose sources changed) are removed, so the test sees the one script write them
 again, not find them left over from the setup. On Redis Cluster the same entries take one
 pipeline after the script (tests/test_cluster.py and the memory tests run there).
+
+With embeddings on, the same script takes the user's queued-embeddings marker: a write whose
+user has a job queued already costs that one step, and the write that finds none enqueues the
+job the marker names. RQ's client is counted too (the same server here).
 """
 
 from __future__ import annotations
@@ -14,10 +18,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from rq import Queue
 
+from app.queue_names import BUILDS
 from app.store import keys
 from tests.conftest import ON_CLUSTER, make_app
 from tests.support.command_log import CommandLog, recording_client
+from tests.support.model_server import ScriptedModelServer
 
 pytestmark = pytest.mark.skipif(ON_CLUSTER, reason="counts round trips on a single server")
 
@@ -28,10 +35,12 @@ KEY = "invoice_currency"
 
 
 class Loom:
-    def __init__(self, redis_url: str, tmp_path: Any) -> None:
+    def __init__(self, redis_url: str, tmp_path: Any, **settings: Any) -> None:
         self.log = CommandLog()
         self.redis = recording_client(redis_url, self.log)
-        self.app = make_app(redis_url, tmp_path, redis=self.redis)
+        self.queue_redis = recording_client(redis_url, self.log, decode=False)
+        self.app = make_app(redis_url, tmp_path, redis=self.redis,
+                            queue_redis=self.queue_redis, **settings)
         self.client = self.app.test_client()
 
     def post(self, op: str, user_id: str, **body: Any) -> dict[str, Any]:
@@ -165,3 +174,66 @@ def test_the_writes_that_read_first_still_write_in_one_step(loom, op):
         loom.post(op, "u-5", key=KEY)
     assert len(log.named("EVALSHA")) == 1, log.commands
     assert not log.named("SET", "SADD", "ZADD", "HSET", "DEL")
+
+
+@pytest.fixture
+def embedding_loom(redis_url, tmp_path):
+    with ScriptedModelServer() as server:
+        yield Loom(redis_url, tmp_path, embed_base_url=server.base_url,
+                   embed_model=server.model)
+
+
+def embed_jobs_of(loom: Loom, user_id: str) -> list[str]:
+    """The ids of the embeddings jobs waiting in the queue for ``user_id``."""
+    queue = Queue(BUILDS, connection=loom.queue_redis)
+    return [job.id for job in queue.jobs if job.args[2:3] == (user_id,)]
+
+
+def test_a_fact_write_with_embeddings_on_is_one_round_trip_once_the_users_job_is_queued(
+        embedding_loom):
+    loom = embedding_loom
+    loom.fact("warm-user", "Prefers EUR invoices.")
+    marker = keys.recall_vectors_queued(ORG, NS, "u-11")
+
+    with loom.log.recording() as first:
+        loom.fact("u-11", "Prefers EUR invoices.")
+    # No job of the user was queued: the script marked one, and the write enqueued it.
+    job_id = loom.redis.get(marker)
+    assert embed_jobs_of(loom, "u-11") == [job_id]
+    assert first.round_trips > 1
+    # The marker is set inside the write's own script: no second script, no command of its own.
+    assert len(first.named("EVALSHA")) == 1, first.commands
+    assert [c for c in first.touching(marker) if c[0] != "EVALSHA"] == []
+
+    with loom.log.recording() as second:
+        loom.post("memory.set", "u-11", key="shipping_window", value="Ships on Fridays.",
+                  memory_type="semantic")
+    assert second.round_trips == 1, second.commands
+    assert [command[0] for command in second.commands] == ["EVALSHA"]
+    # The job queued already embeds both rows: no second job, the marker still names it.
+    assert embed_jobs_of(loom, "u-11") == [job_id]
+    assert loom.redis.get(marker) == job_id
+    assert loom.redis.zcard(keys.recall_vectors_due(ORG, NS, "u-11")) == 2
+
+
+def test_a_write_after_the_users_job_started_enqueues_a_new_one(embedding_loom):
+    loom = embedding_loom
+    loom.fact("u-12", "Prefers EUR invoices.")
+    first_job = loom.redis.get(keys.recall_vectors_queued(ORG, NS, "u-12"))
+    # The job takes the marker down as it starts (jobs/recall_embed.py).
+    loom.redis.delete(keys.recall_vectors_queued(ORG, NS, "u-12"))
+    loom.fact("u-12", "Prefers CHF invoices.")
+    second_job = loom.redis.get(keys.recall_vectors_queued(ORG, NS, "u-12"))
+    assert second_job not in (None, first_job)
+    assert embed_jobs_of(loom, "u-12") == [first_job, second_job]
+
+
+def test_a_write_that_leaves_nothing_to_embed_requests_no_job(embedding_loom):
+    loom = embedding_loom
+    loom.fact("u-13", "Prefers EUR invoices.")
+    loom.redis.delete(keys.recall_vectors_queued(ORG, NS, "u-13"))
+    with loom.log.recording() as log:
+        loom.post("memory.delete", "u-13", key=KEY)
+    assert log.round_trips == 1, log.commands
+    assert loom.redis.get(keys.recall_vectors_queued(ORG, NS, "u-13")) is None
+    assert len(embed_jobs_of(loom, "u-13")) == 1

@@ -100,7 +100,13 @@ from app.store.memory_row import (
 )
 from app.store.profile_vectors import ProfileVectorStore
 from app.store.recall_terms import indexable, row_terms
-from app.store.recall_vectors import VECTORSET, RecallVectorStore, engine_of
+from app.store.recall_vectors import (
+    QUEUED_MARKER_SECONDS,
+    VECTORSET,
+    RecallVectorStore,
+    engine_of,
+    new_job_id,
+)
 from app.store.replies import optional_texts, scored, text_map, text_set, texts
 
 if TYPE_CHECKING:
@@ -142,6 +148,9 @@ __all__ = [
 
 # A compare-and-swap write (append, replace) gives up after this long under contention.
 CAS_DEADLINE_SECONDS = 5.0
+# Where a write script's reply holds the row's fields: after its status, whether the sources
+# moved, the namespace commands left to the caller and the embeddings job to enqueue.
+REPLY_FIELDS = 4
 
 
 class VersionMoved(Exception):
@@ -593,7 +602,7 @@ class MemoryStore:
                 args=[self.clock.now_ns(), "backfill", written_by, location.member, memory_id,
                       "", "" if row is None else str(row.version), terms,
                       "1" if engine_of(self.redis) == VECTORSET else "",
-                      self._tail(location, held)],
+                      self._tail(location, held, request_vectors)],
             )
             return self._finish(location, reply, held, request_vectors=request_vectors)
 
@@ -616,11 +625,11 @@ class MemoryStore:
         reply = self._redact(
             keys=self._keys(location, derived_keys),
             args=[self.clock.now_ns(), written_by, memory_id, len(derived),
-                  self._tail(location)],
+                  self._tail(location, request_vectors=False)],
         )
         if reply[0] != "OK":
             self._refuse(location, reply)
-        fields = pairs(reply[3:])
+        fields = pairs(reply[REPLY_FIELDS:])
         count = int(fields.pop("versions_redacted"))
         derived_versions = int(fields.pop("derived_versions_redacted"))
         derived_rows = int(fields.pop("derived_rows_redacted"))
@@ -791,8 +800,11 @@ class MemoryStore:
     def written_of(reply: list[Any]) -> Written:
         """What a write script's reply (or the copy it kept for an Idempotency-Key) says."""
         status = reply[0]
+        # A reply kept by a release before the job's slot has one element less before the
+        # fields (an odd length: the fields are pairs).
+        start = REPLY_FIELDS if len(reply) % 2 == REPLY_FIELDS % 2 else REPLY_FIELDS - 1
         return Written(
-            MemoryRow.from_fields(pairs(reply[3:])),
+            MemoryRow.from_fields(pairs(reply[start:])),
             created=status == "CREATED",
             changed=status != "NOOP",
             sources_moved=reply[1] == "1",
@@ -806,14 +818,14 @@ class MemoryStore:
         if held is not None:
             held.answered = True
         written = self.written_of(reply)
-        row = written.row
         if written.changed:
             self._after_write(location, written, reply[2])
-            if (request_vectors and row.live and not row.redacted
-                    and row.memory_type != PROFILE_TYPE):
-                # The write listed the row as due when its text changed; the job embeds it.
-                self.services.store(RecallVectorStore).request(
-                    location.org, location.namespace, location.user_id)
+            job_id = str(reply[3])
+            if request_vectors and job_id:
+                # The script took the user's queued marker for this job (no job was queued):
+                # the rows it listed as due wait for it. A job queued already costs no step.
+                self.services.store(RecallVectorStore).enqueue(
+                    location.org, location.namespace, location.user_id, job_id)
         return written
 
     def _keys(self, location: Location, extra: Sequence[str] = (),
@@ -822,11 +834,16 @@ class MemoryStore:
         Idempotency-Key record the write answers, when it answers one."""
         return [*location.script_keys(), *extra, *([held.redis_key] if held else [])]
 
-    def _tail(self, location: Location, held: HeldKey | None = None) -> str:
+    def _tail(self, location: Location, held: HeldKey | None = None,
+              request_vectors: bool = True) -> str:
         """The last argument of every write script (memory_write.lua): the entries the write
-        asserts outside the user's slot, and whether the script writes them itself."""
+        asserts outside the user's slot, whether the script writes them itself, and the id of
+        the embeddings job it would mark queued for the caller to enqueue ('' none)."""
         org, namespace = location.org, location.namespace
+        embed = request_vectors and self.services.store(RecallVectorStore).enabled
         return json.dumps({
+            "embed_job": new_job_id() if embed else "",
+            "embed_ttl": QUEUED_MARKER_SECONDS,
             "apply": not self._clustered,
             "user_id": location.user_id,
             "pointer": keys.memory_pointer(org, namespace, ""),

@@ -147,6 +147,7 @@ class Location:
             keys.recall_vectors_due(*user),
             keys.recall_vectors_generation(*user),
             keys.recall_vector_set(*user),
+            keys.recall_vectors_queued(*user),
         ]
 
     def pointer_value(self) -> str:

@@ -84,6 +84,11 @@ VECTORSET = "vectorset"
 BACKLOG_BATCH = 500
 
 
+def new_job_id() -> str:
+    """The id of an embeddings job, set in the user's queued marker before it is enqueued."""
+    return str(uuid.uuid4())
+
+
 @dataclass(frozen=True, slots=True)
 class VectorHit:
     """One fact the vector leg found: where, and its cosine to the query."""
@@ -298,20 +303,27 @@ class RecallVectorStore:
                 and job.get_position() is not None)
 
     def request(self, org: str, namespace: str, user_id: str, *, recover: bool = False) -> bool:
-        """After a write of a user's fact: enqueue the user's embeddings job unless one is
-        queued already or embeddings are off; True when a job was enqueued. Computes nothing.
+        """Enqueue the user's embeddings job unless one is queued already or embeddings are
+        off (the sweep's and the backfill's way; a memory write sets the marker in its own
+        script and calls ``enqueue``); True when a job was enqueued. Computes nothing.
 
         ``recover`` (the sweep's) also looks up the job the marker names, and enqueues anew when
         that job no longer waits in its queue: a lost job holds the marker for no longer than
         the sweep's interval, where a write alone waits out its TTL."""
         if not self.enabled:
             return False
-        job_id = str(uuid.uuid4())
+        job_id = new_job_id()
         took, held = self._mark_queued(org, namespace, user_id, job_id)
         if not took and recover and held and not self._job_waiting(held):
             took, _ = self._mark_queued(org, namespace, user_id, job_id, lost=held)
         if not took:
             return False
+        return self.enqueue(org, namespace, user_id, job_id)
+
+    def enqueue(self, org: str, namespace: str, user_id: str, job_id: str) -> bool:
+        """Enqueue the user's embeddings job as ``job_id``, the id its queued marker already
+        holds (set by ``request``, or by a memory write script in the write's own step); True
+        when it reached the queue (which may be another server: ``LOOM_QUEUE_URL``)."""
         from rq import Queue
 
         from app.queue_names import BUILDS

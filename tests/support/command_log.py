@@ -60,8 +60,9 @@ class CommandLog:
         return [c for c in self.commands if any(text in a for a in c[1:])]
 
 
-def recording_client(url: str, log: CommandLog) -> redis.Redis:
-    """A client for ``url`` (decoded answers, as the app's) whose commands land in ``log``."""
+def recording_client(url: str, log: CommandLog, *, decode: bool = True) -> redis.Redis:
+    """A client for ``url`` (decoded answers, as the app's; ``decode`` False: bytes, as RQ's
+    connection) whose commands land in ``log``."""
 
     class RecordingConnection(redis.Connection):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -80,7 +81,7 @@ def recording_client(url: str, log: CommandLog) -> redis.Redis:
             super().send_packed_command(command, check_health)
 
     pool = redis.ConnectionPool.from_url(
-        url, connection_class=RecordingConnection, decode_responses=True,
+        url, connection_class=RecordingConnection, decode_responses=decode,
         health_check_interval=0,
     )
     return redis.Redis(connection_pool=pool)

@@ -1,7 +1,7 @@
 -- KEYS: see memory_write. ARGV: 1 now, 2 memory_id for a new row, 3 rows-set member,
 -- 4 expected version ('' none, '-' no live row), 5 if_match sha ('' none), 6 default char_limit
 -- ('' none), 7 char_limit ('' keeps the row's), 8 written_by, 9 required type of a live row
--- ('' any), 10 refuse pinned/high ('1'), 11 a lease's fencing token ('' none; KEYS[19] is
+-- ('' any), 10 refuse pinned/high ('1'), 11 a lease's fencing token ('' none; KEYS[20] is
 -- then its fence, in the user's slot), 12 n, the field/value pairs of a hash written in the
 -- same step as the row (0 none; else the key after the shared ones and the fence, in the
 -- user's slot: a structured build's record, so no reader sees the row without it), 13..12+2n

@@ -3,20 +3,22 @@
 -- 8 digest, 9 source expiry, 10 the user's erasure marker, 11 live rows, 12 recall docs,
 -- 13 recall postings, 14 recall stats, 15 recall vectors, 16 rows due for a vector, 17 the
 -- vectors' generation, 18 the user's vector set (only ever present on a server with Redis 8's
--- vector sets). A script that takes more keys takes them after these
+-- vector sets), 19 the user's queued-embeddings marker (keys.recall_vectors_queued). A script that takes more keys takes them after these
 -- (KEYS[SHARED_KEYS + 1] on); when the write answers an Idempotency-Key, that key's record
 -- is the last key of all.
 -- The last ARGV of every memory write script is its tail (JSON, built by
 -- app/store/memory.py _tail): the names and values of the entries the write asserts in the
 -- namespace's slot, whether the script writes them itself (one server) or answers them for
--- one pipeline (Redis Cluster, where no script over the user's slot reaches them), and the
--- holder of the Idempotency-Key record the write's answer goes to ('' none).
+-- one pipeline (Redis Cluster, where no script over the user's slot reaches them), the
+-- holder of the Idempotency-Key record the write's answer goes to ('' none), and the id of
+-- the embeddings job the caller would enqueue ('' when embeddings are off or the caller
+-- requests the job itself) with its marker's TTL.
 --#include version
 --#include memory_digest
 --#include recall_posting
 local SOURCE_TYPES = {semantic = true, preference = true, decision = true}
 local NUL = string.char(0)
-local SHARED_KEYS = 18
+local SHARED_KEYS = 19
 local STRUCTURED_WORKER = 'worker:structured_profile'
 local TAIL = cjson.decode(ARGV[#ARGV])
 local OUTCOME = nil
@@ -261,10 +263,24 @@ local function namespace_commands(r, moved, changed_at, redacted)
   return commands
 end
 
+-- The embeddings job the caller enqueues after this write: the tail's job id when the write
+-- left a live, unredacted fact, the user has rows due for a vector and no job of the user is
+-- queued (the marker, in the user's slot, is set to that id in this step, NX); else ''. A
+-- user's steady writes so cost no step beyond the script (app/store/recall_vectors.py).
+local function embed_job_of(status, r)
+  local job = TAIL.embed_job or ''
+  if job == '' or status == 'NOOP' then return '' end
+  if r.deleted == '1' or r.redacted == '1' or r.memory_type == 'profile' then return '' end
+  if redis.call('EXISTS', KEYS[10]) == 1 or redis.call('ZCARD', KEYS[16]) == 0 then return '' end
+  if redis.call('SET', KEYS[19], job, 'NX', 'EX', TAIL.embed_ttl) then return job end
+  return ''
+end
+
 -- The reply: status, whether the digest moved, the namespace commands left to the caller
--- (none on one server, where the script has written them), the row's fields but its recall
--- terms (the index's copy, which no caller reads back). A write that changed nothing (NOOP)
--- asserts nothing. changed_at defaults to the new version; redacted marks a redact.
+-- (none on one server, where the script has written them), the embeddings job the caller
+-- enqueues ('' none), the row's fields but its recall terms (the index's copy, which no
+-- caller reads back). A write that changed nothing (NOOP) asserts nothing. changed_at
+-- defaults to the new version; redacted marks a redact.
 local function reply_of(status, moved, r, changed_at, redacted)
   local left = {}
   if status ~= 'NOOP' then
@@ -275,7 +291,7 @@ local function reply_of(status, moved, r, changed_at, redacted)
       left = commands
     end
   end
-  local reply = {status, moved and '1' or '0', left}
+  local reply = {status, moved and '1' or '0', left, embed_job_of(status, r)}
   for k, v in pairs(r) do
     if k ~= 'recall_terms' then
       reply[#reply + 1] = k
@@ -286,11 +302,12 @@ local function reply_of(status, moved, r, changed_at, redacted)
 end
 
 -- The reply, kept as the Idempotency-Key's answer in the same step when the write answers one
--- (without the commands left to the caller, which a repeat does not run again).
+-- (without the commands left to the caller or the job to enqueue, which a repeat does not
+-- run again).
 local function answered(reply)
   if OUTCOME then
-    local kept = {reply[1], reply[2], {}}
-    for i = 4, #reply do kept[i] = reply[i] end
+    local kept = {reply[1], reply[2], {}, ''}
+    for i = 5, #reply do kept[i] = reply[i] end
     redis.call('HSET', OUTCOME, 'state', 'done', 'reply', cjson.encode(kept))
   end
   return reply

@@ -3,8 +3,8 @@
 -- 8 digest, 9 source expiry, 10 the user's erasure marker, 11 live rows, 12 recall docs,
 -- 13 recall postings, 14 recall stats, 15 recall vectors, 16 rows due for a vector, 17 the
 -- vectors' generation, 18 the user's vector set (only ever present on a server with Redis 8's
--- vector sets), 19 the user's queued-embeddings marker (keys.recall_vectors_queued). A script that takes more keys takes them after these
--- (KEYS[SHARED_KEYS + 1] on); when the write answers an Idempotency-Key, that key's record
+-- vector sets), 19 the user's queued-embeddings marker (keys.recall_vectors_queued). A script
+-- that takes more keys takes them after these (KEYS[SHARED_KEYS + 1] on); when the write answers an Idempotency-Key, that key's record
 -- is the last key of all.
 -- The last ARGV of every memory write script is its tail (JSON, built by
 -- app/store/memory.py _tail): the names and values of the entries the write asserts in the

@@ -382,9 +382,10 @@ def profile_schema_json_schema() -> dict[str, Any]:
     keywords Loom takes included (``$id``'s pattern; ``$schema``'s and ``$id``'s formats are
     not checked without a URI library, so not stated either).
 
-    What it cannot state stays the validator's: the size of the canonical JSON, a pattern that
-    compiles, minLength at most maxLength and minimum at most maximum (two values compared),
-    and a full answer's value count and output-cap estimate (sums over the properties)."""
+    What it cannot state (the size of the canonical JSON, a pattern that compiles, minLength
+    at most maxLength and minimum at most maximum, a full answer's value count and output-cap
+    estimate) ``profile_schema.set``'s request schema states as ``x-loom-rules``
+    (``app.schemas.rules``); the validator stays the authority."""
     text = {"type": "string"}
     # What the model reads to know what to put there: a string str.strip() leaves non-empty.
     described = {"type": "string", "pattern": NOT_BLANK_PATTERN}

@@ -548,3 +548,75 @@ def test_ci_writes_the_stored_state_a_valid_case_needs(client, path, body):
     hooks.before_call(None, case)
     answer = client.post(path, json=body)
     assert answer.status_code == 200, answer.get_json()
+
+
+def _profile_schema_rules_hold(document, client, rule: str, bodies: dict[str, dict]) -> None:
+    """profile_schema.set: each body the document admits keeps the stated ``rule`` exactly
+    when the op takes it, and only the one named ``fine`` keeps it."""
+    from app.schemas.rules import rule_holds
+
+    rules = [found for found in _loom_rules(document, "/v1/profile_schema.set")
+             if found["rule"] == rule]
+    assert rules, rule
+    for name, json_schema in bodies.items():
+        body = {"namespace": "n", "json_schema": json_schema}
+        assert _admits(document, "/v1/profile_schema.set", body), name
+        kept = all(rule_holds(found, body) for found in rules)
+        answer = client.post("/v1/profile_schema.set", json=body)
+        assert (answer.status_code == 200) is kept, (name, answer.get_json())
+        assert kept is (name == "fine"), name
+        if not kept:
+            assert answer.get_json()["error"]["code"] == "SCHEMA_INVALID", name
+
+
+def _profile(**properties: dict) -> dict:
+    return {"type": "object", "properties": properties}
+
+
+def test_a_profile_schema_states_its_size_in_bytes_of_canonical_json(document, client):
+    # Two bytes a character: under 16 KiB counted in characters, over it in bytes.
+    _profile_schema_rules_hold(document, client, "length_within", {
+        "fine": _profile(city={"type": "string", "description": "é" * 8000}),
+        "over in bytes": _profile(city={"type": "string", "description": "é" * 9000}),
+    })
+
+
+def test_a_profile_schema_states_patterns_that_compile(document, client):
+    _profile_schema_rules_hold(document, client, "pattern_compiles", {
+        "fine": _profile(code={"type": "string", "description": "Code", "pattern": "^[A-Z]+$"},
+                         codes={"type": "array", "description": "Codes",
+                                "items": {"type": "string", "pattern": "\\d+"}}),
+        "property": _profile(code={"type": "string", "description": "Code", "pattern": "("}),
+        "items": _profile(codes={"type": "array", "description": "Codes",
+                                 "items": {"type": "string", "pattern": "[a-"}}),
+    })
+
+
+def test_a_profile_schema_states_each_range_low_to_high(document, client):
+    _profile_schema_rules_hold(document, client, "ordered", {
+        "fine": _profile(code={"type": "string", "description": "C", "minLength": 2,
+                               "maxLength": 2},
+                         age={"type": "integer", "description": "A", "minimum": 0,
+                              "maximum": 150}),
+        "lengths": _profile(code={"type": "string", "description": "C", "minLength": 3,
+                                  "maxLength": 2}),
+        "numbers": _profile(age={"type": "number", "description": "A", "minimum": 1.5,
+                                 "maximum": 1}),
+        "item lengths": _profile(codes={"type": "array", "description": "C", "items": {
+            "type": "string", "minLength": 4, "maxLength": 1}}),
+        "item numbers": _profile(ages={"type": "array", "description": "A", "items": {
+            "type": "integer", "minimum": 9, "maximum": 3}}),
+    })
+
+
+def test_a_profile_schema_states_the_answer_budget(document, client):
+    """Values counted (256 at most) and the output-cap estimate (16,384 tokens at most)."""
+    many = {f"list{index}": {"type": "array", "description": "L", "maxItems": 50,
+                             "items": {"type": "boolean"}} for index in range(6)}
+    _profile_schema_rules_hold(document, client, "answer_fits", {
+        "fine": {"type": "object", "properties": dict(list(many.items())[:5])},
+        "too many values": _profile(**many),
+        "over the output cap": _profile(notes={"type": "array", "description": "N",
+                                               "maxItems": 50, "items": {
+                                                   "type": "string", "maxLength": 1000}}),
+    })

@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from marshmallow import fields
 
-from app.profile_schema import profile_schema_json_schema, validate_profile_schema
+from app.profile_schema import (
+    MAX_ANSWER_VALUES,
+    MAX_OUTPUT_CAP_TOKENS,
+    MAX_SCHEMA_BYTES,
+    profile_schema_json_schema,
+    validate_profile_schema,
+)
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs
+from app.schemas.rules import answer_fits, length_within, ordered, pattern_compiles
 from app.store.namespace_config import AuditLog
 from app.store.profile_schema import ProfileSchemaStore
 
@@ -26,7 +33,19 @@ SEED_EXAMPLE_SCHEMA = {
 }
 
 
+# Where a property's own keywords sit: on the property, or on an array property's items.
+_KEYWORD_HOLDERS = (["properties", "*"], ["properties", "*", "items"])
+
+
 class ProfileSchemaSetArgs(IdentityArgs):
+    # What a profile schema's JSON Schema cannot state, as the OpenAPI document states it.
+    OPENAPI_RULES: ClassVar[dict[str, Any]] = {"x-loom-rules": [
+        length_within("json_schema", None, MAX_SCHEMA_BYTES, "json_bytes"),
+        *(pattern_compiles("json_schema", [*holder, "pattern"]) for holder in _KEYWORD_HOLDERS),
+        *(ordered("json_schema", holder, low, high) for holder in _KEYWORD_HOLDERS
+          for low, high in (("minLength", "maxLength"), ("minimum", "maximum"))),
+        answer_fits("json_schema", MAX_ANSWER_VALUES, MAX_OUTPUT_CAP_TOKENS)]}
+
     json_schema = fields.Dict(
         required=True,
         metadata={**profile_schema_json_schema(),

@@ -7,15 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from rq import Queue, SimpleWorker
-from rq.timeouts import TimerDeathPenalty
 
 from app.model.embeddings import EMBEDDED_MODEL, QueryMarking
 from app.queue_names import BUILDS
 from app.settings import SettingsError, load_settings
 from app.store.recall_vectors import RecallVectorStore, fingerprint
-from jobs import context
+from tests.support.api import op_helpers
 from tests.support.model_server import ScriptedModelServer
+from tests.support.rq_worker import run_queued
 
 NS = {"namespace": "support", "agent": "triage-bot", "user_id": "u-42"}
 SYNONYMS = {"automobile": "car", "food": "vegetarian"}
@@ -24,33 +23,17 @@ SECTION = "vegetarian, no meat"
 QUESTION = "how do I get to work by car"
 
 
-class _Worker(SimpleWorker):
-    death_penalty_class = TimerDeathPenalty
-
-    def _install_signal_handlers(self) -> None:
-        """Signal handlers belong to the main thread."""
-
-
 @pytest.fixture
 def srv():
     with ScriptedModelServer(synonyms=SYNONYMS) as server:
         yield server
 
 
-def ok(client, op, **body) -> Any:
-    response = client.post(f"/v1/{op}", json={**NS, **body})
-    assert response.status_code == 200, response.get_json()
-    return response.get_json()
+_, ok = op_helpers(NS)
 
 
 def run_jobs(app) -> None:
-    services = app.extensions["loom"]
-    context.use_services(services)
-    try:
-        _Worker([Queue(BUILDS, connection=services.queue_redis)],
-                connection=services.queue_redis).work(burst=True, logging_level="WARNING")
-    finally:
-        context.use_services(None)
+    run_queued(app.extensions["loom"], BUILDS)
 
 
 def sent(srv: ScriptedModelServer, app, **settings: Any) -> dict[str, dict[str, Any]]:

@@ -12,30 +12,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from rq import Queue, SimpleWorker
-from rq.timeouts import TimerDeathPenalty
+from rq import Queue
 
 from app.queue_names import BUILDS
 from app.store import keys
-from jobs import context
 from tests.support.api import op_helpers
 from tests.support.model_server import ScriptedModelServer
+from tests.support.rq_worker import run_queued
 from tests.test_recall import index_matches_rows
 
 NS = "support"
 MODEL = "embed-test"
 WHO = {"namespace": NS, "agent": "chat"}
-
-
-class _Worker(SimpleWorker):
-    death_penalty_class = TimerDeathPenalty
-
-    def _install_signal_handlers(self) -> None:
-        """Signal handlers belong to the main thread."""
-
-    def subscribe(self) -> None:
-        """No pub/sub thread: a burst takes no commands, and stopping the thread can wait out
-        its 60 s poll."""
 
 
 @pytest.fixture
@@ -54,13 +42,7 @@ def backfill(app) -> str:
 
 
 def run_jobs(app) -> None:
-    services = app.extensions["loom"]
-    context.use_services(services)
-    try:
-        _Worker([Queue(BUILDS, connection=services.queue_redis)],
-                connection=services.queue_redis).work(burst=True, logging_level="WARNING")
-    finally:
-        context.use_services(None)
+    run_queued(app.extensions["loom"], BUILDS)
 
 
 def as_an_older_release_wrote(app, user_id: str) -> None:

@@ -15,32 +15,20 @@ from collections.abc import Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from rq import Queue, SimpleWorker
-from rq.timeouts import TimerDeathPenalty
+from rq import Queue
 
 from app.queue_names import BUILDS
 from app.store import keys
-from jobs import context
 from jobs.recall_embed import sweep_due
 from tests.auth_support import ADMIN_TOKEN, auth_app, bearer
 from tests.support.api import op_helpers
 from tests.support.model_server import ScriptedModelServer
+from tests.support.rq_worker import run_queued
 
 NS = "support"
 OTHER_NS = "billing"
 MODEL = "embed-test"
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
-
-
-class _Worker(SimpleWorker):
-    death_penalty_class = TimerDeathPenalty
-
-    def _install_signal_handlers(self) -> None:
-        """Signal handlers belong to the main thread."""
-
-    def subscribe(self) -> None:
-        """No pub/sub thread: a burst takes no commands, and stopping the thread can wait out
-        its 60 s poll."""
 
 
 @pytest.fixture
@@ -65,13 +53,7 @@ def fact(client, user_id: str, key: str, value: str, namespace: str = NS) -> Non
 
 
 def run_jobs(app) -> None:
-    services = app.extensions["loom"]
-    context.use_services(services)
-    try:
-        _Worker([Queue(BUILDS, connection=services.queue_redis)],
-                connection=services.queue_redis).work(burst=True, logging_level="WARNING")
-    finally:
-        context.use_services(None)
+    run_queued(app.extensions["loom"], BUILDS)
 
 
 def backlog_metrics(client) -> dict[str, float]:

@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 from rq import Queue
-from rq.timeouts import TimerDeathPenalty
 
 from app.queue_names import BUILDS
 from app.store import keys
@@ -29,23 +28,12 @@ from jobs.recall_embed import embed_due
 from tests.conftest import make_app, on_cluster_skip
 from tests.support.api import op_helpers
 from tests.support.model_server import ScriptedModelServer
-from tests.support.rq_worker import BurstWorker
+from tests.support.rq_worker import BurstWorker, run_queued
 
 NS = {"namespace": "support", "agent": "triage-bot", "user_id": "u-42"}
 call, ok = op_helpers(NS)
 SYNONYMS = {"automobile": "car", "vehicle": "car", "beverage": "drink", "cuppa": "tea"}
 MODEL = "embed-test"
-
-
-class _Worker(BurstWorker):
-    death_penalty_class = TimerDeathPenalty
-
-    def _install_signal_handlers(self) -> None:
-        """Signal handlers belong to the main thread."""
-
-    def subscribe(self) -> None:
-        """No command channel: a burst worker in a test takes no commands, and stopping the
-        channel's thread waits out its 60 s poll."""
 
 
 @pytest.fixture
@@ -80,13 +68,7 @@ def search(client, query, **body) -> list[tuple[str, list[str]]]:
 
 
 def run_jobs(app) -> None:
-    services = app.extensions["loom"]
-    context.use_services(services)
-    try:
-        _Worker([Queue(BUILDS, connection=services.queue_redis)],
-                connection=services.queue_redis).work(burst=True, logging_level="WARNING")
-    finally:
-        context.use_services(None)
+    run_queued(app.extensions["loom"], BUILDS)
 
 
 def org_of(app) -> str:
@@ -767,7 +749,7 @@ def run_sweep(app) -> None:
     Queue(MAINTENANCE, connection=services.queue_redis).enqueue(SWEEP_FUNC)
     context.use_services(services)
     try:
-        _Worker([Queue(MAINTENANCE, connection=services.queue_redis),
+        BurstWorker([Queue(MAINTENANCE, connection=services.queue_redis),
                  Queue(BUILDS, connection=services.queue_redis)],
                 connection=services.queue_redis).work(burst=True, logging_level="WARNING")
     finally:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from rq import Queue, SimpleWorker
+from rq import Queue
 
 from app.queue_names import BUILDS
 from app.store import keys
@@ -22,6 +22,7 @@ from tests.conftest import make_app
 from tests.support.api import op_helpers
 from tests.support.erasure_worker import run_erasure_jobs
 from tests.support.model_server import ScriptedModelServer
+from tests.support.rq_worker import BurstWorker
 
 NS = {"namespace": "support", "agent": "triage-bot", "user_id": "u-42"}
 call, ok = op_helpers(NS)
@@ -67,12 +68,6 @@ def embedding_app(app_factory, server, **overrides):
     return app_factory(embed_base_url=server.base_url, embed_model="scripted-embed", **overrides)
 
 
-class _Worker(SimpleWorker):
-    def subscribe(self) -> None:
-        """No command channel: a burst worker in a test takes no commands, and stopping the
-        channel's thread waits out its 60 s poll."""
-
-
 def run_vector_jobs(app) -> int:
     """Run the queued section-vector jobs in this process, as a worker does; answers how many."""
     services = app.extensions["loom"]
@@ -80,7 +75,7 @@ def run_vector_jobs(app) -> int:
     jobs = [job for job in queue.jobs if job.func_name == REFRESH_FUNC]
     context.use_services(services)
     try:
-        _Worker([queue], connection=services.queue_redis).work(
+        BurstWorker([queue], connection=services.queue_redis).work(
             burst=True, logging_level="WARNING")
     finally:
         context.use_services(None)

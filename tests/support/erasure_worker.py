@@ -14,24 +14,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from rq import Queue
-from rq.timeouts import TimerDeathPenalty
 
 from app.services import Services
 from jobs import context
 from jobs.queues import MAINTENANCE
 from tests.support.rq_worker import BurstWorker
-
-
-class _QuietWorker(BurstWorker):
-    # A timer thread, not SIGALRM, bounds a job: signals belong to the main thread.
-    death_penalty_class = TimerDeathPenalty
-
-    def _install_signal_handlers(self) -> None:
-        """A worker in a test's thread: signal handlers belong to the main thread."""
-
-    def subscribe(self) -> None:
-        """No command channel: a burst worker in a test takes no commands, and stopping the
-        channel's thread (redis-py's stop() joins it) waits out its 60 s poll."""
 
 
 def run_erasure_jobs(services: Services) -> None:
@@ -44,7 +31,7 @@ def run_erasure_jobs(services: Services) -> None:
 
 def _drain(services: Services) -> None:
     connection = services.queue_redis
-    _QuietWorker([Queue(MAINTENANCE, connection=connection)],
+    BurstWorker([Queue(MAINTENANCE, connection=connection)],
                  connection=connection).work(burst=True, logging_level="WARNING")
 
 

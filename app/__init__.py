@@ -21,7 +21,7 @@ from app.console import register_console
 from app.operate import register_operations
 from app.ops import load_ops
 from app.schemas import contract, openapi
-from app.schemas.common import ErrorAnswer, Moment
+from app.schemas.common import ErrorAnswer
 from app.services import Services
 from app.settings import load_settings
 
@@ -176,9 +176,6 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     api = LoomApi(app, spec_kwargs={"marshmallow_plugin": plugin})
     assert plugin.converter is not None  # built with the spec, by Api(app)
     plugin.converter.add_attribute_function(openapi.field_properties)
-    # A moment is the text of its own pattern: RFC 3339's date-time format needs an offset,
-    # which a moment may leave out (then UTC).
-    plugin.map_to_openapi_type(Moment, "string", None)
     api.spec.components.security_scheme(
         "bearer", {"type": "http", "scheme": "bearer", "description": "A Loom token"}
     )

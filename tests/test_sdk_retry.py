@@ -373,3 +373,16 @@ def test_a_keyed_write_waits_out_its_running_first_try_past_the_attempts(
     finally:
         server.shutdown()
         relay.stop()
+
+
+def test_a_keyed_write_that_never_connected_stops_at_attempts():
+    """Past ``attempts`` a keyed write is sent again only while its outcome may be settling
+    on the server; a connection that never opened applied nothing and holds no key."""
+    policy = Retry(attempts=3)
+    refused = LoomConnectionError("refused", may_have_reached_server=False)
+    reset = LoomConnectionError("reset", may_have_reached_server=True)
+    assert policy.wait_before_retry(KEYED, refused, 2, 0.1) is not None
+    assert policy.wait_before_retry(KEYED, refused, 3, 0.1) is None
+    assert policy.wait_before_retry(KEYED, reset, 3, 0.1) is not None
+    assert policy.wait_before_retry(KEYED, reset, 9, 0.1) is not None
+

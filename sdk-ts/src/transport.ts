@@ -154,7 +154,10 @@ export class Transport {
   /** Milliseconds to wait before try `attempt + 1`, or null when `error` is final. */
   waitBeforeRetry(kind: string, error: LoomError, attempt: number, elapsedMs: number): number | null {
     if (this.retry.attempts === 1 || !retriable(kind, error)) return null;
-    if (attempt >= this.retry.attempts && kind !== KEYED) return null;
+    // Past `attempts` a keyed write goes on only while its outcome may be settling on the
+    // server: a connection that never opened holds no key and applied nothing.
+    const neverSent = error instanceof LoomTransportError && !error.mayHaveReachedServer;
+    if (attempt >= this.retry.attempts && (kind !== KEYED || neverSent)) return null;
     const asked = error instanceof LoomAPIError ? error.retryAfter : null;
     let wait: number;
     if (asked !== null) {

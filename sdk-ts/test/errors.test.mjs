@@ -204,3 +204,20 @@ test("the store down: StoreUnavailable with Retry-After; a read is sent again, a
     assert.equal(await own.stop(), 0);
   }
 });
+
+test("a keyed write to a refusing address fails after its attempts, not its total", async () => {
+  const closed = createServer();
+  closed.listen(0, "127.0.0.1");
+  await once(closed, "listening");
+  const refusedPort = closed.address().port;
+  await new Promise((done) => closed.close(done));
+  const started = Date.now();
+  const error = await thrown(agent({
+    baseUrl: `http://127.0.0.1:${refusedPort}`,
+    retry: { attempts: 3, backoffMs: 10, maxWaitMs: 10, totalMs: 30_000 },
+  }).workingMemory.set("x", "b"));
+  assert.ok(error instanceof errors.LoomConnectionError);
+  assert.equal(error.mayHaveReachedServer, false);
+  // Three tries 10 ms apart: nothing reached the server, so no 30 s of refusals.
+  assert.ok(Date.now() - started < 10_000, `took ${Date.now() - started} ms`);
+});

@@ -26,8 +26,9 @@ What each answer to a keyed write means:
 
 Since only an answer says whether a keyed write applied, a keyed write is sent again until it
 is answered or ``total`` runs out, however many tries that takes; ``attempts`` bounds every
-other call. ``Retry(attempts=1)`` or ``retry=False`` on the ``Agent`` switches retries off. An
-op missing from the manifest is treated as a ``write``.
+other call, and a keyed write whose connection never opened (nothing reached the server).
+``Retry(attempts=1)`` or ``retry=False`` on the ``Agent`` switches retries off. An op missing
+from the manifest is treated as a ``write``.
 """
 
 from __future__ import annotations
@@ -50,9 +51,10 @@ class Retry:
     """The retry policy of an ``Agent`` (``Agent(..., retry=Retry(attempts=5))``).
 
     ``attempts``: tries in all, the first included (1 = never retry); a keyed write, once
-    retries are on, is bounded by ``total`` alone (see the module). ``backoff``: the first
-    wait in seconds, doubled after each try up to ``max_wait``, with up to half of it taken
-    off at random so that clients do not retry in step. ``Retry-After`` is waited as the
+    retries are on, is bounded by ``total`` alone while it may have reached the server (see
+    the module). ``backoff``: the first wait in seconds, doubled after each try up to
+    ``max_wait``, with up to half of it taken off at random so that clients do not retry in
+    step. ``Retry-After`` is waited as the
     server asks, unless it is longer than ``max_wait``: then the error is raised at once.
     ``total``: no new try starts after this many seconds since the first one began.
     """
@@ -74,7 +76,7 @@ class Retry:
         """Seconds to wait before try ``attempt + 1``, or None when ``error`` is final."""
         if self.attempts == 1 or not retriable(kind, error):
             return None
-        if attempt >= self.attempts and kind != KEYED:
+        if attempt >= self.attempts and not (kind == KEYED and may_be_pending(error)):
             return None
         asked = retry_after(error)
         if asked is not None:
@@ -106,6 +108,15 @@ def retriable(kind: str, error: LoomError) -> bool:
     if isinstance(error, RateLimited | ServerError) and error.status in RETRIED_STATUSES:
         return kind in SAFE_KINDS
     return False
+
+
+def may_be_pending(error: LoomError) -> bool:
+    """Whether a keyed write's outcome may still be settling on the server, the reason it is
+    sent again past ``attempts``: an answer (409 in progress, 503, 429) or a try that may have
+    reached it. A connection that never opened holds no key and applied nothing: it is tried
+    ``attempts`` times like any other call, so a caller with a fallback (agent state's offline
+    queue) gets the error at once instead of after ``total`` seconds."""
+    return not (isinstance(error, LoomTransportError) and not error.may_have_reached_server)
 
 
 def retry_after(error: LoomError) -> float | None:

@@ -134,6 +134,13 @@ def _prepare_agent_state(body: dict[str, Any], who: dict[str, Any]) -> None:
     _write("object_types.set", {**namespace, "types": []})
     if isinstance(body.get("scope"), dict):
         _write("agent_state.erase", {**namespace, "scope": body["scope"]})
+    # A conditional write names the version it expects: the state was just emptied, so the
+    # one version it can hold is 0 ("must not exist"), which every mode's document allows.
+    # A drawn n > 0 cannot be prepared (a version counts stored writes, up to 2^63 - 1, and
+    # no API sets one), so the case is sent with the version it meets; its other fields are
+    # as drawn.
+    if isinstance(body.get("if_version"), int) and not isinstance(body["if_version"], bool):
+        body["if_version"] = 0
 
 
 @schemathesis.hook

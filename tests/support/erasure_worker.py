@@ -18,7 +18,7 @@ from rq import Queue
 from app.services import Services
 from jobs import context
 from jobs.queues import MAINTENANCE
-from tests.support.rq_worker import BurstWorker
+from tests.support.rq_worker import CommandlessBurstWorker
 
 
 def run_erasure_jobs(services: Services) -> None:
@@ -31,8 +31,8 @@ def run_erasure_jobs(services: Services) -> None:
 
 def _drain(services: Services) -> None:
     connection = services.queue_redis
-    BurstWorker([Queue(MAINTENANCE, connection=connection)],
-                 connection=connection).work(burst=True, logging_level="WARNING")
+    CommandlessBurstWorker([Queue(MAINTENANCE, connection=connection)],
+                           connection=connection).work(burst=True, logging_level="WARNING")
 
 
 def erase_now(services: Services, post: Any, **body: Any) -> dict[str, Any]:

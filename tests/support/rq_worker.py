@@ -26,6 +26,15 @@ class BurstWorker(PromptUnsubscribe, SimpleWorker):
         """Signal handlers belong to the main thread, and a test may run this in another."""
 
 
+class CommandlessBurstWorker(BurstWorker):
+    """A burst worker with no command channel (no pub/sub thread at all): for a loop that
+    starts one every few milliseconds beside a test (``erasure_worker_thread``), where each
+    channel's setup would widen the moments no worker holds the job."""
+
+    def subscribe(self) -> None:
+        """No commands are sent to a test's worker (and unsubscribe then has no thread)."""
+
+
 def run_queued(services: Any, queue_name: str) -> None:
     """Every job queued on ``queue_name``, run in this process with ``services``."""
     context.use_services(services)

@@ -56,6 +56,15 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+def wait_or_kill(process: subprocess.Popen[bytes], timeout: float = 10) -> None:
+    """Wait for a process asked to stop; kill it past ``timeout`` seconds."""
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
@@ -168,11 +177,7 @@ class RedisServerProcess:
             client.shutdown(nosave=not self.appendonly)
         except redis.ConnectionError:
             pass
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        wait_or_kill(self.process)
         self.process = None
 
     def __enter__(self) -> RedisServerProcess:
@@ -277,11 +282,7 @@ class EmbeddingsServerProcess:
             return
         if self.process.poll() is None:
             self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+            wait_or_kill(self.process)
         self.process = None
 
     def __enter__(self) -> EmbeddingsServerProcess:

@@ -72,6 +72,16 @@ ORG = "default"
 NAMESPACE = "bench"
 
 
+def fresh_blocks(r: Any, scope: str) -> None:
+    """The bench namespace's blocks gone, then the one block every get reads, written anew."""
+    from bench.working_memory import NOTE_TEXT
+
+    doomed = list(r.scan_iter(match=f"loom:wm*:{{{ORG}/{NAMESPACE}/*", count=1000))
+    if doomed:
+        r.delete(*doomed)
+    r.hset(scope, "note", f"{time.time_ns()}:4096:{len(NOTE_TEXT)}:{NOTE_TEXT}")
+
+
 # --- the process under valgrind -------------------------------------------------------------
 
 
@@ -95,7 +105,7 @@ def child(args: argparse.Namespace) -> int:
 
     import redis
 
-    from bench.working_memory import BASELINE_PATHS, LOOM_PATHS, NOTE_TEXT, op_bodies
+    from bench.working_memory import BASELINE_PATHS, LOOM_PATHS, op_bodies
 
     if args.child == "loom":
         from app import create_app
@@ -120,10 +130,7 @@ def child(args: argparse.Namespace) -> int:
     scope = keys.working_memory_scope(ORG, NAMESPACE, "-", "bench", "-", "-")
 
     def fresh() -> None:
-        doomed = list(r.scan_iter(match=f"loom:wm*:{{{ORG}/{NAMESPACE}/*", count=1000))
-        if doomed:
-            r.delete(*doomed)
-        r.hset(scope, "note", f"{time.time_ns()}:4096:{len(NOTE_TEXT)}:{NOTE_TEXT}")
+        fresh_blocks(r, scope)
 
     _control("-z")
     _control("-d", "empty")
@@ -187,7 +194,6 @@ def under_gunicorn(name: str, args: argparse.Namespace, redis_url: str, out: Pat
     from bench.working_memory import (
         BASELINE_PATHS,
         LOOM_PATHS,
-        NOTE_TEXT,
         gunicorn_settings,
         op_bodies,
     )
@@ -211,10 +217,7 @@ def under_gunicorn(name: str, args: argparse.Namespace, redis_url: str, out: Pat
     scope = keys.working_memory_scope(ORG, NAMESPACE, "-", "bench", "-", "-")
 
     def fresh() -> None:
-        doomed = list(r.scan_iter(match=f"loom:wm*:{{{ORG}/{NAMESPACE}/*", count=1000))
-        if doomed:
-            r.delete(*doomed)
-        r.hset(scope, "note", f"{time.time_ns()}:4096:{len(NOTE_TEXT)}:{NOTE_TEXT}")
+        fresh_blocks(r, scope)
 
     try:
         deadline = time.monotonic() + 600

@@ -44,7 +44,7 @@ if str(ROOT) not in sys.path:
 from app import create_app  # noqa: E402
 from app.local import RedisServerProcess  # noqa: E402
 from app.model.embeddings import embedder_for  # noqa: E402
-from app.ops.recall import CANDIDATES_MAX, OVERFETCH  # noqa: E402
+from app.ops.recall import OVERFETCH  # noqa: E402
 from app.store import keys  # noqa: E402
 from app.store.memory import Content, Location, MemoryStore  # noqa: E402
 from app.store.recall import RecallStore  # noqa: E402
@@ -181,7 +181,7 @@ def run(engine: str, args: argparse.Namespace, workdir: Path) -> None:
             users = list(dict.fromkeys(["-", user_id, *(
                 recall.namespace_users(org, NAMESPACE) if scope == "namespace" else [])]))
             top = 10 * OVERFETCH + 10
-            depth = top if vectors.on_engine else CANDIDATES_MAX
+            depth = top
             lexical, vector = [], []
             for _ in range(queries):
                 query = words(rng, vocabulary, 3)

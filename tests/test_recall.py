@@ -17,6 +17,7 @@ from app.store import keys
 from app.store.memory import MemoryStore
 from app.store.recall_terms import decode, query_terms, row_terms
 from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint
+from tests.conftest import ON_CLUSTER
 from tests.support.api import op_helpers
 
 NS = {"namespace": "support", "agent": "triage-bot", "user_id": "u-42"}
@@ -377,6 +378,62 @@ def test_pruned_search_answers_exactly_what_scoring_every_posting_does(app, seed
             assert pruned == exhaustive, (terms, reach, top)
             compared += bool(pruned)
     assert compared > 200
+
+
+@pytest.mark.skipif(ON_CLUSTER, reason="the two-step way is the cluster's own there")
+def test_one_call_summing_its_weights_answers_what_the_two_step_way_does(app):
+    """On one server the script sums every user's figures into the idf weights itself; the
+    cluster's way reads them first and passes the weights. Both score alike, bit for bit."""
+    import random
+
+    from app.store.recall import RecallStore
+
+    rng = random.Random(5)
+    users = ["u-1", "u-2", "u-3"]
+    vocabulary = _random_corpus(app, rng, users, 300)
+    services = app.extensions["loom"]
+    one_call = services.store(RecallStore)
+    two_step = RecallStore(services)
+    two_step._clustered = True  # the cluster's path, run against this one server
+    org = org_of(app)
+    compared = 0
+    for _ in range(40):
+        terms = list(dict.fromkeys(rng.choices(vocabulary + ["absent"], k=rng.randint(1, 4))))
+        reach = rng.choice([users[:1], users, users + ["nobody"]])
+        for top in (1, 10, 1000):
+            got = one_call.lexical(org, "support", reach, terms, top)
+            assert got == two_step.lexical(org, "support", reach, terms, top), (terms, top)
+            compared += bool(got)
+    assert compared > 60
+    assert one_call.lexical(org, "support", users, ["absent"], 10) == []
+    assert one_call.lexical(org, "support", ["nobody"], ["w0"], 10) == []
+
+
+@pytest.mark.skipif(ON_CLUSTER, reason="the cluster's per-user calls are made at once")
+def test_a_begun_search_survives_a_flushed_script_and_an_abandoned_reply(app):
+    """The one-server search is sent before it is read: a server that lost its scripts
+    (NOSCRIPT after a restart) still answers, and a reply that is dropped unread goes with
+    its connection, never to the next command that borrows it."""
+    import random
+
+    from app.store.recall import RecallStore
+
+    rng = random.Random(9)
+    users = ["u-1", "u-2"]
+    vocabulary = _random_corpus(app, rng, users, 200)
+    services = app.extensions["loom"]
+    recall = services.store(RecallStore)
+    org = org_of(app)
+    terms = vocabulary[:3]
+    expected = recall.lexical(org, "support", users, terms, 10)
+    assert expected
+    services.redis.script_flush()
+    assert recall.lexical(org, "support", users, terms, 10) == expected
+    for _ in range(5):
+        recall.lexical_begun(org, "support", users, vocabulary[3:5], 10).abandon()
+    for _ in range(10):
+        assert services.redis.ping()
+        assert recall.lexical(org, "support", users, terms, 10) == expected
 
 
 def _back_to_layout_1(app, namespace: str, user_id: str) -> None:

@@ -42,7 +42,7 @@ from app.ops.memory import (
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, Moment, StrictInt, no_control_characters
 from app.store.memory import PROFILE_TYPE, MemoryRow, MemoryStore
-from app.store.recall import LexicalHit, RecallStore
+from app.store.recall import LexicalHit, PendingLexical, RecallStore
 from app.store.recall_terms import query_terms
 from app.store.recall_vectors import RecallVectorStore, VectorHit
 from app.store.usage import UsageStore
@@ -276,16 +276,35 @@ def search_rows(call: Call, query: str, limit: int, read_scope: str,
     vectors = call.services.store(RecallVectorStore)
     now = call.services.clock.now_ns()
     top = limit * OVERFETCH + 10
-    # Exact cosine reads every vector in scope anyway: rank them once, deep enough for every
-    # round below. The engine's cost grows with the depth asked: each round asks its own.
-    depth = top if vectors.on_engine else CANDIDATES_MAX
-    vector_hits = None if wanted is None else vectors.nearest(
-        identity.org, identity.namespace, users, wanted, depth, whole_namespace=whole_namespace)
+    # Each round asks the vector leg as deep as it reads: a deeper one is rare (filters that
+    # drop most hits), while hits asked for beyond it would cost objects and a sort on every
+    # search (exact cosine's product over the scope is the same either way).
+    depth = top
+    # The first round's lexical script runs in Redis while this process ranks the vectors:
+    # it is sent once the vector leg has read what it needs.
+    first: PendingLexical | None = None
+
+    def begin_lexical() -> None:
+        nonlocal first
+        first = recall.lexical_begun(identity.org, identity.namespace, users, terms, top)
+
+    try:
+        vector_hits = None if wanted is None else vectors.nearest(
+            identity.org, identity.namespace, users, wanted, depth,
+            whole_namespace=whole_namespace, meanwhile=begin_lexical)
+    except BaseException:
+        if first is not None:
+            first.abandon()
+        raise
+    if first is None:
+        begin_lexical()
     kept: list[tuple[MemoryRow, Hit]] = []
     seen: set[tuple[str, str]] = set()
     while True:
-        lexical = recall.lexical(identity.org, identity.namespace, users, terms, top) if terms \
-            else []
+        if first is not None:
+            lexical, first = first.answer(), None
+        else:
+            lexical = recall.lexical(identity.org, identity.namespace, users, terms, top)
         if wanted is not None and top > depth:
             depth = top
             vector_hits = vectors.nearest(identity.org, identity.namespace, users, wanted, depth,

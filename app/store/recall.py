@@ -9,11 +9,12 @@ range of postings per term, best first: app/store/lua/recall_posting.lua) and
 ``keys.recall_stats`` (documents, summed length, posting layout). Per namespace:
 ``keys.recall_users``, the users a namespace search fans out over.
 
-A search reaches one or more users' slots. It first reads, for each slot, the document count,
-the summed length and each query term's document frequency (one pipeline), sums them into one
-set of idf weights and one average length, then scores every slot with those same weights in
-``recall_search.lua``, so the scores of several users' facts compare: on one server a single
-call over every reached user keeps one top; on a cluster one call a user, merged by a sort.
+A search reaches one or more users' slots, and scores them all with one set of idf weights
+and one average length, summed over every slot it reaches, so the scores of several users'
+facts compare. On one server that is one ``recall_search.lua`` call over every user in scope:
+the script sums the document counts, lengths and each query term's document frequency itself,
+then keeps one top. On a cluster, where users live in different slots, a first pipeline reads
+those figures per slot, and one call a user with the summed weights follows, merged by a sort.
 This is exact BM25 over the reached rows; no approximate index is involved. The script reads
 each term's postings best first and stops as soon as no unread posting can change the top
 (``pruned``); its answer is the one scoring every posting gives (``exhaustive``, kept for the
@@ -26,11 +27,12 @@ test that compares them and for an index still on the first posting layout).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import redis
+from redis.commands.core import Script
 
 from app.store import keys
 from app.store.lua import script
@@ -95,9 +97,44 @@ class RecallStore:
     ) -> list[LexicalHit]:
         """The ``top`` best facts of these users for the query ``terms``, best first (the same
         answer either way; ``exhaustive`` scores every posting instead of pruning)."""
+        return self.lexical_begun(org, namespace, user_ids, terms, top,
+                                  exhaustive=exhaustive).answer()
+
+    def lexical_begun(
+        self, org: str, namespace: str, user_ids: Sequence[str], terms: Sequence[str], top: int,
+        *, exhaustive: bool = False,
+    ) -> PendingLexical:
+        """``lexical``, begun: on one server the script's call is sent now and its reply read
+        by ``answer``, so the caller's other work (the vector leg's product) runs while Redis
+        scores; on a cluster it is done before this returns."""
         if not terms or not user_ids:
-            return []
+            return PendingLexical(lambda: [])
         users = list(dict.fromkeys(user_ids))
+        mode = "exhaustive" if exhaustive else "pruned"
+        if self._clustered:
+            named, args, reached = self._weights(org, namespace, users, terms, top, mode)
+            # Users live in different slots: one script call per user, each its own top.
+            answers = [([user_id], self._search(keys=_index_keys(org, namespace, user_id),
+                                                args=args)) for user_id in reached]
+            hits = _hits(named, answers, top)
+            return PendingLexical(lambda: hits)
+        # One server: one call over every user, which sums the idf weights itself (no round
+        # trip reads them first) and keeps one top, so a user whose best rows cannot reach it
+        # reads no further than that.
+        named = list(terms)
+        sent = _SentScript(self.redis, self._search,
+                           [k for user_id in users for k in _index_keys(org, namespace, user_id)],
+                           [top, K1, B, "", mode, *named])
+        return PendingLexical(lambda: _hits(named, [(users, sent.reply())], top), sent.abandon)
+
+    def _weights(
+        self, org: str, namespace: str, users: Sequence[str], terms: Sequence[str], top: int,
+        mode: str,
+    ) -> tuple[list[str], list[str | float | int], list[str]]:
+        """Redis Cluster's first step: each slot's document count, summed length and each
+        term's document frequency (one pipeline), summed into one set of idf weights and one
+        average length so the per-slot calls score alike. Answers the terms held, the
+        script's args and the users holding any of them."""
         pipe = self.redis.pipeline(transaction=False)
         for user_id in users:
             pipe.hmget(keys.recall_stats(org, namespace, user_id), ["docs", "length"])
@@ -119,33 +156,15 @@ class RecallStore:
             for j, count in enumerate(counts):
                 frequency[j] += int(count)
         if not reached or docs <= 0:
-            return []
+            return [], [], []
         weights: list[str | float] = []
         for term, df in zip(terms, frequency, strict=True):
             if df:
-                # BM25's idf as Lucene and bm25s take it: never negative.
+                # BM25's idf as Lucene and bm25s take it: never negative (recall_search.lua
+                # computes the same on one server).
                 weights += [term, math.log(1 + (docs - df + 0.5) / (df + 0.5))]
-        mode = "exhaustive" if exhaustive else "pruned"
-        args: list[str | float | int] = [top, K1, B, length / docs, mode, *weights]
-        if self._clustered:
-            # Users live in different slots: one script call per user, each its own top.
-            calls = [([user_id], _index_keys(org, namespace, user_id)) for user_id in reached]
-        else:
-            # One call over every user: one top, so a user whose best rows cannot reach it
-            # reads no further than that.
-            calls = [(reached, [k for user_id in reached
-                                for k in _index_keys(org, namespace, user_id)])]
-        named = [str(w) for w in weights[0::2]]
-        hits: list[LexicalHit] = []
-        for called, script_keys in calls:
-            answer = self._search(keys=script_keys, args=args)
-            flat = [v.decode() if isinstance(v, bytes) else str(v) for v in answer]
-            for k in range(0, len(flat), 4):
-                matched = tuple(named[int(n) - 1] for n in flat[k + 3].split(","))
-                hits.append(LexicalHit(called[int(flat[k]) - 1], flat[k + 1],
-                                       float(flat[k + 2]), matched))
-        hits.sort(key=lambda hit: (-hit.score, hit.memory_id))
-        return hits[:top]
+        return ([str(w) for w in weights[0::2]],
+                [top, K1, B, length / docs, mode, *weights], reached)
 
     def indexed_users(self) -> Iterator[tuple[str, str, str]]:
         """(org, namespace, user_id) of every user with a lexical index, on every node."""
@@ -164,6 +183,90 @@ class RecallStore:
             moved += int(answer[1])
             if cursor == "0":
                 return moved
+
+
+class PendingLexical:
+    """A lexical search begun: ``answer`` reads its hits; ``abandon`` drops a reply the caller
+    will not read (its other work failed), so no connection goes back to the pool with it."""
+
+    __slots__ = ("_read", "abandon")
+
+    def __init__(self, read: Callable[[], list[LexicalHit]],
+                 abandon: Callable[[], None] = lambda: None) -> None:
+        self._read = read
+        self.abandon = abandon
+
+    def answer(self) -> list[LexicalHit]:
+        return self._read()
+
+
+class _SentScript:
+    """One script call sent on a pooled connection now and its reply read later: what
+    redis-py's client does in one step (``Connection.send_command``, then ``read_response``),
+    split so that the server runs the script while this process works. Where the send or the
+    read fails on the connection, or the server has not loaded the script (NOSCRIPT after a
+    restart), ``reply`` makes the ordinary call, with the client's own retry and script load:
+    the scripts sent this way only read."""
+
+    def __init__(self, client: redis.Redis, search: Script, script_keys: list[str],
+                 args: list[str | float | int]) -> None:
+        self._client, self._search, self._keys, self._args = client, search, script_keys, args
+        pool = client.connection_pool
+        # redis-py's Connection methods carry no annotations.
+        connection: Any = pool.get_connection()
+        try:
+            connection.send_command("EVALSHA", search.sha, len(script_keys), *script_keys,
+                                    *args)
+        except redis.ConnectionError:
+            connection.disconnect()
+            pool.release(connection)
+            connection = None
+        except BaseException:
+            connection.disconnect()
+            pool.release(connection)
+            raise
+        self._connection = connection
+
+    def reply(self) -> Any:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            pool = self._client.connection_pool
+            try:
+                answer = connection.read_response()
+            except redis.exceptions.NoScriptError:
+                pool.release(connection)  # the error reply was read whole
+            except redis.ConnectionError:
+                connection.disconnect()
+                pool.release(connection)
+            except BaseException:
+                connection.disconnect()
+                pool.release(connection)
+                raise
+            else:
+                pool.release(connection)
+                return answer
+        return self._search(keys=self._keys, args=self._args)
+
+    def abandon(self) -> None:
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            connection.disconnect()  # its reply is still on the way: the socket goes with it
+            self._client.connection_pool.release(connection)
+
+
+def _hits(named: Sequence[str], answers: Sequence[tuple[Sequence[str], Any]],
+          top: int) -> list[LexicalHit]:
+    """recall_search.lua's flat answers (each with the users its call took, in their order)
+    as hits, best first, ties by memory_id."""
+    hits: list[LexicalHit] = []
+    for called, answer in answers:
+        flat = [v.decode() if isinstance(v, bytes) else str(v) for v in answer]
+        for k in range(0, len(flat), 4):
+            matched = tuple(named[int(n) - 1] for n in flat[k + 3].split(","))
+            hits.append(LexicalHit(called[int(flat[k]) - 1], flat[k + 1],
+                                   float(flat[k + 2]), matched))
+    hits.sort(key=lambda hit: (-hit.score, hit.memory_id))
+    return hits[:top]
 
 
 def _index_keys(org: str, namespace: str, user_id: str) -> list[str]:

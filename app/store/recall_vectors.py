@@ -44,7 +44,7 @@ import threading
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -540,13 +540,17 @@ class RecallVectorStore:
 
     def nearest(self, org: str, namespace: str, user_ids: Sequence[str],
                 query: Sequence[float], top: int, *,
-                whole_namespace: bool = False) -> list[VectorHit]:
+                whole_namespace: bool = False,
+                meanwhile: Callable[[], None] | None = None) -> list[VectorHit]:
         """The ``top`` facts of these users closest to ``query`` by cosine, best first; only
         vectors of the query's length count (a model change leaves old ones until re-embedded),
         and only those pointing the query's way (cosine above 0). Exact without the engine;
         on it, what VSIM finds (approximate past a few hundred vectors a user).
         ``whole_namespace`` says ``user_ids`` are every user of the namespace: on the engine
-        that is one VSIM over the namespace's set, not one a user."""
+        that is one VSIM over the namespace's set, not one a user. ``meanwhile`` is called
+        once this leg needs Redis no more (on exact cosine, before the product; on the engine,
+        before its VSIM, the leg being Redis's own work): a caller sends its other Redis work
+        there, and the server does it while this process computes."""
         users = [u for u in dict.fromkeys(user_ids)]
         if not users or top <= 0:
             return []
@@ -555,12 +559,16 @@ class RecallVectorStore:
         if norm == 0:
             return []
         wanted = wanted / norm
+        if self.on_engine and meanwhile is not None:
+            meanwhile()
         if self.on_engine and whole_namespace:
             return self._nearest_in_namespace(org, namespace, users, wanted, top)
         if self.on_engine:
             return self._nearest_on_engine(org, namespace, users, wanted, top)
         width = wanted.shape[0]
         blocks = self._vectors_of(org, namespace, users, width)
+        if meanwhile is not None:
+            meanwhile()
         if not blocks:
             return []
         if len(blocks) == 1 or sum(len(block.ids) for _, block in blocks) > CACHE_VECTORS_MAX:
@@ -569,18 +577,19 @@ class RecallVectorStore:
             hits = []
             for user_id, block in blocks:
                 scores = block.matrix @ wanted
-                chosen = _best(scores, top).tolist()
-                score_of = scores.tolist()
-                hits += [VectorHit(user_id, block.ids[i], score_of[i]) for i in chosen]
+                chosen = _best(scores, top)
+                hits += [VectorHit(user_id, block.ids[i], score)
+                         for i, score in zip(chosen.tolist(), scores[chosen].tolist(),
+                                             strict=True)]
         else:
             # One product over the scope's one matrix, then one selection: Python objects
-            # only for the winners.
+            # (and Python numbers) only for the winners.
             scope = self._scope_of(org, namespace, width, blocks)
             scores = scope.matrix @ wanted
-            chosen = _best(scores, top).tolist()
-            owner_of, score_of = scope.owners.tolist(), scores.tolist()
-            hits = [VectorHit(scope.users[owner_of[i]], scope.ids[i], score_of[i])
-                    for i in chosen]
+            chosen = _best(scores, top)
+            hits = [VectorHit(scope.users[owner], scope.ids[i], score)
+                    for i, owner, score in zip(chosen.tolist(), scope.owners[chosen].tolist(),
+                                               scores[chosen].tolist(), strict=True)]
         hits.sort(key=lambda hit: (-hit.score, hit.memory_id))
         return hits[:top]
 

@@ -1,10 +1,14 @@
 -- BM25 over the lexical recall index of one or more users. KEYS: per user, in turn, its recall
 -- postings, recall docs and recall stats (one user a call on Redis Cluster, where users live in
--- different slots; every reached user in one call on a single server). ARGV: 1 how many hits to
--- answer, 2 k1, 3 b, 4 average document length, 5 'pruned' or 'exhaustive', then per query
+-- different slots; every user in scope in one call on a single server). ARGV: 1 how many hits
+-- to answer, 2 k1, 3 b, 4 average document length, 5 'pruned' or 'exhaustive', then per query
 -- term: the term and its idf (computed by the caller over every slot the search reaches, so
--- scores from several users compare). Answers flat (user number, memory_id, score, matched
--- term numbers "1,3") best first, ties by memory_id, then user number.
+-- scores from several users compare). With ARGV 4 empty, ARGV 6 on are the query's terms alone
+-- and the script sums the documents, lengths and each term's document frequency over its users
+-- itself (one server, where every user is in this call: no round trip reads them first); a
+-- term no user holds then keeps its number and matches nothing. Answers flat (user number,
+-- memory_id, score, matched term numbers "1,3") best first, ties by memory_id, then user
+-- number.
 --
 -- 'pruned' answers exactly what 'exhaustive' does, reading far fewer postings (Fagin's
 -- threshold algorithm over the layout of recall_posting.lua): the best unread posting over
@@ -15,14 +19,42 @@
 --#include recall_posting
 local top = tonumber(ARGV[1])
 local k1, b, avgdl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-if avgdl <= 0 then avgdl = 1 end
 local prune = ARGV[5] == 'pruned'
-local terms, idfs = {}, {}
-for i = 6, #ARGV, 2 do
-  terms[#terms + 1] = ARGV[i]
-  idfs[#idfs + 1] = tonumber(ARGV[i + 1])
-end
 local users = #KEYS / 3
+local terms, idfs = {}, {}
+if ARGV[4] == '' then
+  for i = 6, #ARGV do terms[#terms + 1] = ARGV[i] end
+  local docs, length, df = 0, 0, {}
+  for n = 1, #terms do df[n] = 0 end
+  for u = 1, users do
+    local stats = redis.call('HMGET', KEYS[3 * u], 'docs', 'length')
+    docs = docs + (tonumber(stats[1]) or 0)
+    length = length + (tonumber(stats[2]) or 0)
+    for n, term in ipairs(terms) do
+      -- Both posting layouts: term NUL ... (1) and term SOH ... (2).
+      df[n] = df[n] + redis.call('ZLEXCOUNT', KEYS[3 * u - 2], '[' .. term .. '\0',
+                                 '[' .. term .. '\1\255')
+    end
+  end
+  if docs <= 0 then return {} end
+  local any = false
+  for n = 1, #terms do
+    -- BM25's idf as Lucene and bm25s take it (never negative), as the caller computes it.
+    if df[n] > 0 then
+      idfs[n], any = math.log(1 + (docs - df[n] + 0.5) / (df[n] + 0.5)), true
+    else
+      idfs[n] = 0
+    end
+  end
+  if not any then return {} end
+  avgdl = length / docs
+else
+  for i = 6, #ARGV, 2 do
+    terms[#terms + 1] = ARGV[i]
+    idfs[#idfs + 1] = tonumber(ARGV[i + 1])
+  end
+end
+if avgdl <= 0 then avgdl = 1 end
 
 -- The one formula both ways use, so a pruned score is bit for bit the exhaustive one.
 local function bm25(idf, tf, len)

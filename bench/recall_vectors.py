@@ -181,7 +181,6 @@ def run(engine: str, args: argparse.Namespace, workdir: Path) -> None:
             users = list(dict.fromkeys(["-", user_id, *(
                 recall.namespace_users(org, NAMESPACE) if scope == "namespace" else [])]))
             top = 10 * OVERFETCH + 10
-            depth = top
             lexical, vector = [], []
             for _ in range(queries):
                 query = words(rng, vocabulary, 3)
@@ -190,7 +189,7 @@ def run(engine: str, args: argparse.Namespace, workdir: Path) -> None:
                 recall.lexical(org, NAMESPACE, users, query_terms(query), top)
                 lexical.append(1000 * (time.perf_counter() - begun))
                 begun = time.perf_counter()
-                vectors.nearest(org, NAMESPACE, users, wanted, depth,
+                vectors.nearest(org, NAMESPACE, users, wanted, top,
                                 whole_namespace=scope == "namespace")
                 vector.append(1000 * (time.perf_counter() - begun))
             print(f"[{engine}]   {scope} legs alone: lexical p50 "

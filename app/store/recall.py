@@ -211,47 +211,41 @@ class _SentScript:
     def __init__(self, client: redis.Redis, search: Script, script_keys: list[str],
                  args: list[str | float | int]) -> None:
         self._client, self._search, self._keys, self._args = client, search, script_keys, args
-        pool = client.connection_pool
         # redis-py's Connection methods carry no annotations.
-        connection: Any = pool.get_connection()
-        try:
-            connection.send_command("EVALSHA", search.sha, len(script_keys), *script_keys,
-                                    *args)
-        except redis.ConnectionError:
-            connection.disconnect()
-            pool.release(connection)
-            connection = None
-        except BaseException:
-            connection.disconnect()
-            pool.release(connection)
-            raise
+        connection: Any = client.connection_pool.get_connection()
         self._connection = connection
+        try:
+            connection.send_command("EVALSHA", search.sha, len(script_keys), *script_keys, *args)
+        except BaseException as error:
+            self.abandon()
+            if not isinstance(error, redis.ConnectionError):
+                raise
 
     def reply(self) -> Any:
-        connection, self._connection = self._connection, None
+        connection = self._connection
         if connection is not None:
-            pool = self._client.connection_pool
             try:
                 answer = connection.read_response()
             except redis.exceptions.NoScriptError:
-                pool.release(connection)  # the error reply was read whole
-            except redis.ConnectionError:
-                connection.disconnect()
-                pool.release(connection)
-            except BaseException:
-                connection.disconnect()
-                pool.release(connection)
-                raise
+                self._release()  # the error reply was read whole
+            except BaseException as error:
+                self.abandon()
+                if not isinstance(error, redis.ConnectionError):
+                    raise
             else:
-                pool.release(connection)
+                self._release()
                 return answer
         return self._search(keys=self._keys, args=self._args)
 
     def abandon(self) -> None:
+        """Drop the connection with whatever it still has to read: its socket goes with it."""
+        if self._connection is not None:
+            self._connection.disconnect()
+            self._release()
+
+    def _release(self) -> None:
         connection, self._connection = self._connection, None
-        if connection is not None:
-            connection.disconnect()  # its reply is still on the way: the socket goes with it
-            self._client.connection_pool.release(connection)
+        self._client.connection_pool.release(connection)
 
 
 def _hits(named: Sequence[str], answers: Sequence[tuple[Sequence[str], Any]],

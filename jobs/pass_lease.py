@@ -47,11 +47,17 @@ class PassTicket:
     started_at: float
     take_until: float
     hard_until: float
+    # When the scheduler's tick that asked for the pass came: the start less the time the pass
+    # waited in its queue. The next pass is due from it, so a pass that waited behind other
+    # jobs does not push the next tick's pass past its due time.
+    ticked_at: float
 
     @classmethod
-    def start(cls, lease: Lease, started_at: float, max_pass_seconds: float) -> PassTicket:
+    def start(cls, lease: Lease, started_at: float, max_pass_seconds: float,
+              queued_seconds: float = 0.0) -> PassTicket:
         return cls(lease.name, lease.holder, lease.token, lease.ttl_ms / 1000, started_at,
-                   started_at + max_pass_seconds / 2, started_at + max_pass_seconds)
+                   started_at + max_pass_seconds / 2, started_at + max_pass_seconds,
+                   started_at - max(0.0, queued_seconds))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,7 +66,9 @@ class PassTicket:
     def from_dict(cls, data: dict[str, Any]) -> PassTicket:
         return cls(str(data["lease"]), str(data["holder"]), int(data["token"]),
                    float(data["ttl"]), float(data["started_at"]), float(data["take_until"]),
-                   float(data["hard_until"]))
+                   float(data["hard_until"]),
+                   # A closing job enqueued before the field existed: its start.
+                   float(data.get("ticked_at", data["started_at"])))
 
     def lease_in(self, leases: LeaseStore) -> Lease:
         return leases.lease(self.lease, self.holder, self.token, self.ttl)

@@ -24,6 +24,7 @@ import math
 import os
 import socket
 import time
+from datetime import UTC
 from typing import Any
 
 from rq import Queue, get_current_job
@@ -69,19 +70,30 @@ ABANDON_GRACE_SECONDS = 5
 RESULT_KEEP_SECONDS = 600
 # The scheduler's ticks come one interval apart, give or take its poll (at most a quarter of
 # the interval, ``jobs.scheduler.poll_seconds``). A pass that left users behind marks the next
-# one due this fraction of an interval after it started: the next tick always runs a pass,
-# one interval after this one started, while a duplicate enqueued meanwhile (a retry, a run by
-# hand) returns at once.
+# one due this fraction of an interval after the tick that asked for it: the next tick always
+# runs a pass, however long either pass waited in its queue behind other jobs, while a
+# duplicate enqueued meanwhile (a retry, a run by hand) returns at once.
 NEXT_PASS_FRACTION = 0.5
 
 
-def next_pass_due(started: float, ended: float, delay: float, idle: bool) -> float:
+def next_pass_due(ticked: float, ended: float, delay: float, idle: bool) -> float:
     """When the next pass may run: the idle interval after an idle pass ended; otherwise
-    early enough that the scheduler's next tick, one interval after this pass started, runs
-    it (seed 000: "runs again at the worker's interval")."""
+    early enough that the scheduler's next tick, one interval after the tick that asked for
+    this pass, runs it (seed 000: "runs again at the worker's interval")."""
     if idle:
         return ended + delay
-    return started + delay * NEXT_PASS_FRACTION
+    return ticked + delay * NEXT_PASS_FRACTION
+
+
+def queued_seconds(job: Job | None) -> float:
+    """How long the running pass waited in its queue: from RQ's enqueue time to now, on the
+    wall clock both are read from (0 for a pass called directly)."""
+    if job is None or job.enqueued_at is None:
+        return 0.0
+    enqueued = job.enqueued_at
+    if enqueued.tzinfo is None:
+        enqueued = enqueued.replace(tzinfo=UTC)
+    return max(0.0, time.time() - enqueued.timestamp())
 
 
 # --- the pass's parts: its holder, its namespaces, its scans ----------------------------------
@@ -397,7 +409,7 @@ def end_pass(
         log.warning("structured_profile: the pass lost its lease as it closed")
         return {"skipped": "lease lost"}
     # A pass that fanned out handed users out, so it was not idle.
-    leases.set_next_pass_due(lease, next_pass_due(pass_ticket.started_at, now, next_pass_in,
+    leases.set_next_pass_due(lease, next_pass_due(pass_ticket.ticked_at, now, next_pass_in,
                                                   idle=False))
     reached = [r for _ns, _user, r in results if r.reached]
     record_pass(svc, LEASE, max(0.0, now - pass_ticket.started_at),
@@ -439,7 +451,8 @@ def run_pass(
         return {"skipped": "another pass holds the lease"}
     started = svc.clock.now()
     started_monotonic = time.monotonic()
-    ticket = PassTicket.start(lease, started, planner_settings.max_pass_seconds)
+    ticket = PassTicket.start(lease, started, planner_settings.max_pass_seconds,
+                              queued_seconds(get_current_job()))
     handed_on = False
     try:
         state = _load_state(leases, holder)
@@ -478,7 +491,7 @@ def run_pass(
             give_back(new_state, step.namespace, [step.user_id])
         new_state.generation = holder
         leases.save_state(lease, new_state.to_json())
-        leases.set_next_pass_due(lease, next_pass_due(started, svc.clock.now(), delay,
+        leases.set_next_pass_due(lease, next_pass_due(ticket.ticked_at, svc.clock.now(), delay,
                                                       planner.idle))
         record_pass(svc, LEASE, time.monotonic() - started_monotonic,
                     [result.metric_outcome for result in results])

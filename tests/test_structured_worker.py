@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from rq import Queue
@@ -18,7 +19,7 @@ from app.store.usage import UsageStore
 from jobs import context
 from jobs.queues import BUILDS, PASSES
 from jobs.scheduler import periodic_jobs, register
-from jobs.structured_profile import run_pass
+from jobs.structured_profile import PASS_FUNC, run_pass
 from tests.conftest import TEST_SECRET, make_app
 from tests.support.rq_worker import BurstWorker
 
@@ -352,6 +353,48 @@ def test_the_scheduler_enqueues_passes_and_a_real_worker_builds(world, model, mo
         assert world.services.redis.exists(keys.worker_lease("structured_profile")) == 0
     finally:
         context.use_services(None)
+
+
+@pytest.mark.parametrize(("first_waited", "next_enqueued_after", "next_runs"), [
+    (40, 20, True),  # the next tick, one interval after the first's: it runs
+    (10, 0, False),  # a duplicate enqueued as the first ended, 10 s after its tick: it returns
+])
+def test_a_pass_that_waited_in_its_queue_leaves_the_next_tick_due(
+    redis_url, tmp_path, model, first_waited, next_enqueued_after, next_runs
+):
+    """The next pass is due half an interval after the tick that asked for this one, not
+    after this one started: a pass that waited behind other jobs (here 40 s of a 60 s
+    interval) does not make the next tick's pass, which waited less, find itself early."""
+    w = World(redis_url, tmp_path, model, structured_profile_interval_seconds=60,
+              structured_profile_max_users_per_pass=1)
+    w.post("profile_schema.set", json_schema=SCHEMA)
+    model.default = lambda request: answer(preferred_name="Built")
+    for index in range(3):  # one user a pass: every pass leaves users behind
+        w.fact("name", "Sam", user=f"behind-{index}")
+    redis_queue = w.services.queue_redis
+    passes, builds = Queue(PASSES, connection=redis_queue), Queue(BUILDS, connection=redis_queue)
+
+    def tick(waited: float) -> Any:
+        job = passes.enqueue(PASS_FUNC)
+        job.enqueued_at = datetime.now(UTC) - timedelta(seconds=waited)
+        job.save()
+        BurstWorker([passes, builds], connection=redis_queue).work(burst=True)
+        return job.latest_result().return_value
+
+    context.use_services(w.services)
+    try:
+        first = tick(first_waited)
+        assert first["fanned_out"] == 1
+        assert len(w.calls()) == 1
+        w.clock.advance(next_enqueued_after)
+        following = tick(0)
+    finally:
+        context.use_services(None)
+    if next_runs:
+        assert following["fanned_out"] == 1 and len(w.calls()) == 2
+    else:
+        assert following == {"skipped": "idle until the next pass is due"}
+        assert len(w.calls()) == 1
 
 
 def test_refused_users_never_starve_the_users_behind_them(redis_url, tmp_path, model):

@@ -324,6 +324,33 @@ def test_a_namespace_search_finds_the_facts_of_several_users_by_meaning(app, cli
     assert search(client, "vehicle", read_scope="own_user") == []
 
 
+@on_cluster_skip  # the recording client is a single server's
+def test_an_exact_namespace_search_reads_each_users_generation_once(redis_url, tmp_path, srv):
+    """On exact cosine the check that anyone in scope has a vector reads each user's
+    generation in the same round trip, and the vector leg takes them from it: one HMGET of
+    each user's generation a search, not two."""
+    from tests.support.command_log import CommandLog, recording_client
+
+    log = CommandLog()
+    app = make_app(redis_url, tmp_path, redis=recording_client(redis_url, log),
+                   embed_base_url=srv.base_url, embed_model=MODEL, embed_batch_size=4)
+    if on_engine(app):
+        pytest.skip("the engine's namespace search is one VSIM")
+    client = app.test_client()
+    users = ("u-42", "u-7", "u-9")
+    for user, value in zip(users, ("drives an automobile", "owns a red vehicle",
+                                   "parks the car downtown"), strict=True):
+        ok(client, "memory.set", key="ride", value=value, user_id=user)
+    run_jobs(app)
+    search(client, "automobile", read_scope="namespace")  # warm: the vectors kept decoded
+    with log.recording() as recorded:
+        hits = search(client, "automobile", read_scope="namespace")
+    assert sum("vector" in legs for _, legs in hits) == 3
+    for user in users:
+        generation = keys.recall_vectors_generation(org_of(app), "support", user)
+        assert len([c for c in recorded.named("HMGET") if c[1] == generation]) == 1, user
+
+
 def test_without_an_endpoint_search_is_lexical_alone(app_factory, srv):
     client = app_factory().test_client()
     facts(client)

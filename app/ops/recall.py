@@ -44,7 +44,7 @@ from app.schemas.common import Answer, IdentityArgs, Moment, StrictInt, no_contr
 from app.store.memory import PROFILE_TYPE, MemoryRow, MemoryStore
 from app.store.recall import LexicalHit, PendingLexical, RecallStore
 from app.store.recall_terms import query_terms
-from app.store.recall_vectors import RecallVectorStore, VectorHit
+from app.store.recall_vectors import RecallVectorStore, VectorHit, VectorsSeen
 from app.store.usage import UsageStore
 from app.store.working_memory import WorkingMemoryStore
 
@@ -228,37 +228,39 @@ QUERY_VECTOR_MEMO = "query_vector"
 
 
 def query_vector(call: Call, query: str, users: Sequence[str],
-                 whole_namespace: bool = False) -> list[float] | None:
+                 whole_namespace: bool = False) -> tuple[list[float] | None, VectorsSeen | None]:
     """The query's embedding, or None when the vector leg sits this search out: no endpoint,
     no vector stored for anyone in scope (no call is made for nothing to match), model calls
-    off for the org, the budget spent, or the call failed. ``whole_namespace``: ``users`` are
-    every user of the namespace."""
+    off for the org, the budget spent, or the call failed; and what was read of the users'
+    vectors on the way, for ``nearest``. ``whole_namespace``: ``users`` are every user of the
+    namespace."""
     services = call.services
     settings = services.settings
     identity = call.identity
     embedder = embedder_for(settings)
     if embedder is None:
-        return None
+        return None, None
     with embedder:
-        if not services.store(RecallVectorStore).has_vectors(
-                identity.org, identity.namespace, users, whole_namespace=whole_namespace):
-            return None
+        seen = services.store(RecallVectorStore).has_vectors(
+            identity.org, identity.namespace, users, whole_namespace=whole_namespace)
+        if not seen:
+            return None, None
         if not services.store(UsageStore).model_calls_enabled(identity.org):
-            return None
+            return None, None
         try:
             answer = embed_within_budget(services, identity.org, identity.namespace, embedder,
                                          [query], purpose=QUERY)
         except EmbeddingsOutOfBudget as out:
             log.info("memory.search: the %s budget is spent; the lexical leg answers alone",
                      out.scope)
-            return None
+            return None, None
         except ModelCallFailed as error:
             log.warning("memory.search: the query's embedding failed; the lexical leg answers "
                         "alone: %s", error)
-            return None
+            return None, None
     # loom_search's profile leg embeds the same question: one call serves both legs.
     call.memo[QUERY_VECTOR_MEMO] = (query, answer.vectors[0])
-    return answer.vectors[0]
+    return answer.vectors[0], seen
 
 
 def search_rows(call: Call, query: str, limit: int, read_scope: str,
@@ -270,7 +272,7 @@ def search_rows(call: Call, query: str, limit: int, read_scope: str,
     memory = call.services.store(MemoryStore)
     users = _users(call, read_scope)
     whole_namespace = read_scope == "namespace"
-    wanted = query_vector(call, query, users, whole_namespace)
+    wanted, vectors_seen = query_vector(call, query, users, whole_namespace)
     if not terms and wanted is None:
         return []
     vectors = call.services.store(RecallVectorStore)
@@ -291,7 +293,8 @@ def search_rows(call: Call, query: str, limit: int, read_scope: str,
     try:
         vector_hits = None if wanted is None else vectors.nearest(
             identity.org, identity.namespace, users, wanted, depth,
-            whole_namespace=whole_namespace, meanwhile=begin_lexical)
+            whole_namespace=whole_namespace, meanwhile=begin_lexical,
+            seen=vectors_seen)
     except BaseException:
         if first is not None:
             first.abandon()
@@ -308,7 +311,7 @@ def search_rows(call: Call, query: str, limit: int, read_scope: str,
         if wanted is not None and top > depth:
             depth = top
             vector_hits = vectors.nearest(identity.org, identity.namespace, users, wanted, depth,
-                                          whole_namespace=whole_namespace)
+                                          whole_namespace=whole_namespace, seen=vectors_seen)
         vector = None if vector_hits is None else vector_hits[:top]
         hits = [hit for hit in fuse(lexical, vector) if (hit.user_id, hit.memory_id) not in seen]
         examined = 0

@@ -194,6 +194,21 @@ def vector_bytes(stored: str) -> bytes:
 
 
 @dataclass(frozen=True, slots=True)
+class VectorsSeen:
+    """What ``has_vectors`` read: whether any user in scope has a vector (truthy if so) and,
+    on exact cosine, each user's generation, read in the same round trip; ``nearest`` takes
+    them rather than reading them again, so the search answers from the vectors as they stood
+    when it began."""
+
+    found: bool
+    users: tuple[str, ...] = ()
+    generations: tuple[str, ...] | None = None
+
+    def __bool__(self) -> bool:
+        return self.found
+
+
+@dataclass(frozen=True, slots=True)
 class _Block:
     """One user's vectors of one length, decoded: ids and the int8 rows as float32 unit rows
     (divided by their norms once, here, so a search's cosine is one product)."""
@@ -469,15 +484,18 @@ class RecallVectorStore:
 
     # --- the search's side -------------------------------------------------------------------
 
-    def _vectors_of(self, org: str, namespace: str, users: Sequence[str],
-                    width: int) -> list[tuple[str, _Block]]:
-        """Each user's vectors of this length, decoded: from this process's cache while the
-        user's generation is the one it was read at, else read again (generation first, so a
-        change made between the two reads only makes the cached copy look older than it is)."""
+    def _generations(self, org: str, namespace: str, users: Sequence[str]) -> list[str]:
         pipe = self.redis.pipeline(transaction=False)
         for user_id in users:
             pipe.hmget(keys.recall_vectors_generation(org, namespace, user_id), ["born", "n"])
-        generations = [_generation(g) for g in pipe.execute()]
+        return [_generation(g) for g in pipe.execute()]
+
+    def _vectors_of(self, org: str, namespace: str, users: Sequence[str], width: int,
+                    generations: Sequence[str]) -> list[tuple[str, _Block]]:
+        """Each user's vectors of this length, decoded: from this process's cache while the
+        user's generation is the one read (``generations``, before this), else read again
+        (generation first, so a change made between the two reads only makes the cached copy
+        look older than it is)."""
         found: dict[str, _Block] = {}
         stale: list[tuple[str, str]] = []
         with self._cache_lock:
@@ -529,19 +547,30 @@ class RecallVectorStore:
                 for user_id, n in zip(user_ids, pipe.execute(), strict=True)}
 
     def has_vectors(self, org: str, namespace: str, user_ids: Sequence[str], *,
-                    whole_namespace: bool = False) -> bool:
+                    whole_namespace: bool = False) -> VectorsSeen:
         """Whether any of these users has a vector (no query is embedded for nothing to
         match); ``whole_namespace`` as in ``nearest``: on the engine one VCARD of the
-        namespace's set."""
+        namespace's set. On exact cosine each user's generation is read in the same round
+        trip, for ``nearest`` (``seen``)."""
         if self.on_engine and whole_namespace:
-            return bool(cast(Any, self.redis).execute_command(
-                "VCARD", keys.recall_namespace_vector_set(org, namespace)))
-        return any(self.counts(org, namespace, user_ids).values())
+            return VectorsSeen(bool(cast(Any, self.redis).execute_command(
+                "VCARD", keys.recall_namespace_vector_set(org, namespace))))
+        if self.on_engine:
+            return VectorsSeen(any(self.counts(org, namespace, user_ids).values()))
+        users = tuple(dict.fromkeys(user_ids))
+        pipe = self.redis.pipeline(transaction=False)
+        for user_id in users:
+            pipe.hlen(keys.recall_vectors(org, namespace, user_id))
+            pipe.hmget(keys.recall_vectors_generation(org, namespace, user_id), ["born", "n"])
+        replies = pipe.execute()
+        return VectorsSeen(any(int(n or 0) for n in replies[0::2]), users,
+                           tuple(_generation(g) for g in replies[1::2]))
 
     def nearest(self, org: str, namespace: str, user_ids: Sequence[str],
                 query: Sequence[float], top: int, *,
                 whole_namespace: bool = False,
-                meanwhile: Callable[[], None] | None = None) -> list[VectorHit]:
+                meanwhile: Callable[[], None] | None = None,
+                seen: VectorsSeen | None = None) -> list[VectorHit]:
         """The ``top`` facts of these users closest to ``query`` by cosine, best first; only
         vectors of the query's length count (a model change leaves old ones until re-embedded),
         and only those pointing the query's way (cosine above 0). Exact without the engine;
@@ -550,7 +579,8 @@ class RecallVectorStore:
         that is one VSIM over the namespace's set, not one a user. ``meanwhile`` is called
         once this leg needs Redis no more (on exact cosine, before the product; on the engine,
         before its VSIM, the leg being Redis's own work): a caller sends its other Redis work
-        there, and the server does it while this process computes."""
+        there, and the server does it while this process computes. ``seen``: what
+        ``has_vectors`` read of these users, whose generations are then not read again."""
         users = [u for u in dict.fromkeys(user_ids)]
         if not users or top <= 0:
             return []
@@ -566,7 +596,10 @@ class RecallVectorStore:
         if self.on_engine:
             return self._nearest_on_engine(org, namespace, users, wanted, top)
         width = wanted.shape[0]
-        blocks = self._vectors_of(org, namespace, users, width)
+        generations = (seen.generations if seen is not None and seen.generations is not None
+                       and seen.users == tuple(users)
+                       else self._generations(org, namespace, users))
+        blocks = self._vectors_of(org, namespace, users, width, generations)
         if meanwhile is not None:
             meanwhile()
         if not blocks:

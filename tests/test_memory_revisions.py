@@ -13,7 +13,7 @@ from app.clock import FrozenClock
 from app.store import keys
 from app.store.recall_terms import decode
 from tests.test_memory import _assert_digest_matches_rows, _digest, call, ok, org_of, store_of
-from tests.test_recall import index_matches_rows
+from tests.test_recall import index_matches_rows, posting, posting_v1
 
 
 def _history(client, key="f"):
@@ -256,7 +256,9 @@ def _unindex(app, redis_client, memory_id, key="f"):
     stored = redis_client.hget(keys.recall_docs(org, "support", "u-42"), memory_id)
     counts = decode(stored.decode() if isinstance(stored, bytes) else stored)
     size = sum(counts.values())
-    members = [f"{t}\x00{memory_id}\x00{tf}\x00{size}" for t, tf in counts.items()]
+    # Its postings in either layout (the index writes the second; an older one the first).
+    members = [made(t, tf, size, memory_id) for t, tf in counts.items()
+               for made in (posting, posting_v1)]
     redis_client.zrem(keys.recall_postings(org, "support", "u-42"), *members)
     redis_client.hdel(keys.recall_docs(org, "support", "u-42"), memory_id)
     redis_client.hincrby(keys.recall_stats(org, "support", "u-42"), "docs", -1)

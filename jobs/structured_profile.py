@@ -24,7 +24,7 @@ import math
 import os
 import socket
 import time
-from datetime import UTC
+from datetime import UTC, datetime
 from typing import Any
 
 from rq import Queue, get_current_job
@@ -32,6 +32,7 @@ from rq.job import Dependency, Job
 from rq.results import Result
 
 from app.services import Services
+from app.store.job_queues import waited_seconds
 from app.store.lease import STRUCTURED_PROFILE_LEASE, LeaseLost, LeaseStore
 from app.store.memory import MemoryStore
 from app.store.metrics import record_pass
@@ -83,17 +84,6 @@ def next_pass_due(ticked: float, ended: float, delay: float, idle: bool) -> floa
     if idle:
         return ended + delay
     return ticked + delay * NEXT_PASS_FRACTION
-
-
-def queued_seconds(job: Job | None) -> float:
-    """How long the running pass waited in its queue: from RQ's enqueue time to now, on the
-    wall clock both are read from (0 for a pass called directly)."""
-    if job is None or job.enqueued_at is None:
-        return 0.0
-    enqueued = job.enqueued_at
-    if enqueued.tzinfo is None:
-        enqueued = enqueued.replace(tzinfo=UTC)
-    return max(0.0, time.time() - enqueued.timestamp())
 
 
 # --- the pass's parts: its holder, its namespaces, its scans ----------------------------------
@@ -451,8 +441,10 @@ def run_pass(
         return {"skipped": "another pass holds the lease"}
     started = svc.clock.now()
     started_monotonic = time.monotonic()
+    # The wait is read on the wall clock RQ's enqueue time is on (0 for a pass called
+    # directly), the pass's times on the services' clock.
     ticket = PassTicket.start(lease, started, planner_settings.max_pass_seconds,
-                              queued_seconds(get_current_job()))
+                              waited_seconds(get_current_job(), datetime.now(UTC)))
     handed_on = False
     try:
         state = _load_state(leases, holder)

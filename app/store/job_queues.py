@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from redis import Redis
 from rq import Queue, Worker
+from rq.job import Job
 from rq.registry import FailedJobRegistry
 from rq_scheduler import Scheduler
 
@@ -74,15 +75,20 @@ def _schedulers_alive(connection: Redis) -> int:
     return alive
 
 
-def _oldest_age(queue: Queue, now: datetime) -> float:
-    # The job at the head of the queue: an offset and a length (a length of 0 is no job).
-    job_ids = queue.get_job_ids(0, 1)
-    if not job_ids:
-        return 0.0
-    job = queue.fetch_job(job_ids[0])
+def waited_seconds(job: Job | None, now: datetime) -> float:
+    """How long ``job`` has been (or was) in its queue at ``now``: from RQ's enqueue time,
+    which RQ writes without a zone in UTC (0 for no job, or one never enqueued)."""
     if job is None or job.enqueued_at is None:
         return 0.0
     enqueued = job.enqueued_at
     if enqueued.tzinfo is None:
         enqueued = enqueued.replace(tzinfo=UTC)
     return max(0.0, (now - enqueued).total_seconds())
+
+
+def _oldest_age(queue: Queue, now: datetime) -> float:
+    # The job at the head of the queue: an offset and a length (a length of 0 is no job).
+    job_ids = queue.get_job_ids(0, 1)
+    if not job_ids:
+        return 0.0
+    return waited_seconds(queue.fetch_job(job_ids[0]), now)

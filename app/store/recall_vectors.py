@@ -230,6 +230,11 @@ class _Scope:
     matrix: np.ndarray
 
 
+def _ask_generation(pipe: Any, org: str, namespace: str, user_id: str) -> None:
+    """Queue the read of a user's vectors generation on ``pipe``; ``_generation`` reads it."""
+    pipe.hmget(keys.recall_vectors_generation(org, namespace, user_id), ["born", "n"])
+
+
 def _generation(reply: Sequence[object]) -> str:
     born, count = reply
     return f"{born or ''}:{count or 0}"
@@ -487,7 +492,7 @@ class RecallVectorStore:
     def _generations(self, org: str, namespace: str, users: Sequence[str]) -> list[str]:
         pipe = self.redis.pipeline(transaction=False)
         for user_id in users:
-            pipe.hmget(keys.recall_vectors_generation(org, namespace, user_id), ["born", "n"])
+            _ask_generation(pipe, org, namespace, user_id)
         return [_generation(g) for g in pipe.execute()]
 
     def _vectors_of(self, org: str, namespace: str, users: Sequence[str], width: int,
@@ -509,8 +514,7 @@ class RecallVectorStore:
         if stale:
             pipe = self.redis.pipeline(transaction=False)
             for user_id, _seen in stale:
-                pipe.hmget(keys.recall_vectors_generation(org, namespace, user_id),
-                           ["born", "n"])
+                _ask_generation(pipe, org, namespace, user_id)
                 pipe.hgetall(keys.recall_vectors(org, namespace, user_id))
             replies = pipe.execute()
             for i, (user_id, _seen) in enumerate(stale):
@@ -561,7 +565,7 @@ class RecallVectorStore:
         pipe = self.redis.pipeline(transaction=False)
         for user_id in users:
             pipe.hlen(keys.recall_vectors(org, namespace, user_id))
-            pipe.hmget(keys.recall_vectors_generation(org, namespace, user_id), ["born", "n"])
+            _ask_generation(pipe, org, namespace, user_id)
         replies = pipe.execute()
         return VectorsSeen(any(int(n or 0) for n in replies[0::2]), users,
                            tuple(_generation(g) for g in replies[1::2]))

@@ -155,10 +155,11 @@ def on_exit(server):
         _shutil.rmtree(_os.environ["PROMETHEUS_MULTIPROC_DIR"], ignore_errors=True)
 
 # --- workers ----------------------------------------------------------------------------------
-# gevent by measurement (bench/slow_clients.py, README "Deploy"): a sync worker or a gthread
-# thread sits in recv() for as long as a client takes to send its headers, so a few dozen slow
-# clients stop every other request; a gevent worker parks each connection on its event loop
-# and keeps answering. Each value comes from the environment, checked as the settings are.
+# gevent by measurement (bench/slow_clients.py, docs/guides/deploy-heroku.md): a sync worker
+# or a gthread thread sits in recv() for as long as a client takes to send its headers, so a
+# few dozen slow clients stop every other request; a gevent worker parks each connection on
+# its event loop and keeps answering. Each value comes from the environment, checked as the
+# settings are.
 from app.settings import web_setting as _web_setting  # noqa: E402
 
 worker_class = _web_setting("LOOM_WEB_WORKER_CLASS")

@@ -9,7 +9,7 @@ import click
 from flask import current_app
 from flask.cli import with_appcontext
 
-from app.readme import ops_table
+from app.docs_reference import ops_table
 
 
 @click.group("loom")

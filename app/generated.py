@@ -1,9 +1,10 @@
 """Writing or checking the files Loom generates from its own code.
 
-Each generator (``python -m app.readme``: the README's tables and the typed ``Settings``
-fields; ``python -m app.sdk_manifest``: the SDK's manifest and typed answers) renders every
-file it owns in memory and hands them here: written when behind, or with ``--check`` only
-compared, each file behind named and the exit status 1. CI runs both with ``--check``.
+Each generator (``python -m app.docs_reference``: the site's reference and benchmarks pages
+and the typed ``Settings`` fields; ``python -m app.sdk_manifest``: the SDK's manifest and
+typed answers) renders every file it owns in memory and hands them here: written when behind,
+or with ``--check`` only compared, each file behind named and the exit status 1. CI runs
+both with ``--check``.
 """
 
 from __future__ import annotations

@@ -109,6 +109,32 @@ JOB_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
                               "(redis, other).", ("function", "error")),
 }
 
+# What ``/metrics`` reads from the queues' Redis and the data Redis at scrape time: name ->
+# (help, label names). The collector builds each family from here, and the reference page
+# (``python -m app.docs_reference``) lists them from here, so the two cannot differ.
+SCRAPE_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "loom_queue_depth": ("Jobs waiting, by queue.", ("queue",)),
+    "loom_queue_oldest_job_age_seconds": ("Age of the oldest waiting job, by queue (0: none "
+                                          "waits).", ("queue",)),
+    "loom_queue_failed_jobs": ("Jobs in the failed registry, by queue.", ("queue",)),
+    "loom_workers_alive": ("RQ workers listening, by queue.", ("queue",)),
+    "loom_schedulers_alive": ("rq-scheduler processes whose heartbeat is current.", ()),
+    "loom_scheduled_jobs": ("Jobs rq-scheduler holds.", ()),
+    "loom_lease_held": ("1 while a pass holds the lease.", ("lease",)),
+    "loom_lease_holder_age_seconds": ("Seconds since the current holder took the lease (0: "
+                                      "free).", ("lease",)),
+    "loom_recall_vectors_backlog_facts": ("Facts waiting for a vector (memory.search's vector "
+                                          "leg): written or changed since their last "
+                                          "embedding.", ()),
+    "loom_recall_vectors_backlog_users": ("Users with facts waiting for a vector.", ()),
+}
+
+
+def _gauge(name: str) -> GaugeMetricFamily:
+    """The gauge family ``name`` as ``SCRAPE_METRICS`` declares it, without samples yet."""
+    doc, label_names = SCRAPE_METRICS[name]
+    return GaugeMetricFamily(name, doc, labels=list(label_names))
+
 
 def multiprocess_dir() -> str | None:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
@@ -192,36 +218,27 @@ class JobsCollector:
 
     def _queue_metrics(self) -> Iterator[Metric]:
         census = self.services.store(JobQueueReader).read(datetime.now(UTC))
-        depth = GaugeMetricFamily("loom_queue_depth", "Jobs waiting, by queue.",
-                                  labels=["queue"])
-        oldest = GaugeMetricFamily("loom_queue_oldest_job_age_seconds",
-                                   "Age of the oldest waiting job, by queue (0: none waits).",
-                                   labels=["queue"])
-        failed = GaugeMetricFamily("loom_queue_failed_jobs", "Jobs in the failed registry, "
-                                   "by queue.", labels=["queue"])
-        workers = GaugeMetricFamily("loom_workers_alive", "RQ workers listening, by queue.",
-                                    labels=["queue"])
+        depth = _gauge("loom_queue_depth")
+        oldest = _gauge("loom_queue_oldest_job_age_seconds")
+        failed = _gauge("loom_queue_failed_jobs")
+        workers = _gauge("loom_workers_alive")
         for queue in census.queues:
             depth.add_metric([queue.name], queue.depth)
             oldest.add_metric([queue.name], queue.oldest_age_seconds)
             failed.add_metric([queue.name], queue.failed)
             workers.add_metric([queue.name], queue.workers)
         yield from (depth, oldest, failed, workers)
-        alive = GaugeMetricFamily("loom_schedulers_alive",
-                                  "rq-scheduler processes whose heartbeat is current.")
+        alive = _gauge("loom_schedulers_alive")
         alive.add_metric([], census.schedulers_alive)
         yield alive
-        scheduled = GaugeMetricFamily("loom_scheduled_jobs", "Jobs rq-scheduler holds.")
+        scheduled = _gauge("loom_scheduled_jobs")
         scheduled.add_metric([], census.scheduled_jobs)
         yield scheduled
 
     def _lease_metrics(self) -> Iterator[Metric]:
         leases = self.services.store(LeaseStore)
-        held = GaugeMetricFamily("loom_lease_held", "1 while a pass holds the lease.",
-                                 labels=["lease"])
-        age = GaugeMetricFamily("loom_lease_holder_age_seconds",
-                                "Seconds since the current holder took the lease (0: free).",
-                                labels=["lease"])
+        held = _gauge("loom_lease_held")
+        age = _gauge("loom_lease_holder_age_seconds")
         for name in PASS_LEASES:
             seconds = leases.holder_age(name)
             held.add_metric([name], 0 if seconds is None else 1)
@@ -232,12 +249,9 @@ class JobsCollector:
 
     def _backlog_metrics(self) -> Iterator[Metric]:
         backlog = self.services.store(RecallVectorStore).backlog()
-        facts = GaugeMetricFamily("loom_recall_vectors_backlog_facts",
-                                  "Facts waiting for a vector (memory.search's vector leg): "
-                                  "written or changed since their last embedding.")
+        facts = _gauge("loom_recall_vectors_backlog_facts")
         facts.add_metric([], backlog.facts)
-        users = GaugeMetricFamily("loom_recall_vectors_backlog_users",
-                                  "Users with facts waiting for a vector.")
+        users = _gauge("loom_recall_vectors_backlog_users")
         users.add_metric([], backlog.users)
         yield facts
         yield users

@@ -2,8 +2,8 @@
 
 The web app, the RQ worker, the scheduler and the MCP server all read the same environment
 through ``load_settings``. A bad value stops the process at start with a plain message that
-names the setting. The README's settings table is checked against ``SETTINGS`` by a test, so
-the two cannot drift apart.
+names the setting. The settings reference page (``docs/reference/settings.md``) is generated
+from ``SETTINGS`` and checked by a test, so the two cannot drift apart.
 """
 
 from __future__ import annotations
@@ -347,12 +347,12 @@ class Settings:
     """The parsed settings, one typed attribute per row of ``SETTINGS`` (``settings.auth``).
 
     The fields between the markers are generated from ``SETTINGS`` by
-    ``python -m app.readme`` (a test fails while they are behind the table), so a typo in a
+    ``python -m app.docs_reference`` (a test fails while they are behind it), so a typo in a
     setting's name is a type error, not a silent ``AttributeError`` at run time. The defaults
     are the table's defaults, parsed.
     """
 
-    # --- generated from SETTINGS: python -m app.readme ---
+    # --- generated from SETTINGS: python -m app.docs_reference ---
     redis_url: str = ''
     queue_url: str = ''
     local_redis_port: int | None = None
@@ -451,7 +451,7 @@ class Settings:
         return bool(self.embed_base_url.strip() and self.embed_model.strip())
 
 
-_GENERATED_START = "    # --- generated from SETTINGS: python -m app.readme ---\n"
+_GENERATED_START = "    # --- generated from SETTINGS: python -m app.docs_reference ---\n"
 _GENERATED_END = "    # --- end of generated fields ---\n"
 
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from app import generated, readme, sdk_manifest
+from app import docs_reference, generated, sdk_manifest
 
 ROOT = Path(__file__).resolve().parents[1]
-GENERATORS = {"python -m app.readme": readme, "python -m app.sdk_manifest": sdk_manifest}
+GENERATORS = {"python -m app.docs_reference": docs_reference,
+              "python -m app.sdk_manifest": sdk_manifest}
 
 
 @pytest.mark.parametrize("command", sorted(GENERATORS))

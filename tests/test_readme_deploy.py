@@ -1,4 +1,5 @@
-"""The README's Deploy section says how the web process is configured, and why."""
+"""The deploy guide (docs/guides/deploy-heroku.md) says how the web process is configured,
+and why."""
 
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _deploy_section() -> str:
-    text = (ROOT / "README.md").read_text()
-    return text.split("\n## Deploy\n", 1)[1].split("\n## ", 1)[0]
+    return (ROOT / "docs" / "guides" / "deploy-heroku.md").read_text()
 
 
 def test_every_web_setting_gunicorn_reads_is_explained_under_deploy():

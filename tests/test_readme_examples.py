@@ -1,8 +1,9 @@
-"""The README's Python examples run as written, in order, against a live gunicorn on a fresh
-install (auth off): each ```python block is taken from the README itself, so an example that
-stops working fails here rather than in a newcomer's first hour.
+"""The Python examples of the README and of the documentation site run as written, in order,
+against a live gunicorn on a fresh install (auth off): each ```python block is taken from the
+README, then from the site's pages in the order of mkdocs.yml's nav, so an example that stops
+working fails here rather than in a newcomer's first hour.
 
-The blocks share one namespace, as a reader's session would. What the README's prose asks
+The blocks share one namespace, as a reader's would. What the README's prose asks
 for around a block, and no block shows, is done before it (``PRELUDES``): a ``bot`` to call
 with, and for agent state an admin turning the feature on and declaring the agent's type, as
 the section's first paragraph says. memory.ask "needs LOOM_LLM_BASE_URL and LOOM_LLM_MODEL",
@@ -26,13 +27,22 @@ ROOT = Path(__file__).resolve().parents[1]
 NOT_EXAMPLES = ("from opentelemetry",)
 
 
-def readme_python_blocks() -> list[tuple[int, str]]:
-    """Every ```python block of the README with the line it starts on."""
-    text = (ROOT / "README.md").read_text()
+def example_pages() -> list[Path]:
+    """The README, then every page of the site in the order its nav lists them."""
+    nav = re.findall(r"^\s+- (?:[^:\n]+: )?(\S+\.md)$", (ROOT / "mkdocs.yml").read_text(),
+                     flags=re.MULTILINE)
+    return [ROOT / "README.md", *(ROOT / "docs" / page for page in nav)]
+
+
+def readme_python_blocks() -> list[tuple[str, str]]:
+    """Every ```python block of the README and the site, with the file and line it starts on."""
     blocks = []
-    for found in re.finditer(r"^```python\n(.*?)^```", text, flags=re.DOTALL | re.MULTILINE):
-        line = text.count("\n", 0, found.start()) + 2
-        blocks.append((line, found.group(1)))
+    for page in example_pages():
+        text = page.read_text()
+        for found in re.finditer(r"^```python\n(.*?)^```", text,
+                                 flags=re.DOTALL | re.MULTILINE):
+            line = text.count("\n", 0, found.start()) + 2
+            blocks.append((f"{page.relative_to(ROOT)}:{line}", found.group(1)))
     return blocks
 
 
@@ -87,7 +97,9 @@ def test_every_python_example_of_the_readme_runs_as_written(live_server_with_mod
     monkeypatch.delenv("LOOM_API_KEY", raising=False)
     blocks = [(line, source) for line, source in readme_python_blocks()
               if not any(marker in source for marker in NOT_EXAMPLES)]
-    assert len(blocks) >= 8, "the README's examples were not found"
+    assert len(blocks) >= 8, "the examples were not found"
+    pages = {line.split(":", 1)[0] for line, _ in blocks}
+    assert {"README.md", "docs/guides/sdk-python.md", "docs/concepts/recall.md"} <= pages
     namespace: dict[str, Any] = {
         "__name__": "readme",
         # Auth off: the install takes no token, so the admin examples run with none.
@@ -100,7 +112,7 @@ def test_every_python_example_of_the_readme_runs_as_written(live_server_with_mod
         for marker, prelude in PRELUDES.items():
             if marker in source:
                 prelude(namespace)
-        _run(source, f"README.md:{line}", namespace)
+        _run(source, line, namespace)
         ran.append(line)
     assert ran == [line for line, _ in blocks]
     # What the fixed examples promise: the pack carries the block written for its identity,

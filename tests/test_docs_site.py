@@ -1,0 +1,136 @@
+"""The documentation site builds with ``mkdocs build --strict`` and its generated reference names
+every op, setting, error code and metric the code declares (and every metric a real
+``/metrics`` scrape answers); a broken link fails the build."""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from app import docs_reference
+from app.ops import load_ops
+from app.settings import SETTINGS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytest.importorskip("mkdocs", reason="the docs extra is not installed: pip install -e '.[docs]'")
+pytest.importorskip("material", reason="the docs extra is not installed: pip install -e '.[docs]'")
+
+
+def _build(config: Path, site: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        # Never --quiet: it drops the warnings --strict counts, and a broken link would pass.
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
+         str(config), "--site-dir", str(site)],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+
+
+@pytest.fixture(scope="module")
+def built_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    site = tmp_path_factory.mktemp("site")
+    built = _build(ROOT / "mkdocs.yml", site)
+    assert built.returncode == 0, built.stderr
+    return site
+
+
+def _page_text(site: Path, page: str) -> str:
+    """The text a reader sees on one built page (tags dropped, entities decoded)."""
+    raw = (site / page / "index.html").read_text()
+    return html.unescape(re.sub(r"<[^>]+>", "", raw))
+
+
+def test_every_op_with_each_of_its_fields_is_in_the_built_reference(built_site):
+    text = _page_text(built_site, "reference/ops")
+    raw = (built_site / "reference/ops/index.html").read_text()
+    for declared in load_ops():
+        assert declared.name in text, declared.name
+        # Each op has a section of its own, with every input field the registry declares.
+        anchor = re.sub(r"[^\w-]", "", declared.name.lower())
+        section = raw.split(f'id="{anchor}"', 1)[1].split("<h2", 1)[0]
+        for name in declared.args().load_fields:
+            field = declared.args().load_fields[name]
+            assert f"<code>{field.data_key or name}</code>" in section, (declared.name, name)
+
+
+def test_every_setting_is_in_the_built_reference(built_site):
+    text = _page_text(built_site, "reference/settings")
+    missing = [setting.name for setting in SETTINGS if setting.name not in text]
+    assert missing == []
+
+
+def test_every_error_code_with_its_status_is_in_the_built_reference(built_site):
+    text = _page_text(built_site, "reference/errors")
+    catalogue = docs_reference.error_catalogue()
+    from app.errors import StoreUnavailable, WorkingMemoryLimitExceeded
+
+    assert {entry.code for entry in catalogue} >= {StoreUnavailable.code,
+                                                   WorkingMemoryLimitExceeded.code}
+    for entry in catalogue:
+        assert re.search(rf"{re.escape(entry.code)}\s*{entry.status}\b", text), entry.code
+
+
+def test_every_metric_is_in_the_built_reference(built_site):
+    text = _page_text(built_site, "reference/metrics")
+    names = [entry.name for entry in docs_reference.metric_catalogue()]
+    assert "loom_http_requests_total" in names and "loom_queue_depth" in names
+    assert [name for name in names if name not in text] == []
+
+
+def test_every_metric_a_real_scrape_answers_is_declared_for_the_reference(client):
+    # A request first, so the web's labelled series have samples.
+    client.post("/v1/working_memory.get", json={"namespace": "n", "agent": "a"})
+    scrape = client.get("/metrics")
+    assert scrape.status_code == 200
+    exposed = set()
+    for family in text_string_to_metric_families(scrape.get_data(as_text=True)):
+        exposed |= {sample.name.removesuffix("_bucket").removesuffix("_count")
+                    .removesuffix("_sum") for sample in family.samples}
+        exposed.add(family.name + ("_total" if family.type == "counter" else ""))
+    declared = {entry.name for entry in docs_reference.metric_catalogue()}
+    assert {"loom_http_requests_total", "loom_queue_depth"} <= exposed
+    assert exposed - declared == set(), "declare these in app/metrics.py"
+
+
+def test_a_broken_link_fails_the_strict_build(tmp_path):
+    """--strict is what CI runs: a link to a page that does not exist stops the build."""
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    index = tmp_path / "docs" / "index.md"
+    index.write_text(index.read_text() + "\nSee [the old page](guides/no-such-page.md).\n")
+    built = _build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert built.returncode != 0
+    assert "no-such-page.md" in built.stderr
+
+
+def test_a_page_left_out_of_the_nav_fails_the_strict_build(tmp_path):
+    """A page no reader can reach from the nav is a mistake: docs/ holds only nav'd pages."""
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    (tmp_path / "docs" / "guides" / "orphan.md").write_text("# Orphan\n")
+    built = _build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert built.returncode != 0
+    assert "orphan.md" in built.stderr
+
+
+def test_the_site_builds_offline_and_loads_nothing_from_elsewhere(built_site):
+    """No plugin that fetches at build time, and no page asks a browser for another site's
+    script, stylesheet or font."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    assert config["plugins"] == ["search"]
+    assert config["theme"]["font"] is False
+    for page in built_site.rglob("*.html"):
+        for url in re.findall(r'(?:src|href)="(https?://[^"]+)"', page.read_text()):
+            # The theme's footer credits its home page: a link, not a load.
+            assert url.startswith("https://squidfunk.github.io/mkdocs-material"), (page, url)
+    assert not list(built_site.rglob("*fonts.googleapis*"))

@@ -53,6 +53,7 @@ from app.settings import load_settings  # noqa: E402
 from app.store import keys  # noqa: E402
 from app.store.memory import Content, Location, MemoryStore  # noqa: E402
 from app.store.profile_schema import ProfileSchemaStore  # noqa: E402
+from bench import results  # noqa: E402
 from jobs.queues import BUILDS, PASSES  # noqa: E402
 from jobs.structured_profile import LEASE, PASS_FUNC  # noqa: E402
 from tests.support.model_server import ScriptedModelServer  # noqa: E402
@@ -207,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
             redis_for_bench(Path(tmp)) as redis_url, \
             ScriptedModelServer(default=slow) as model:
         run = Run(args, redis_url, Path(tmp), model)
+        redis_name = results.server_name(redis.Redis.from_url(redis_url).info("server"))
+        at_start = results.machine(redis_name)
         shape = ("1 passes worker + N builds-only workers" if args.builders
                  else "N workers on every queue")
         print(f"{args.users} users, a model call takes {args.delay:.2f} s, {shape}")
@@ -225,6 +228,18 @@ def main(argv: list[str] | None = None) -> int:
                "the builds in flight did not follow the workers: "
                + ", ".join(f"N={r['workers']}: {r['max_in_flight']}" for r in rows))
     print(("OK: " if ok else "NOT OK: ") + verdict)
+    shape = "builds-only workers" if args.builders else "workers on every queue"
+    figures = {
+        f"N={row['workers']} {shape}": (
+            f"{row['max_in_flight']} builds at once, {row['wall']:.2f} s, "
+            f"{row['rate']:.2f} builds/s ({row['rate'] / base['rate']:.2f}x N={base['workers']})")
+        for row in rows}
+    figures["verdict"] = verdict
+    results.record(
+        "fanout" + ("-builders" if args.builders else ""),
+        f"{args.users} users built against a scripted model on loopback whose every call takes "
+        f"{args.delay:.2f} s, with N RQ worker processes ({shape}); builds a second as a ratio "
+        f"to one worker in the same run.", figures, redis_name, at_start)
     return 1 if args.strict and not ok else 0
 
 

@@ -18,7 +18,8 @@ argument schemas:
    against the OpenAPI document), the cost that decides where the check runs.
 
 In-process on purpose: gunicorn, the HTTP client and the sockets add the same cost to both, and
-on a shared machine they would drown a difference of a few µs in noise.
+on a shared machine they would drown a difference of a few µs in noise. The figures are kept in
+``bench/results/fastload.json`` and shown on the site's benchmarks page.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from app import api, create_app  # noqa: E402
 from app.local import RedisServerProcess  # noqa: E402
 from app.ops import working_memory as wm  # noqa: E402
 from app.schemas.fastload import compile_loader  # noqa: E402
+from bench import results  # noqa: E402
 
 WHO = {"namespace": "bench", "agent": "bench", "run_id": "run-1"}
 BODIES: dict[str, tuple[type[Schema], dict[str, Any]]] = {
@@ -89,8 +91,12 @@ def main() -> int:
             url = server.url
         try:
             client = redis.Redis.from_url(url)
+            redis_name = results.server_name(client.info("server"))
+            at_start = results.machine(redis_name)
+            figures: dict[str, str] = {}
             ping = min(_per_call_us(client.ping, options.calls) for _ in range(options.rounds))
             print(f"redis PING round trip: {ping:.1f} µs")
+            figures["Redis PING round trip on loopback"] = f"{ping:.1f} µs"
             for name, (schema_class, body) in BODIES.items():
                 schema = schema_class()
                 fast, slow = compile_loader(schema), _slow_compile(schema)
@@ -102,6 +108,9 @@ def main() -> int:
                 print(f"{name:24} load: fast {fast_us:5.1f} µs  marshmallow {slow_us:5.1f} µs  "
                       f"saves {slow_us - fast_us:5.1f} µs ({(slow_us - fast_us) / ping:.2f} "
                       f"PINGs)")
+                figures[f"{name}: loading its body, fast / marshmallow"] = (
+                    f"{fast_us:.1f} / {slow_us:.1f} µs (saves {(slow_us - fast_us) / ping:.2f} "
+                    f"PINGs)")
 
             app = create_app({"redis_url": url, "data_dir": tmp, "secret_key": "bench"})
             web = app.test_client()
@@ -130,6 +139,10 @@ def main() -> int:
                       f"({statistics.median(cpu['fast']):4.0f} µs CPU)  marshmallow "
                       f"{slow_rate:6.0f} req/s ({statistics.median(cpu['marshmallow']):4.0f} µs "
                       f"CPU)  ratio {fast_rate / slow_rate:.3f}")
+                figures[f"{name}: in-process req/s, fast / marshmallow"] = (
+                    f"{fast_rate:,.0f} / {slow_rate:,.0f} (ratio {fast_rate / slow_rate:.3f}); "
+                    f"CPU {statistics.median(cpu['fast']):.0f} / "
+                    f"{statistics.median(cpu['marshmallow']):.0f} µs a request")
             _use_loader(compile_loader)
 
             checked = create_app({"redis_url": url, "data_dir": tmp, "secret_key": "bench",
@@ -151,6 +164,13 @@ def main() -> int:
                 print(f"{name:24} answer check: off {statistics.median(rates['off']):6.0f} req/s "
                       f"({off_cpu:4.0f} µs CPU)  on {statistics.median(rates['on']):6.0f} req/s "
                       f"({on_cpu:4.0f} µs CPU)  costs {on_cpu - off_cpu:4.0f} µs CPU a request")
+                figures[f"{name}: LOOM_VALIDATE_ANSWERS off / on, CPU a request"] = (
+                    f"{off_cpu:.0f} / {on_cpu:.0f} µs (costs {on_cpu - off_cpu:.0f} µs)")
+            results.record(
+                "fastload", f"The fast argument loader beside marshmallow's Schema.load and one "
+                f"Redis round trip, and the answer check's cost, in-process through the Flask "
+                f"app (test client, real Redis); {options.calls} calls, best or median of "
+                f"{options.rounds} rounds.", figures, redis_name, at_start)
         finally:
             if server is not None:
                 server.stop()

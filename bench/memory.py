@@ -13,7 +13,8 @@ every key, so the figures include the indexes and pointers a write adds, not onl
 - bytes per fact (its first version) and per further version of it;
 - history growth: one fact rewritten 1, 10, 100 and 1,000 times, the user's total bytes.
 
-Text is ASCII, so characters are bytes; "overhead" is the bytes beyond the text itself.
+Text is ASCII, so characters are bytes; "overhead" is the bytes beyond the text itself. The
+figures are kept in ``bench/results/memory.json`` and shown on the site's benchmarks page.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import redis  # noqa: E402
 
 from app import create_app  # noqa: E402
 from app.local import RedisServerProcess  # noqa: E402
+from bench import results  # noqa: E402
 
 NAMESPACE = "memory"
 AGENT = "bench"
@@ -80,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
         server = RedisServerProcess(workdir / "redis", appendonly=False).start()
         try:
             meter = Meter(server.url, workdir)
-            print(f"redis-server {meter.r.info('server')['redis_version']}; text of {size} "
+            redis_name = results.server_name(meter.r.info("server"))
+            at_start = results.machine(redis_name)
+            figures: dict[str, str] = {}
+            print(f"{redis_name}; text of {size} "
                   f"characters; MEMORY USAGE SAMPLES 0 summed over every key\n")
 
             meter.empty()
@@ -96,6 +101,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"working-memory block: {one_scope:6.0f} bytes each in one scope "
                   f"(overhead {one_scope - size:.0f}), {own_scopes:6.0f} in a scope of its own "
                   f"(overhead {own_scopes - size:.0f})")
+            figures["working-memory block, in a shared scope"] = (
+                f"{one_scope:,.0f} B ({one_scope - size:,.0f} beyond its text)")
+            figures["working-memory block, in a scope of its own"] = (
+                f"{own_scopes:,.0f} B ({own_scopes - size:,.0f} beyond its text)")
 
             for kind, op, field in (("profile section", "profile.set", "label"),
                                     ("fact", "memory.set", "key")):
@@ -113,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{kind}: {per_row:6.0f} bytes for its first version (overhead "
                       f"{per_row - size:.0f}), {per_version:6.0f} per further version "
                       f"(overhead {per_version - size:.0f}); {rows} rows x {versions} versions")
+                figures[f"{kind}, first version"] = f"{per_row:,.0f} B"
+                figures[f"{kind}, each further version"] = f"{per_version:,.0f} B"
 
             meter.empty()
             growth = []
@@ -126,7 +137,15 @@ def main(argv: list[str] | None = None) -> int:
             print("history growth of one fact rewritten (the user's bytes): " + ", ".join(
                 f"{n} writes {b:,} B" for n, b in growth)
                 + f"; {(growth[-1][1] - growth[-2][1]) / 900:.0f} bytes per write at the end")
+            figures["one fact rewritten 1 / 10 / 100 / 1,000 times, the user's bytes"] = (
+                " / ".join(f"{b:,} B" for _, b in growth)
+                + f" ({(growth[-1][1] - growth[-2][1]) / 900:,.0f} B a write at the end)")
             meter.r.close()
+            results.record(
+                "memory", f"Redis bytes (MEMORY USAGE, every key a write touched) per stored "
+                f"thing, text of {size} characters, through the Flask app in-process; "
+                f"{count} blocks, {rows} rows x {versions} versions.", figures, redis_name,
+                at_start)
         finally:
             server.stop()
     return 0

@@ -5,6 +5,7 @@ every op, setting, error code and metric the code declares (and every metric a r
 from __future__ import annotations
 
 import html
+import json
 import os
 import re
 import shutil
@@ -134,3 +135,28 @@ def test_the_site_builds_offline_and_loads_nothing_from_elsewhere(built_site):
             # The theme's footer credits its home page: a link, not a load.
             assert url.startswith("https://squidfunk.github.io/mkdocs-material"), (page, url)
     assert not list(built_site.rglob("*fonts.googleapis*"))
+
+
+def test_a_bench_run_rewrites_its_result_file_and_the_benchmarks_page(tmp_path, monkeypatch):
+    from bench import results
+
+    monkeypatch.setattr(docs_reference, "BENCH_RESULTS", tmp_path / "results")
+    monkeypatch.setattr(docs_reference, "BENCHMARKS_PAGE", tmp_path / "benchmarks.md")
+    monkeypatch.setattr(sys, "argv", ["bench/memory.py", "--count", "30"])
+    path = results.record("memory", "Bytes per stored thing.", {"fact, first version": "5,104 B"},
+                          "Valkey 9.1.2", results.machine("Valkey 9.1.2"))
+    saved = json.loads(path.read_text())
+    assert saved["command"] == "python bench/memory.py --count 30"
+    assert saved["machine"]["redis"] == "Valkey 9.1.2" and saved["machine"]["cores"]
+    page = (tmp_path / "benchmarks.md").read_text()
+    assert page == docs_reference.benchmarks_page()
+    assert "| fact, first version | 5,104 B |" in page
+    assert f"on {saved['date']}" in page and "Valkey 9.1.2" in page
+
+
+def test_every_figure_on_the_benchmarks_page_comes_from_a_result_file():
+    """The committed page is the one the committed result files render: no figure by hand."""
+    assert docs_reference.benchmarks_page() == docs_reference.BENCHMARKS_PAGE.read_text()
+    for result in docs_reference.benchmark_results():
+        assert {"bench", "what", "command", "date", "machine", "figures"} <= set(result)
+        assert result["figures"]

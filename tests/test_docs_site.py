@@ -160,3 +160,12 @@ def test_every_figure_on_the_benchmarks_page_comes_from_a_result_file():
     for result in docs_reference.benchmark_results():
         assert {"bench", "what", "command", "date", "machine", "figures"} <= set(result)
         assert result["figures"]
+
+
+def test_decisions_end_with_the_section_new_entries_are_appended_to():
+    """Entries are appended at the end of docs/decisions.md: the last heading is the one that
+    takes them, so an appended entry never lands inside a topic by accident."""
+    text = (ROOT / "docs" / "decisions.md").read_text()
+    headings = re.findall(r"^## (.+)$", text, flags=re.MULTILINE)
+    assert headings[-1] == "Added since the last grouping"
+    assert len(headings) == len(set(headings)), "a topic appears twice"

@@ -9,6 +9,9 @@ acknowledged writes were lost (replication is asynchronous: a write acknowledged
 primary but not yet copied to its replica is lost when the replica takes over).
 
     .venv/bin/python bench/cluster_failover.py      # about 20 s
+
+The figures are kept in ``bench/results/cluster_failover.json`` and shown on the site's
+benchmarks page.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 from app import create_app  # noqa: E402
 from app.local import RedisServerProcess  # noqa: E402
 from app.store import keys  # noqa: E402
+from bench import results  # noqa: E402
 from tests.support.cluster import RedisClusterProcess  # noqa: E402
 
 NS = {"namespace": "bench", "agent": "writer"}
@@ -48,11 +52,15 @@ def main() -> int:
         victim_slot = data.keyslot(keys.user_tag("default", "bench", USERS[0]))
         victim = next(node for node in cluster.primaries
                       if _owns(node.client(), victim_slot))
+        redis_name = results.server_name(victim.client().info("server")) + \
+            ", a cluster of 3 primaries with a replica each"
+        at_start = results.machine(redis_name)
         acknowledged: dict[tuple[str, str], str] = {}
         errors: list[tuple[float, int]] = []
         started = time.monotonic()
         killed_at = first_error = last_error = None
         sequence = 0
+        slowest = (0.0, 0.0)  # (seconds a write took, when it started)
         while time.monotonic() - started < RUN_SECONDS:
             now = time.monotonic() - started
             if killed_at is None and now >= KILL_AFTER:
@@ -65,6 +73,8 @@ def main() -> int:
             answer = client.post("/v1/working_memory.set",
                                  json={**NS, "user_id": user, "block_key": block,
                                        "content": content})
+            took = time.monotonic() - started - now
+            slowest = max(slowest, (took, now))
             if answer.status_code == 200:
                 acknowledged[(user, block)] = content
             else:
@@ -85,7 +95,22 @@ def main() -> int:
             print(f"primary killed at     {killed_at:.2f} s")
             print(f"errors from / to      {first_error:.2f} s / {last_error:.2f} s "
                   f"(outage {last_error - killed_at:.2f} s after the kill)")
+        print(f"primary killed        {'yes' if killed_at is not None else 'no'}")
+        print(f"slowest write         {slowest[0]:.2f} s, started at {slowest[1]:.2f} s")
         print(f"acknowledged but lost {lost}")
+        figures = {"writes attempted / acknowledged": f"{sequence:,} / {len(acknowledged):,}",
+                   "errors": f"{len(errors)} (statuses {', '.join(map(str, statuses))})",
+                   "acknowledged but lost": str(lost),
+                   "slowest write": f"{slowest[0]:.2f} s, started {slowest[1]:.2f} s into the run "
+                                    f"(the primary was killed at {KILL_AFTER:g} s)"}
+        if first_error is not None and killed_at is not None:
+            figures["writes to the dead primary's slots refused for"] = (
+                f"{last_error - killed_at:.2f} s after the kill, until its replica was promoted")
+        results.record(
+            "cluster_failover", f"One writer of working-memory blocks through the Flask app on "
+            f"the cluster client; the primary owning the first user's slot is killed "
+            f"(SIGKILL) {KILL_AFTER:g} s in, writes go on for {RUN_SECONDS:g} s, then every "
+            f"acknowledged block is read back.", figures, redis_name, at_start)
         return 0
     finally:
         cluster.stop()

@@ -7,6 +7,9 @@ machine), opens 50 connections that send one header line every 3 s, and meanwhil
 many probes got no answer within 1 s. Loopback only; every run is bounded in time.
 
     .venv/bin/python bench/slow_clients.py [--seconds 12] [--slow 50]
+
+The figures are kept in ``bench/results/slow_clients.json`` and shown on the site's benchmarks
+page.
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ import requests
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import redis  # noqa: E402
+
 from app.local import RedisServerProcess, die_with_parent, free_port  # noqa: E402
+from bench import results  # noqa: E402
 
 BLOCK = {"namespace": "bench", "agent": "a", "run_id": "r", "block_key": "state"}
 
@@ -119,6 +125,9 @@ def main() -> int:
     args = parser.parse_args()
     data_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"loom-bench-slow-{os.getpid()}"
     with RedisServerProcess(data_dir / "redis", appendonly=False) as server:
+        redis_name = results.server_name(redis.Redis.from_url(server.url).info("server"))
+        at_start = results.machine(redis_name)
+        figures: dict[str, str] = {}
         print(f"{args.slow} slow clients (a header line every {args.interval:g} s), "
               f"probing working_memory.get for {args.seconds:g} s")
         print(f"{'worker class':<14}{'probes':>8}{'no answer <1s':>15}{'median ms':>11}"
@@ -128,6 +137,15 @@ def main() -> int:
                           args.interval)
             print(f"{worker_class:<14}{row['probes']:>8}{row['no_answer_within_1s']:>15}"
                   f"{row['median_ms']:>11.1f}{row['worst_ms']:>10.1f}")
+            figures[f"{worker_class}: probes answered within 1 s"] = (
+                f"{row['probes'] - row['no_answer_within_1s']} of {row['probes']}; median "
+                f"{row['median_ms']:.1f} ms, worst {row['worst_ms']:.1f} ms")
+    results.record(
+        "slow_clients", f"Loom under gunicorn with each worker class ({args.classes}), the "
+        f"worker counts gunicorn.conf.py gives this machine, while {args.slow} clients send a "
+        f"header line every {args.interval:g} s; a well-behaved client probes "
+        f"working_memory.get on new connections for {args.seconds:g} s.", figures, redis_name,
+        at_start)
     return 0
 
 

@@ -21,6 +21,8 @@ What one run does:
 4. Prints each rate, the median ratio large/small per read (target >= 0.8), and the Redis round
    trips and commands per request of each read in each namespace (CONFIG RESETSTAT, K
    requests, INFO), so a read whose cost follows the namespace shows it twice.
+
+The figures are kept in ``bench/results/scale.json`` and shown on the site's benchmarks page.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ import requests  # noqa: E402
 
 from app import create_app  # noqa: E402
 from app.store.memory import PROFILE_TYPE, Content, Location, MemoryStore  # noqa: E402
+from bench import results  # noqa: E402
 from bench.working_memory import (  # noqa: E402
     Bodies,
     Gunicorn,
@@ -147,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="loom-scale-") as tmp:
         workdir = Path(tmp)
         with redis_for_bench(workdir) as redis_url:
+            with redis.Redis.from_url(redis_url) as info_client:
+                redis_name = results.server_name(info_client.info("server"))
+            at_start = results.machine(redis_name)
             fill(redis_url, workdir, args.others)
             env = {"REDIS_URL": redis_url, "LOOM_SECRET_KEY": secrets.token_hex(32),
                    "LOOM_DATA_DIR": str(workdir / "loom"), "LOOM_AUTH": "off",
@@ -185,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nScale: 1 user vs {args.others} sections of other users (median of "
           f"{args.rounds} rounds; ratio = median of the per-round large/small ratios)")
     met = True
+    figures: dict[str, str] = {}
     for name in READS:
         small, large = rates[name][SMALL], rates[name][LARGE]
         ratio = statistics.median(b / a for a, b in zip(small, large, strict=True))
@@ -195,7 +202,17 @@ def main(argv: list[str] | None = None) -> int:
               f"({'ok' if ratio >= TARGET_RATIO else 'MISSED'} >= {TARGET_RATIO}); "
               f"round trips/req {rt_small:.1f} vs {rt_large:.1f}, "
               f"commands/req {cmd_small:.1f} vs {cmd_large:.1f}")
+        figures[name] = (
+            f"{statistics.median(small):,.0f} / {statistics.median(large):,.0f} req/s, ratio "
+            f"{ratio:.2f} (target {TARGET_RATIO}); round trips {rt_small:.1f} / {rt_large:.1f}, "
+            f"commands {cmd_small:.1f} / {cmd_large:.1f} a request")
     print("every target met" if met else "a target was missed")
+    figures["verdict"] = "every target met" if met else "a target was missed"
+    results.record(
+        "scale", f"Profile reads through gunicorn ({args.workers} workers) in a namespace with "
+        f"one user and in one with {args.others:,} sections of other users, alternated, "
+        f"{args.rounds} rounds of {args.seconds:g} s; each figure small / large namespace.",
+        figures, redis_name, at_start)
     return 1 if args.strict and not met else 0
 
 

@@ -66,6 +66,7 @@ from app.settings import load_settings  # noqa: E402
 from app.store import keys  # noqa: E402
 from app.store.memory import Content, Location, MemoryStore  # noqa: E402
 from app.store.profile_schema import ProfileSchemaStore  # noqa: E402
+from bench import results  # noqa: E402
 from jobs.structured_profile import run_pass  # noqa: E402
 from tests.support.model_server import ScriptedModelServer  # noqa: E402
 
@@ -533,6 +534,9 @@ def main(argv: list[str] | None = None) -> int:
                                "structured_profile lease)" if given
                                else "own redis-server on a free port, appendonly off"))
             bench = Bench(args, redis_url, workdir, model)
+            with redis.Redis.from_url(redis_url) as info_client:
+                redis_name = results.server_name(info_client.info("server"))
+            at_start = results.machine(redis_name)
             print(f"measured passes: up to {args.max_users_per_pass} users a pass, cooldown and "
                   f"scan age 600 s (frozen clock moved {SETTLE_SECONDS} s before each case, "
                   f"{PASS_GAP_SECONDS} s between passes); changed fractions "
@@ -559,6 +563,25 @@ def main(argv: list[str] | None = None) -> int:
     print_breakdown(large_one)
     print(f"\nmodel requests served in all: {requests}; total {time.monotonic() - started:.0f}s")
     print(("OK: " if ok else "NOT OK: ") + verdict)
+    figures: dict[str, str] = {}
+    for c in cases:
+        per_pass = max(1, c.drain.passes)
+        if c.changed == 0:
+            figures[f"{c.population} users, none changed: the idle pass"] = (
+                f"{c.idle_after.commands} commands, {c.idle_after.round_trips} round trips")
+            continue
+        figures[f"{c.population} users, {c.changed} changed: the passes that rebuild them"] = (
+            f"{c.drain.passes} passes, {c.drain.commands / per_pass:,.0f} commands and "
+            f"{c.drain.round_trips / per_pass:,.0f} round trips a pass, "
+            f"{c.drain.commands / c.changed:.1f} commands a changed user, "
+            f"{c.drain.wall * 1000 / per_pass:,.1f} ms a pass")
+    figures["verdict"] = ("OK: " if ok else "NOT OK: ") + verdict
+    results.record(
+        "structured_pass", f"Structured-profile passes against a scripted model on loopback, "
+        f"{args.small:,} and {args.users:,} users seeded and built, then "
+        + ", ".join(f"{f:.0%}" for f in CHANGED_FRACTIONS) + " of them changed; Redis commands "
+        "(INFO commandstats), round trips and wall time of the passes that rebuild them, "
+        f"up to {args.max_users_per_pass} users a pass.", figures, redis_name, at_start)
     return 1 if args.strict and not ok else 0
 
 

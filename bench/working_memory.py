@@ -76,6 +76,7 @@ import requests  # noqa: E402
 
 from app.local import RedisServerProcess, free_port  # noqa: E402
 from app.store import keys  # noqa: E402
+from bench import results  # noqa: E402
 from bench.wsgi_call import call as wsgi_call  # noqa: E402
 
 NAMESPACE = "bench"
@@ -784,7 +785,10 @@ def report(
     runs: dict[str, dict[str, list[Run]]],
     trips: dict[str, dict[str, tuple[float, dict[str, float]]]],
     contended: dict[str, dict[str, list[dict[str, Any]]]],
+    figures: dict[str, str],
 ) -> bool:
+    """Print the run's figures, put each in ``figures`` for the result file; True when every
+    target is met."""
     ok = True
     print("\nThroughput (median of rounds; ratio = median of the per-round loom/baseline req/s)")
     print("CPU = microseconds of CPU per answered request, loom/baseline: gunicorn (master and")
@@ -809,6 +813,10 @@ def report(
               f"{verdict:<6}{med(loom, 'worker_us'):>6.0f}/{med(base, 'worker_us'):<5.0f}"
               f"{med(loom, 'redis_us'):>4.0f}/{med(base, 'redis_us'):<4.0f}"
               f"{med(loom, 'client_us'):>4.0f}/{med(base, 'client_us'):<4.0f}{cpu_ratio:>11.3f}")
+        if med(loom, "rate"):
+            figures[f"{op}: loom / baseline req/s"] = (
+                f"{med(loom, 'rate'):,.0f} / {med(base, 'rate'):,.0f}, ratio {ratio:.3f} "
+                f"(target {TARGET_RATIOS[op]}); CPU ratio {cpu_ratio:.3f}")
     print("  targets: " + ", ".join(f"{op} ratio >= {t}" for op, t in TARGET_RATIOS.items()))
 
     print("\nRedis round trips per request (server read events; commands from INFO commandstats,")
@@ -817,6 +825,7 @@ def report(
         for op, (rt, calls) in trips[name].items():
             detail = ", ".join(f"{cmd} {n:.2f}" for cmd, n in calls.items())
             print(f"  {name:<9}{op:<13}{rt:5.2f}   {detail}")
+            figures[f"{op}: Redis round trips a request, {name}"] = f"{rt:.2f}"
 
     print(f"\nContended append (median of rounds; {CONTENDED_WRITERS} writers on one block vs "
           f"1 writer, and vs {CONTENDED_WRITERS} writers on {CONTENDED_WRITERS} blocks)")
@@ -837,6 +846,9 @@ def report(
             ok &= ratio_one >= TARGET_CONTENDED and lost == 0 and dup == 0
         print(f"  {kind:<12}{hot:>11.0f}{one:>10.0f}{spread:>12.0f}{ratio_one:>7.2f}"
               f"{ratio_spread:>7.2f}{retries:>9}{rt:>8.2f}{lost:>6}{dup:>5}")
+        figures[f"contended append, {kind}: {CONTENDED_WRITERS} writers on one block"] = (
+            f"{hot:,.0f} appends/s against {one:,.0f} for one writer ({ratio_one:.2f}), "
+            f"{retries} retries, {lost} lost, {dup} duplicated")
         if kind == "watch/multi":
             print(f"  {'':<12}watch/multi: {retries} retries over {appends} contended appends "
                   f"({retries / appends if appends else 0:.2f} per append)")
@@ -903,6 +915,9 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         with redis_for_bench(workdir) as redis_url:
             given = bool(os.environ.get("REDIS_URL"))
+            with redis.Redis.from_url(redis_url) as info_client:
+                redis_name = results.server_name(info_client.info("server"))
+            at_start = results.machine(redis_name)
             print("redis: " + ("REDIS_URL (keys under namespace bench; statistics reset)"
                                if given else "own redis-server on a free port, appendonly off"))
             env = {
@@ -946,7 +961,16 @@ def main(argv: list[str] | None = None) -> int:
                 bench.close()
                 for server in servers:
                     server.stop()
-            met = report(runs, trips, contended)
+            figures: dict[str, str] = {}
+            met = report(runs, trips, contended, figures)
+            figures["verdict"] = "every target met" if met else "a target was missed"
+            results.record(
+                "working_memory", f"Working-memory get, set and append through gunicorn "
+                f"({args.workers} {args.worker_class} workers an app), Loom beside a bare Flask "
+                f"+ redis-py app on the same keys (its writes by WATCH/MULTI), "
+                f"{'wrk' if wrk else 'the Python client'} with {args.connections} connections, "
+                f"{args.rounds} rounds of {args.seconds} s, alternated.", figures, redis_name,
+                at_start)
             if args.profile:
                 profile(redis_url, args.profile, workdir)
     print(f"load average at end: {_load_average()}")

@@ -10,6 +10,7 @@ fail while a page is behind the code, so no reference page is edited by hand.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import json
 import re
@@ -188,14 +189,17 @@ def error_catalogue() -> list[ErrorCode]:
     """Every error code Loom answers, with its status, meaning and detail fields.
 
     The one place the errors page reads its codes from: it walks the ``LoomError`` subclasses
-    of ``app.errors`` (meaning: the class's docstring, else its name in words; details: the
-    keyword fields its constructor takes). A declared catalogue replaces this body alone.
+    the server declares (``app.errors``, and the answer check's). Meaning: the class's own
+    docstring, else its name in words; details: the keyword fields its constructor takes. A
+    declared catalogue replaces this body alone.
     """
     from app import errors
 
+    # The app imports every module that declares an error (the answer check's among them).
+    importlib.import_module("app.api")
     found: dict[str, ErrorCode] = {}
     for error in _subclasses(errors.LoomError):
-        if error.__module__ != errors.__name__ or error.code in found:
+        if not error.__module__.startswith("app.") or error.code in found:
             continue
         # The class's own docstring: getdoc would hand down LoomError's to every class.
         doc = inspect.cleandoc(error.__doc__) if "__doc__" in vars(error) and error.__doc__ \

@@ -119,6 +119,16 @@ def snapshot(store: MemoryStore, where: Location) -> tuple[Any, Any]:
     return store.read(where), store.history(where, limit=100)
 
 
+def names_outside(claims: dict[str, Any], owner: Owner) -> bool:
+    """Whether a body naming ``owner`` names a user, session or agent the token fixes to
+    another (403 before any row is read). '-' for a user or session is the token's own."""
+    user, session, agent = (claims.get(name) for name in ("read_user_id", "session_id",
+                                                          "agent"))
+    return bool(user and owner.user_id not in ("-", user)
+                or session and owner.session_id not in ("-", session)
+                or agent and owner.agent != agent)
+
+
 def send(client, token: str, op_name: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
     response = client.post(f"/v1/{op_name}", json=body, headers=bearer(token))
     return response.status_code, response.get_json()
@@ -170,7 +180,14 @@ def test_every_write_by_memory_id_and_by_key_stays_in_the_tokens_reach(world):
                     if token_name == "viewer":
                         if status != 403 or answer["error"]["code"] != "AUTH_INSUFFICIENT":
                             wrong.append("viewer " + cell)
-                    elif mode == "memory_id":
+                    elif mode == "key":
+                        # Naming what the token fixes otherwise is refused; naming '-' for a
+                        # fixed user or session writes the token's own row of that key.
+                        refused = status == 403 and answer["error"]["code"] == (
+                            "AUTH_INSUFFICIENT")
+                        if refused != names_outside(TOKENS[token_name], owner):
+                            wrong.append("by key " + cell)
+                    else:
                         # Out of reach reads exactly as no such row.
                         unknown_status, unknown = send(
                             client, token, op_name, {**body, "memory_id": UNKNOWN_ID})

@@ -8,13 +8,17 @@ queries holding the same words spend, never less.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
+import requests
 
 from app.search_cost import TERMS_PER_REQUEST, search_cost, terms_cost
 from app.settings import AUTO_RATE_LIMIT, load_settings
 from tests.auth_support import auth_app, bearer, mint
+from tests.conftest import TEST_SECRET
+from tests.support.live_server import LiveServer
 
 NS = "budget-ns"
 WHO = {"namespace": NS, "agent": "bot", "user_id": "alice"}
@@ -122,3 +126,22 @@ def test_a_search_dearer_than_the_whole_budget_still_runs_in_a_fresh_window(app_
     clock.advance(61)
     assert post(client, token, "memory.search", query=words(32),
                 read_scope="namespace").status_code == 200
+
+
+def test_gunicorn_with_auth_on_and_no_setting_refuses_past_the_default(redis_url, tmp_path):
+    """The real web process, LOOM_AUTH=on and LOOM_RATE_LIMIT unset: the default budget is
+    on, shared by both workers, and a namespace search of 32 terms spends 32 of it."""
+    admin = "budget-admin-token"
+    env = {"REDIS_URL": redis_url, "LOOM_SECRET_KEY": TEST_SECRET,
+           "LOOM_DATA_DIR": str(tmp_path), "LOOM_AUTH": "on", "LOOM_ADMIN_TOKEN": admin}
+    with LiveServer(env) as live:
+        minted = requests.post(live.url + "/v1/token.create", timeout=10,
+                               json={"namespace": NS, "role": "viewer"},
+                               headers=bearer(admin))
+        token = minted.json()["token"]
+        if time.time() % 60 > 45:  # the 38 calls must fall in one minute's window
+            time.sleep(61 - time.time() % 60)
+        statuses = [requests.post(live.url + "/v1/memory.search", timeout=10, json={
+            **WHO, "query": words(32), "read_scope": "namespace"},
+            headers=bearer(token)).status_code for _ in range(1200 // 32 + 1)]
+    assert statuses == [200] * (1200 // 32) + [429]

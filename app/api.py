@@ -195,6 +195,8 @@ def run_op(
     identity = resolve_identity(op, principal, args)
     logs.bind(org=identity.org, namespace=identity.namespace)
     call = Call(op, args, identity, principal, services, client, by_console)
+    if op.cost is not None and services.settings.request_budget is not None:
+        services.charge_cost(principal, op.cost(call))
 
     def completed(result: dict[str, Any]) -> dict[str, Any]:
         known = _known_fields(op.args)

@@ -111,3 +111,21 @@ def row_visible(read_scope: str, identity: Identity, row_user_id: str, row_sessi
     if read_scope == "own_user":
         return row_user_id == identity.user_id
     return row_session_id == identity.session_id and row_user_id in ("-", identity.user_id)
+
+
+def row_writable(principal: Principal, read_scope: str, identity: Identity,
+                 row_user_id: str, row_session_id: str, row_agent: str) -> bool:
+    """Whether a write may name a row of (user, session, agent) by its ``memory_id``.
+
+    The reach of a write by key, which ``resolve_identity`` gives: a token pinned to a user
+    writes only that user's rows, one bound to a session only that session's, one fixed to an
+    agent only that agent's. So a namespace-level row (user ``-``), which every user reads, is
+    no pinned token's to change. A write also never names a row its caller could not read.
+    """
+    if not row_visible(read_scope, identity, row_user_id, row_session_id):
+        return False
+    if principal.read_user_id is not None and row_user_id != principal.read_user_id:
+        return False
+    if principal.session_id is not None and row_session_id != principal.session_id:
+        return False
+    return principal.agent is None or row_agent == principal.agent

@@ -93,6 +93,9 @@ class Op:
     # step (the memory writes): the answer again from that reply. A try of such an op that
     # ended without an answer left either the reply or nothing applied, never a doubt.
     replay: Callable[[Call, str], dict[str, Any]] | None = None
+    # What one call costs against the caller's request budget, in requests, for an op whose
+    # Redis work grows with its body (a search: app.search_cost); None costs one request.
+    cost: Callable[[Call], int] | None = None
     # The MCP tool's name where the seed gives one (memory.unified_search is ``loom_search``);
     # otherwise ``loom_<op with . as _>``.
     tool: str | None = None

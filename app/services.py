@@ -75,10 +75,24 @@ class Services:
 
     def check_budget(self, principal: Principal) -> None:
         """Count the request against the caller's budget; 429 with Retry-After when over."""
-        if self.settings.rate_limit is None:
+        if self.settings.request_budget is None:
             return
+        self._spend(principal, 1)
+
+    def charge_cost(self, principal: Principal, cost: int) -> None:
+        """Count what a costly op (a search) costs beyond the one request ``check_budget``
+        counted; 429 with Retry-After when that puts the caller over budget. The cost is capped
+        at the whole budget, so the dearest call still fits in an unspent window."""
+        budget = self.settings.request_budget
+        if budget is None:
+            return
+        beyond = min(cost, budget[0]) - 1
+        if beyond > 0:
+            self._spend(principal, beyond)
+
+    def _spend(self, principal: Principal, requests: int) -> None:
         caller = principal.token_id or ("install-admin" if principal.org == ANY else "single-user")
-        retry_after = self.store(RateLimiter).retry_after(caller)
+        retry_after = self.store(RateLimiter).retry_after(caller, requests)
         if retry_after is not None:
             raise RateLimited("request budget spent for this token", retry_after=retry_after)
 

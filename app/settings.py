@@ -116,6 +116,26 @@ def _rate_limit(value: str) -> tuple[int, int] | None:
     return int(count), _RATE_PERIODS[period.strip()]
 
 
+# What LOOM_RATE_LIMIT=auto (its default) gives each token with LOOM_AUTH=on, in requests (a
+# search counts by its cost, app.search_cost); docs/decisions.md says why this figure.
+AUTO_RATE_LIMIT = "1200/minute"
+
+
+def _rate_limit_or_auto(value: str) -> tuple[int, int] | str | None:
+    """``auto`` kept as the word (``Settings.request_budget`` reads it against LOOM_AUTH);
+    ``off`` or empty -> None; else a budget as ``_rate_limit`` reads it."""
+    lowered = value.strip().lower()
+    if lowered == "auto":
+        return lowered
+    if lowered == "off":
+        return None
+    try:
+        return _rate_limit(lowered)
+    except ValueError:
+        raise ValueError("must be auto, off or look like 100/minute (per second, minute, "
+                         "hour or day)") from None
+
+
 def _name_pair(value: str) -> tuple[str, str]:
     """``query,document`` -> ("query", "document"): what a query and a document are called."""
     names = tuple(part.strip() for part in value.split(","))
@@ -213,8 +233,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("LOOM_AUTH", "off", _choice("off", "on"),
             "off: single-user server, no token. on: every call needs a bearer token."),
     Setting("LOOM_ADMIN_TOKEN", "", _text, "The install's admin token (auth on)."),
-    Setting("LOOM_RATE_LIMIT", "", _rate_limit,
-            "Per-token request budget such as 100/minute; empty turns it off."),
+    Setting("LOOM_RATE_LIMIT", "auto", _rate_limit_or_auto,
+            "Per-token request budget such as 600/minute; a search (memory.search, memory.ask, "
+            "memory.unified_search, context.pack with a query) counts by its words and read "
+            "scope (docs/guides/request-budget.md). auto: " + AUTO_RATE_LIMIT
+            + " with LOOM_AUTH=on, none with it off. off (or empty) turns it off."),
     Setting("LOOM_BAD_TOKEN_LIMIT", "20/minute", _rate_limit,
             "Refused tokens one client address may send per window; past it, its requests "
             "that carry a token answer 429 until the window ends. Empty turns it off."),
@@ -374,7 +397,7 @@ class Settings:
     secret_key: str = ''
     auth: str = 'off'
     admin_token: str = ''
-    rate_limit: tuple[int, int] | None = None
+    rate_limit: tuple[int, int] | str | None = 'auto'
     bad_token_limit: tuple[int, int] | None = (20, 60)
     trusted_proxies: int = 0
     data_dir: str = 'var'
@@ -443,6 +466,15 @@ class Settings:
     @property
     def queue_redis_url(self) -> str:
         return self.queue_url or self.redis_url
+
+    @property
+    def request_budget(self) -> tuple[int, int] | None:
+        """The per-token budget that applies (requests, seconds): LOOM_RATE_LIMIT, where
+        ``auto`` is AUTO_RATE_LIMIT with auth on (tokens from outside) and none with it off
+        (the single user of a local install)."""
+        if isinstance(self.rate_limit, str):
+            return _rate_limit(AUTO_RATE_LIMIT) if self.auth == "on" else None
+        return self.rate_limit
 
     @property
     def embeddings_configured(self) -> bool:

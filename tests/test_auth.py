@@ -170,7 +170,7 @@ def test_request_budget_answers_429_with_retry_after(app_factory, clock):
     assert call(client, "working_memory.get", token, **WM)[0] == 200
 
 
-def test_request_budget_is_off_by_default(client):
+def test_request_budget_is_off_by_default_with_auth_off(client):
     token = mint(client, namespace="support", role="viewer")
     for _ in range(50):
         assert call(client, "working_memory.get", token, **WM)[0] == 200

@@ -13,6 +13,7 @@ import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 import redis
@@ -342,3 +343,146 @@ def test_unknown_user_is_a_page_with_an_error_in_words(page, server, tmp_path):
     page.goto(f"{server.url}/console/ns/elsewhere")
     assert "outside this token's reach" in page.get_by_role("alert").first.inner_text()
     shoot(page, tmp_path, "refused")
+
+
+# --- stored text that would be markup ------------------------------------------------------------
+
+HOSTILE_NS = "stored-scripts"
+HOSTILE_USER = "u-stored-scripts"
+# Each would run script, leave its element or add a link if a page wrote it as markup.
+HOSTILE = (
+    '<script>alert("stored-1")</script>',
+    'javascript:alert("stored-2")',
+    '" autofocus onfocus="alert(\'stored-3\')" x="',
+    '</textarea><script>alert("stored-4")</script>',
+    "<img src=x onerror=alert('stored-5')>",
+)
+HOSTILE_AGENT = '<script>alert("agent")</script>" onmouseover="alert(\'agent\')'
+HOSTILE_CLIENT = '<img src=x onerror=alert("client")>'
+
+
+def _console_url(server: Any, path: str, **query: str) -> str:
+    return f"{server.url}/console/ns/{HOSTILE_NS}{path}" + ("?" + urlencode(query) if query
+                                                           else "")
+
+
+def _plant_hostile_text(server: Any) -> dict[str, Any]:
+    """Sections (namespace-level and the user's), a fact, a block, a token label and an
+    activity entry, each holding the hostile strings; the names the pages will be opened by."""
+    labels = [f"label {n} {text}" for n, text in enumerate(HOSTILE)]
+    values = [f"text {n} {text} end" for n, text in enumerate(HOSTILE)]
+    for user_id in ("-", HOSTILE_USER):
+        for label, value in zip(labels, values, strict=True):
+            ok(server, "profile.set", namespace=HOSTILE_NS, agent=HOSTILE_AGENT,
+               user_id=user_id, label=label, value=value)
+    for n, text in enumerate(HOSTILE):
+        ok(server, "memory.set", namespace=HOSTILE_NS, agent=HOSTILE_AGENT,
+           user_id=HOSTILE_USER, key=f"fact {n} {text}", value=f"fact {text}")
+    block_key = f"block {HOSTILE[0]}"
+    block_text = "\n".join(HOSTILE)
+    ok(server, "working_memory.set", namespace=HOSTILE_NS, agent=HOSTILE_AGENT,
+       user_id=HOSTILE_USER, block_key=block_key, content=block_text)
+    token_label = " ".join(HOSTILE)[:200]
+    mint(server, namespace=HOSTILE_NS, role="viewer", label=token_label)
+    # A read by a client whose name is markup: the user page's activity table shows it.
+    response = requests.post(server.url + "/v1/profile.render", timeout=10, json={
+        "namespace": HOSTILE_NS, "agent": HOSTILE_AGENT, "user_id": HOSTILE_USER},
+        headers={"Authorization": f"Bearer {ADMIN}", "X-Loom-Client": HOSTILE_CLIENT})
+    assert response.status_code == 200, response.text
+    return {"labels": labels, "values": values, "block_key": block_key,
+            "block_text": block_text, "token_label": token_label}
+
+
+def _no_markup_from_the_store(page: Any, where: str) -> None:
+    """Nothing on the page came from stored text as markup: no inline script element, no
+    event-handler attribute, no javascript: link."""
+    found = page.evaluate("""() => ({
+        inline_scripts: document.querySelectorAll('script:not([src])').length,
+        handlers: [...document.querySelectorAll('*')].filter(
+            (e) => [...e.attributes].some((a) => a.name.startsWith('on'))).length,
+        script_links: [...document.querySelectorAll('a[href]')].filter(
+            (a) => a.getAttribute('href').trim().toLowerCase().startsWith('javascript:')).length,
+        images: document.querySelectorAll('img').length,
+    })""")
+    assert found == {"inline_scripts": 0, "handlers": 0, "script_links": 0, "images": 0}, (
+        where, found)
+
+
+def test_stored_markup_is_shown_as_text_and_runs_nothing(browser, server, tmp_path):
+    planted = _plant_hostile_text(server)
+    # The console's Content-Security-Policy would stop an inline script by itself; bypassed
+    # here, so a page that wrote stored text as markup would run it and the listener hear it.
+    context = browser.new_context(viewport=DESKTOP, bypass_csp=True)
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    dialogs: list[str] = []
+
+    def heard(dialog: Any) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+
+    page.on("dialog", heard)
+    try:
+        sign_in(page, server, ADMIN)
+        page.evaluate("() => alert('probe')")  # the listener hears a dialog that does open
+        assert dialogs == ["probe"]
+        dialogs.clear()
+        opened: list[str] = []
+
+        def visit(url: str, name: str) -> None:
+            page.goto(url)
+            page.wait_for_load_state("load")
+            page.mouse.move(5, 5)
+            page.mouse.move(400, 300)  # over the tables: an injected onmouseover would fire
+            _no_markup_from_the_store(page, name)
+            assert dialogs == [], (name, dialogs)
+            opened.append(name)
+
+        visit(server.url + "/console/", "home")
+        visit(_console_url(server, ""), "namespace")
+        sections = page.locator("#sections")
+        assert f"Agent {HOSTILE_AGENT}" in sections.inner_text()
+        for label, value in zip(planted["labels"], planted["values"], strict=True):
+            row = sections.locator("tr", has=page.locator("th", has_text=label))
+            assert row.locator("th").inner_text() == label
+            assert row.locator("pre").inner_text() == value
+        shoot(page, tmp_path, "stored-markup-namespace")
+
+        for user_id in ("-", HOSTILE_USER):
+            for label, value in zip(planted["labels"], planted["values"], strict=True):
+                visit(_console_url(server, "/section", agent=HOSTILE_AGENT, label=label,
+                                   user_id=user_id, session_id="-"), f"section {label}")
+                assert page.locator("h1 code").inner_text() == label
+                assert page.get_by_label("Text").input_value() == value
+                form = page.locator("form", has=page.get_by_label("Text"))
+                assert form.locator("input[name=label]").input_value() == label
+                assert form.locator("input[name=agent]").input_value() == HOSTILE_AGENT
+                meta = page.locator("dl.meta")
+                assert HOSTILE_AGENT in meta.inner_text()
+        shoot(page, tmp_path, "stored-markup-section")
+
+        visit(_console_url(server, "/user", user_id=HOSTILE_USER, agent=HOSTILE_AGENT),
+              "user")
+        user_sections = page.locator("#sections")
+        for label, value in zip(planted["labels"], planted["values"], strict=True):
+            row = user_sections.locator("tr", has=page.locator("th", has_text=label))
+            assert row.locator("pre").inner_text() == value
+        block = page.locator("article.block")
+        assert block.locator("h3").inner_text() == planted["block_key"]
+        assert block.locator("pre").inner_text() == planted["block_text"]
+        assert page.locator("#scope-agent").input_value() == HOSTILE_AGENT
+        assert page.locator("#scopes td").first.inner_text() == HOSTILE_AGENT
+        activity = page.locator("#activity-table tbody tr").first.locator("td")
+        assert activity.nth(0).inner_text() == HOSTILE_AGENT
+        assert activity.nth(1).inner_text() == HOSTILE_CLIENT
+        assert page.locator("#known-agents option").first.get_attribute(
+            "value") == HOSTILE_AGENT
+        shoot(page, tmp_path, "stored-markup-user")
+
+        visit(_console_url(server, "/erase", user_id=HOSTILE_USER), "erase")
+        visit(server.url + "/console/tokens", "tokens")
+        assert page.locator("#token-table td", has_text="stored-1").first.inner_text() == (
+            planted["token_label"])
+        assert len(opened) == 3 + 2 * len(HOSTILE) + 2
+    finally:
+        context.close()

@@ -34,7 +34,8 @@ def test_defaults_match_the_seeds(tmp_path):
     assert settings.structured_profile_backoff_cap_seconds == 21600
     assert settings.structured_profile_interval_seconds == 60
     assert settings.profile_consolidation_enabled is False
-    assert settings.rate_limit is None
+    # auto: a request budget with auth on (tests/test_request_budget.py), none with it off.
+    assert settings.rate_limit == "auto" and settings.request_budget is None
 
 
 def test_a_local_secret_key_is_generated_once_and_kept(tmp_path):

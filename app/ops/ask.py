@@ -32,7 +32,13 @@ from app.model.budget import OutOfBudget, complete_within_budget
 from app.model.chat import base_max_tokens, parse_max_tokens_overrides, provider_from_settings
 from app.model.errors import ModelCallFailed
 from app.ops.memory import read_scope_for
-from app.ops.recall import MemorySearchArgs, ScratchpadBlock, SearchHit, search_answer
+from app.ops.recall import (
+    MemorySearchArgs,
+    ScratchpadBlock,
+    SearchHit,
+    search_answer,
+    search_call_cost,
+)
 from app.profile_schema import max_tokens_for
 from app.registry import Call, op
 from app.schemas.common import Answer
@@ -168,6 +174,7 @@ def _citations(data: dict[str, Any] | None, given: list[str]) -> tuple[list[str]
 
 
 @op("memory.ask", role="viewer", kind="read",
+    cost=search_call_cost,
     args=MemoryAskArgs, answer=MemoryAskAnswer, errors=ASK_ERRORS,
     example={**_WHO, "query": "which currency should the invoice use",
              "read_scope": "own_user"})

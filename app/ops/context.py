@@ -31,7 +31,7 @@ from marshmallow import Schema, ValidationError, fields, validate
 from app.auth import row_visible
 from app.ops.memory import read_scope_for, record_profile_read
 from app.ops.profile import ProfileRenderArgs, render_sections, section_text, sections_in_scope
-from app.ops.recall import search_rows
+from app.ops.recall import search_call_cost, search_rows
 from app.ops.working_memory import BLOCK_KEY_MAX, render_blocks
 from app.registry import Call, op
 from app.schemas.common import Answer, StrictInt
@@ -287,6 +287,7 @@ def _memories(call: Call, read_scope: str, style: str) -> tuple[str, dict[str, A
 
 
 @op("context.pack", role="viewer", kind="read",
+    cost=search_call_cost,
     args=ContextPackArgs, answer=ContextPacked,
     example={**_WHO, "query": "refund policy", "format": "xml", "read_scope": "own_user"})
 def context_pack(call: Call) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 No seed lists these fields; DESIGN.md ("The memory rows the profiles are built from") names the
 row's fields and the ops, and docs/decisions.md records each choice made here. A row is named by
 the caller's (agent, user_id, session_id) and its ``key``, or by its ``memory_id`` from any
-identity in the namespace that can see it. Reads honour the token's read scope; a row outside
-it reads as not found, so its existence does not leak.
+identity in the namespace that can see it (a write: that may write it, the reach a key gives).
+Reads honour the token's read scope; a row outside it reads as not found, so its existence
+does not leak.
 
 Roles: set, delete, lock, unlock, pin, unpin and the revisions (revert, restore, restate,
 reinforce, recall, backfill) are writer ops; delete_version and redact rewrite history and are
@@ -22,7 +23,13 @@ from typing import Any, ClassVar
 from marshmallow import Schema, ValidationError, fields, validate, validates_schema
 
 from app.attributes import with_attribute_tags
-from app.auth import READ_SCOPE_RANK, READ_SCOPES, effective_read_scope, row_visible
+from app.auth import (
+    READ_SCOPE_RANK,
+    READ_SCOPES,
+    effective_read_scope,
+    row_visible,
+    row_writable,
+)
 from app.clock import iso_from_ns
 from app.errors import AuthInsufficient, MemoryNotFound, ValidationFailed
 from app.registry import Call, op
@@ -493,28 +500,33 @@ def _not_found(call: Call) -> MemoryNotFound:
 def _target(call: Call, *, read_scope: str, write: bool = False) -> tuple[Location, str]:
     """The row the call names, and the memory_id a script must find there ('' for a key).
 
-    A memory_id is held to the same reach as a key: the token's user and session (through
-    ``read_scope``) and the agent it is fixed to. A row of another agent is not found (a
-    namespace-level row, agent '-', is readable but not writable by an agent-bound token)."""
+    A memory_id is held to the same reach as a key. A read sees what ``read_scope`` shows and,
+    for a token fixed to an agent, that agent's rows and the namespace-level ones (agent '-');
+    a write reaches only what ``row_writable`` allows. A row out of reach is not found, as one
+    that does not exist, so no answer tells the two apart."""
     a = call.args
     memory_id = a.get("memory_id")
     if memory_id is None:
         return (own_location(call, a["key"]), "")
     location = memory_store(call).locate(call.identity.org, call.identity.namespace, memory_id)
-    if location is None or not row_visible(
-        read_scope, call.identity, location.user_id, location.session_id
-    ):
+    if location is None:
         raise _not_found(call)
-    fixed_agent = call.principal.agent
-    if fixed_agent is not None and location.agent != fixed_agent and (
-        write or location.agent != "-"
-    ):
+    if write:
+        reached = row_writable(call.principal, read_scope, call.identity, location.user_id,
+                               location.session_id, location.agent)
+    else:
+        fixed_agent = call.principal.agent
+        reached = row_visible(
+            read_scope, call.identity, location.user_id, location.session_id
+        ) and (fixed_agent is None or location.agent in (fixed_agent, "-"))
+    if not reached:
         raise _not_found(call)
     return location, memory_id
 
 
 def _write_target(call: Call) -> tuple[Location, str]:
-    """A write's row: by key in the caller's identity, or by a memory_id the caller can see.
+    """A write's row: by key in the caller's identity, or by a memory_id the caller may write
+    (``row_writable``: a token pinned to a user, session or agent reaches only its own rows).
     With ``memory_type`` given, a row of another type is not found."""
     if call.args.get("memory_id") is None and call.identity.agent == "*":
         raise ValidationFailed({"agent": ["a write names one agent, not '*'"]})

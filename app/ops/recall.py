@@ -41,6 +41,7 @@ from app.ops.memory import (
 )
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, Moment, StrictInt, no_control_characters
+from app.search_cost import search_cost
 from app.store.memory import PROFILE_TYPE, MemoryRow, MemoryStore
 from app.store.recall import LexicalHit, PendingLexical, RecallStore
 from app.store.recall_terms import query_terms
@@ -391,7 +392,16 @@ def scratchpad(call: Call, read_scope: str) -> list[dict[str, Any]]:
     return found
 
 
-@op("memory.search", role="viewer", kind="read",
+def search_call_cost(call: Call) -> int:
+    """A call's cost against the request budget when it searches (``app.search_cost``): its
+    query's terms at the read scope it runs at. No query searches nothing: one request."""
+    query = call.args.get("query")
+    if not query:
+        return 1
+    return search_cost(query, read_scope_for(call, call.args.get("read_scope")))
+
+
+@op("memory.search", role="viewer", kind="read", cost=search_call_cost,
     args=MemorySearchArgs, answer=MemorySearchAnswer,
     example={**_WHO, "query": "which currency for invoices", "read_scope": "own_user"})
 def memory_search(call: Call) -> dict[str, Any]:

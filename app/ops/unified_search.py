@@ -31,7 +31,13 @@ from app.model.embeddings import QUERY, embedder_for
 from app.model.errors import ModelCallFailed
 from app.ops.memory import record_profile_read
 from app.ops.profile import section_text, sections_in_scope
-from app.ops.recall import QUERY_VECTOR_MEMO, MemorySearchAnswer, MemorySearchArgs, search_answer
+from app.ops.recall import (
+    QUERY_VECTOR_MEMO,
+    MemorySearchAnswer,
+    MemorySearchArgs,
+    search_answer,
+    search_call_cost,
+)
 from app.registry import Call, op
 from app.schemas.common import StrictInt
 from app.store.memory import MemoryRow
@@ -182,6 +188,7 @@ def profile_leg(call: Call, read_scope: str, query: str, limit: int
 
 
 @op("memory.unified_search", role="viewer", kind="read", tool="loom_search",
+    cost=search_call_cost,
     args=UnifiedSearchArgs, answer=UnifiedSearchAnswer,
     example={**_WHO, "query": "what currency do I want my invoices in",
              "read_scope": "own_user"})

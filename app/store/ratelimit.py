@@ -1,8 +1,9 @@
 """The per-token request budget: a fixed-window counter per caller in Redis; and the
 per-address budget of refused tokens (``BadCredentialBudget``).
 
-One pipelined INCR + EXPIRE per request (one round trip), shared by every web process. Off
-unless LOOM_RATE_LIMIT is set.
+One pipelined INCRBY + EXPIRE per request (one round trip), shared by every web process; a
+search adds its cost beyond the first request (``app.search_cost``) once its body is read.
+On with LOOM_AUTH=on unless LOOM_RATE_LIMIT turns it off (``Settings.request_budget``).
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ class RateLimiter:
     def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self.clock = services.clock
-        self.budget: tuple[int, int] | None = services.settings.rate_limit
+        self.budget: tuple[int, int] | None = services.settings.request_budget
 
-    def retry_after(self, caller: str) -> int | None:
-        """Count one request; the seconds to wait when the caller is over budget, else None."""
+    def retry_after(self, caller: str, requests: int = 1) -> int | None:
+        """Count ``requests`` against the caller's window; the seconds to wait when the caller
+        is over budget, else None."""
         if self.budget is None:
             return None
         limit, period = self.budget
@@ -30,7 +32,7 @@ class RateLimiter:
         window = int(now // period)
         pipe = self.redis.pipeline(transaction=False)
         key = keys.rate_window(caller, window)
-        pipe.incr(key)
+        pipe.incrby(key, requests)
         pipe.expire(key, period + 1)
         count, _ = pipe.execute()
         if count <= limit:

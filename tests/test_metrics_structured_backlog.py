@@ -8,7 +8,6 @@ import pytest
 
 from tests.test_operate import samples, value
 from tests.test_structured_worker import SCHEMA, World, answer
-from tests.test_structured_worker import run_pass as pass_of
 
 SUPPORT, SALES = "support", "sales"
 PASS = {"pass": "structured_profile"}

@@ -107,7 +107,7 @@ class Writer:
             "value": value})
         answered = time.perf_counter()
         assert answer.status_code == 200, answer.get_json()
-        return answer.get_json()["memory"]["memory_id"], answered
+        return answer.get_json()["memory_id"], answered
 
     def vector_in(self, user_id: str, memory_id: str) -> bool:
         pipe = self.redis.pipeline(transaction=False)
@@ -164,7 +164,7 @@ def main() -> int:
             endpoint_alone(url, args.model, texts[:5])  # warm up
             alone = endpoint_alone(url, args.model, texts)
             writer = Writer(folder, server.url, url, args.model)
-            writer.wait(*writer.write("warm-up", "fact", text_of(pick)))  # the first fork
+            writer.wait("warm-up", *writer.write("warm-up", "fact", text_of(pick)))
             steady = []
             for i in range(args.facts):
                 user_id = f"u-{i % 10}"

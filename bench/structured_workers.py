@@ -4,7 +4,8 @@
     .venv/bin/python bench/structured_workers.py [--users 60] [--facts 3] [--delay 0.3]
                                                  [--workers 1,3] [--caps 20,60] [--first]
 
-What one run does, on its own redis-server (append-only off, flushed before each case):
+What one run does, on its own redis-server (append-only off), or on ``REDIS_URL``'s, whose
+database it flushes before each case (point it at a scratch server):
 
 1. Starts the scripted model server of the tests (``tests/support/model_server.py``) on
    loopback; every call takes ``--delay`` seconds and the server counts the calls in flight.
@@ -33,14 +34,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import secrets
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from datetime import UTC
 from pathlib import Path
 from typing import Any
@@ -54,13 +53,13 @@ from rq import Worker  # noqa: E402
 from rq.exceptions import NoSuchJobError  # noqa: E402
 from rq.job import Job  # noqa: E402
 
-from app.local import RedisServerProcess, die_with_parent  # noqa: E402
+from app.local import die_with_parent  # noqa: E402
 from app.services import Services  # noqa: E402
 from app.settings import load_settings  # noqa: E402
 from app.store import keys  # noqa: E402
 from app.store.memory import Content, Location, MemoryStore  # noqa: E402
 from app.store.profile_schema import ProfileSchemaStore  # noqa: E402
-from bench.fanout import SCHEMA, SlowModel  # noqa: E402
+from bench.fanout import SCHEMA, SlowModel, job_env, redis_for_bench  # noqa: E402
 from jobs.periodic import Periodic  # noqa: E402
 from jobs.queues import PASSES  # noqa: E402
 from jobs.structured_profile import PASS_FUNC  # noqa: E402
@@ -79,17 +78,7 @@ class Case:
         self.workdir = workdir
         self.secret = secrets.token_hex(32)
         self.probe = redis.Redis.from_url(redis_url, decode_responses=True)
-        self.base_env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "REDIS_URL": redis_url,
-            "LOOM_SECRET_KEY": self.secret,
-            "LOOM_DATA_DIR": str(workdir / "loom"),
-            "LOOM_LLM_BASE_URL": model.base_url,
-            "LOOM_LLM_MODEL": "scripted-model",
-            "LOOM_LOG_FORMAT": "text",
-        }
-        self.base_env.pop("LOOM_QUEUE_URL", None)
+        self.base_env = job_env(redis_url, self.secret, workdir, model.base_url)
         self.processes: list[subprocess.Popen[bytes]] = []
 
     def services(self, env: dict[str, str]) -> Services:
@@ -214,15 +203,6 @@ def first_profile(case: Case, model: SlowModel, facts: int) -> dict[str, float]:
     return {"wall": wall, "calls": model.calls}
 
 
-@contextlib.contextmanager
-def own_redis(workdir: Path) -> Iterator[str]:
-    server = RedisServerProcess(workdir / "redis", appendonly=False).start()
-    try:
-        yield server.url
-    finally:
-        server.stop()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--users", type=int, default=60, help="users to build (60)")
@@ -244,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     slow = SlowModel(args.delay)
     rows = []
     with tempfile.TemporaryDirectory(prefix="loom-bench-") as tmp, \
-            own_redis(Path(tmp)) as redis_url, \
+            redis_for_bench(Path(tmp)) as redis_url, \
             ScriptedModelServer(default=slow) as model:
         case = Case(redis_url, Path(tmp), model)
         print(f"{args.users} users x {args.facts} facts, a model call takes {args.delay:.2f} s, "

@@ -189,8 +189,8 @@ def main() -> int:
     if burst:
         print(summary(f"write to vector, a burst of {args.burst} writes of one user", burst))
     share = statistics.median(alone) / percentile(steady, 0.5)
-    print(f"the endpoint's own time is {share:.0%} of the steady p50; the rest is the job's "
-          "queueing, fork and store")
+    print(f"the endpoint's own p50 is {share:.0%} of the steady write-to-vector p50 (what is "
+          "above it is Loom's: the job's queueing, fork and store)")
     return 0
 
 

@@ -49,7 +49,9 @@ from app.store.connection import STORE_ERROR
 from app.store.job_queues import JobQueueReader
 from app.store.lease import PASS_LEASES, LeaseStore
 from app.store.metrics import JobMetricsStore, Labels
+from app.store.profile_schema import ProfileSchemaStore
 from app.store.recall_vectors import RecallVectorStore
+from app.store.structured import StructuredStore
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -98,6 +100,10 @@ RATE_LIMITED = Counter("loom_http_rate_limited", "Requests refused by the rate l
 JOB_METRICS: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "loom_passes_total": ("counter", "Worker passes that ran, by pass.", ("pass",)),
     "loom_pass_duration_seconds": ("histogram", "Wall time of a pass, by pass.", ("pass",)),
+    "loom_passes_full_total": ("counter", "Passes that handed out as many users as their cap "
+                               "(LOOM_STRUCTURED_PROFILE_MAX_USERS_PER_PASS), by pass: while "
+                               "it grows with every pass, the cap, not the workers, bounds "
+                               "throughput.", ("pass",)),
     "loom_builds_total": ("counter", "Structured-profile builds, by outcome (built, short, "
                           "unchanged, refused, cut_off, failed).", ("outcome",)),
     "loom_model_calls_total": ("counter", "Model calls made, by org.", ("org",)),
@@ -191,6 +197,7 @@ class JobsCollector:
         yield from self._guarded(self._queue_metrics)
         yield from self._guarded(self._lease_metrics)
         yield from self._guarded(self._backlog_metrics)
+        yield from self._guarded(self._structured_backlog_metrics)
 
     def _guarded(self, source: Any) -> Iterator[Metric]:
         try:
@@ -255,6 +262,30 @@ class JobsCollector:
         users.add_metric([], backlog.users)
         yield facts
         yield users
+
+
+    def _structured_backlog_metrics(self) -> Iterator[Metric]:
+        namespaces = self.services.store(ProfileSchemaStore).namespaces()
+        backlogs = self.services.store(StructuredStore).backlog(namespaces)
+        now_ns = self.services.clock.now_ns()
+        waiting = GaugeMetricFamily(
+            "loom_structured_users_waiting",
+            "Users waiting for a structured-profile build, by namespace and state: pending "
+            "(never built), stale (changed since their build) or parked (a failed build's "
+            "backoff or a refusal).", labels=["org", "namespace", "state"])
+        oldest = GaugeMetricFamily(
+            "loom_structured_oldest_wait_seconds",
+            "Seconds since the change of the longest-waiting pending or stale user, by "
+            "namespace (0: none waits).", labels=["org", "namespace"])
+        for backlog in backlogs:
+            where = [backlog.org, backlog.namespace]
+            waiting.add_metric([*where, "pending"], backlog.pending)
+            waiting.add_metric([*where, "stale"], backlog.stale)
+            waiting.add_metric([*where, "parked"], backlog.parked)
+            since = backlog.oldest_changed_ns
+            oldest.add_metric(where, 0.0 if since is None else max(0.0, (now_ns - since) / 1e9))
+        yield waiting
+        yield oldest
 
 
 def _values(labels: Labels, label_names: tuple[str, ...]) -> list[str]:

@@ -106,6 +106,23 @@ def redis_for_bench(workdir: Path) -> Iterator[str]:
         server.stop()
 
 
+def job_env(redis_url: str, secret: str, workdir: Path, model_url: str) -> dict[str, str]:
+    """The environment of a bench's worker and scheduler processes: this checkout, the bench's
+    Redis (data and queues alike) and the scripted model."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "REDIS_URL": redis_url,
+        "LOOM_SECRET_KEY": secret,
+        "LOOM_DATA_DIR": str(workdir / "loom"),
+        "LOOM_LLM_BASE_URL": model_url,
+        "LOOM_LLM_MODEL": "scripted-model",
+        "LOOM_LOG_FORMAT": "text",
+    }
+    env.pop("LOOM_QUEUE_URL", None)
+    return env
+
+
 class Run:
     def __init__(self, args: argparse.Namespace, redis_url: str, workdir: Path,
                  model: ScriptedModelServer) -> None:
@@ -119,18 +136,8 @@ class Run:
             "data_dir": str(workdir / "loom")})
         self.services = Services(settings)
         self.probe = redis.Redis.from_url(redis_url, decode_responses=True)
-        self.env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "REDIS_URL": redis_url,
-            "LOOM_SECRET_KEY": self.secret,
-            "LOOM_DATA_DIR": str(workdir / "loom"),
-            "LOOM_LLM_BASE_URL": model.base_url,
-            "LOOM_LLM_MODEL": "scripted-model",
-            "LOOM_LOG_FORMAT": "text",
-            "LOOM_STRUCTURED_PROFILE_MAX_USERS_PER_PASS": str(max(20, args.users)),
-        }
-        self.env.pop("LOOM_QUEUE_URL", None)
+        self.env = job_env(redis_url, self.secret, workdir, model.base_url)
+        self.env["LOOM_STRUCTURED_PROFILE_MAX_USERS_PER_PASS"] = str(max(20, args.users))
 
     def seed(self, namespace: str) -> None:
         self.services.store(ProfileSchemaStore).set(ORG, namespace, SCHEMA, "bench")

@@ -299,6 +299,9 @@ class ScanList:
     created_at: float
     schema_sha: str
     complete: bool
+    # The namespace's wake count (``NamespaceInfo.wakes``) when the scan was made: a wake since
+    # (a user's first source fact, a schema set) means someone the list cannot hold is behind.
+    wakes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -306,6 +309,7 @@ class ScanList:
             "created_at": self.created_at,
             "schema_sha": self.schema_sha,
             "complete": self.complete,
+            "wakes": self.wakes,
         }
 
     @classmethod
@@ -322,6 +326,8 @@ class ScanList:
             created_at=_number(data.get("created_at"), "scan created_at"),
             schema_sha=_text(data.get("schema_sha"), "scan schema_sha"),
             complete=complete,
+            # A list stored before wakes were counted reads as made at none.
+            wakes=_count(data.get("wakes", 0), "scan wakes"),
         )
 
 
@@ -499,12 +505,14 @@ class Outcome(StrEnum):
 
 @dataclass(frozen=True)
 class NamespaceInfo:
-    """A namespace with a schema: its id (e.g. ``org/namespace``), the schema's sha and whether
-    the stored schema still parses."""
+    """A namespace with a schema: its id (e.g. ``org/namespace``), the schema's sha, whether
+    the stored schema still parses, and how many times a schema set or a user's first source
+    fact woke the passes there (a count that only grows)."""
 
     id: str
     schema_sha: str
     parses: bool = True
+    wakes: int = 0
 
 
 @dataclass(frozen=True)
@@ -590,6 +598,10 @@ def _fresh_scan(scan: ScanList, info: NamespaceInfo, now: float, max_age: float,
     the next pass, one interval on: a change the list missed is then seen by a scan at most
     ``max_age`` after the list was made, not up to an interval past it."""
     if scan.schema_sha != info.schema_sha:
+        return False
+    if scan.wakes != info.wakes:
+        # Woken since the scan (a user's first source fact): that user is on no list, and a
+        # complete list would keep them waiting until it is max_age old.
         return False
     # At most half the max age ahead: with an interval longer than that (passes enqueued by
     # hand, tests), every list would be dropped at once and the users a pass gave back lost
@@ -817,7 +829,7 @@ class PassPlanner:
                 continue
             seen.add(user)
             kept.append(user)
-        self._state.scans[ns] = ScanList(kept, now, info.schema_sha, complete)
+        self._state.scans[ns] = ScanList(kept, now, info.schema_sha, complete, info.wakes)
         self._state.namespace_backoffs.pop(ns, None)
         self._scanned.add(ns)
         if self._pending_scan is not None and self._pending_scan.namespace == ns:

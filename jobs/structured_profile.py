@@ -41,7 +41,7 @@ from app.store.profile_schema import (
     namespace_member,
     split_namespace_member,
 )
-from app.store.structured import StructuredStore
+from app.store.structured import StructuredStore, wakes_total
 from jobs.context import services
 from jobs.pass_lease import LeaseKeeper, LimitReached, PassTicket, lease_ttl
 from jobs.planner import (
@@ -98,11 +98,13 @@ def _holder() -> str:
     return f"{socket.gethostname()}:{os.getppid()}"
 
 
-def _namespaces(svc: Services) -> list[NamespaceInfo]:
-    return [
-        NamespaceInfo(namespace_member(org, namespace), stored.sha, parses=stored.doc is not None)
-        for org, namespace, stored in svc.store(ProfileSchemaStore).all_schemas()
-    ]
+def _namespaces(svc: Services, wakes: dict[str, int]) -> list[NamespaceInfo]:
+    infos = []
+    for org, namespace, stored in svc.store(ProfileSchemaStore).all_schemas():
+        member = namespace_member(org, namespace)
+        infos.append(NamespaceInfo(member, stored.sha, parses=stored.doc is not None,
+                                   wakes=wakes.get(member, 0)))
+    return infos
 
 
 def _scan(
@@ -309,7 +311,7 @@ def _plan_all(svc: Services, planner: PassPlanner, shas: dict[str, str]) -> list
 
 
 def _fan_out(
-    svc: Services, ticket: PassTicket, steps: list[BuildStep], next_pass_in: float
+    svc: Services, ticket: PassTicket, steps: list[BuildStep], next_pass_in: float, full: bool
 ) -> tuple[list[str], str]:
     """Enqueue one build job per user on the builds queue, and the pass's closing job, which
     RQ enqueues once every build job has ended (failed ones too): no process waits on them."""
@@ -332,7 +334,7 @@ def _fan_out(
     build_ids = [job.id for job in jobs]
     closing = Queue(PASSES, connection=connection).enqueue(
         end_pass, kwargs={"ticket": ticket.to_dict(), "build_job_ids": build_ids,
-                          "next_pass_in": next_pass_in},
+                          "next_pass_in": next_pass_in, "full": full},
         depends_on=Dependency(jobs=jobs, allow_failure=True),
         job_timeout=max(60, timeout), result_ttl=keep, failure_ttl=keep,
     )
@@ -364,7 +366,7 @@ def _fanned_out_results(
 
 
 def end_pass(
-    ticket: dict[str, Any], build_job_ids: list[str], next_pass_in: float
+    ticket: dict[str, Any], build_job_ids: list[str], next_pass_in: float, full: bool = False
 ) -> dict[str, Any]:
     """The closing job of a pass whose builds fanned out: records each build's outcome (waits,
     backoffs, refusals), puts the users not reached back on their scan lists, stores the kept
@@ -400,10 +402,11 @@ def end_pass(
         return {"skipped": "lease lost"}
     # A pass that fanned out handed users out, so it was not idle.
     leases.set_next_pass_due(lease, next_pass_due(pass_ticket.ticked_at, now, next_pass_in,
-                                                  idle=False))
+                                                  idle=False),
+                             ticked_at=pass_ticket.ticked_at)
     reached = [r for _ns, _user, r in results if r.reached]
     record_pass(svc, LEASE, max(0.0, now - pass_ticket.started_at),
-                [r.metric_outcome for r in reached])
+                [r.metric_outcome for r in reached], full=full)
     lease.release()
     calls = sum(r.model_calls for _ns, _user, r in results)
     log.info("structured_profile: pass built %d of %d users (%d not reached) with %d model calls",
@@ -453,10 +456,13 @@ def run_pass(
             # parked on a wait kept by the last holder are listed again, so no wait outlives
             # the process that kept it (seed 000).
             _unpark_everyone(svc)
-        due = leases.next_pass_due(LEASE)
-        if not force and due is not None and started < due:
+        # Read before the namespaces and their scans: a wake after this read is one the pass
+        # may have missed, and it ends the idle wait this pass may set.
+        wakes = svc.store(StructuredStore).wakes()
+        stored = leases.next_pass_due(LEASE)
+        if not force and stored.wait_holds(started, wakes_total(wakes)):
             return {"skipped": "idle until the next pass is due"}
-        infos = _namespaces(svc)
+        infos = _namespaces(svc, wakes)
         shas = {info.id: info.schema_sha for info in infos}
         planner = PassPlanner(state, infos, planner_settings, started)
         results: list[BuildResult] = []
@@ -469,7 +475,8 @@ def run_pass(
                 new_state, delay = planner.finish(svc.clock.now())
                 new_state.generation = holder
                 leases.save_state(lease, new_state.to_json())
-                build_ids, closing = _fan_out(svc, ticket, steps, delay)
+                build_ids, closing = _fan_out(svc, ticket, steps, delay,
+                                              full=planner.budget_left <= 0)
                 handed_on = True
                 log.info("structured_profile: pass handed %d builds to the builds queue; "
                          "its closing job records them", len(build_ids))
@@ -484,9 +491,11 @@ def run_pass(
         new_state.generation = holder
         leases.save_state(lease, new_state.to_json())
         leases.set_next_pass_due(lease, next_pass_due(ticket.ticked_at, svc.clock.now(), delay,
-                                                      planner.idle))
+                                                      planner.idle),
+                                 wakes_total(wakes), ticket.ticked_at)
         record_pass(svc, LEASE, time.monotonic() - started_monotonic,
-                    [result.metric_outcome for result in results])
+                    [result.metric_outcome for result in results],
+                    full=planner.budget_left <= 0)
         calls = sum(result.model_calls for result in results)
         log.info("structured_profile: pass built %d of %d users in %.3f s with %d model calls",
                  sum(1 for r in results if r.outcome == Outcome.BUILT), len(results),

@@ -606,6 +606,39 @@ def test_a_drained_complete_scan_is_not_repeated_before_its_max_age() -> None:
     assert len(world.scans) == 2
 
 
+def test_a_wake_since_a_scan_makes_the_next_pass_scan_again() -> None:
+    # A user's first source fact (or a schema set) counts a wake in the namespace; a list made
+    # at another count is not taken from, complete and drained or not, young or not.
+    world = World(behind={"a": users("a", 2), "b": users("b", 1)})
+    woken = [NamespaceInfo("a", "sha-1", wakes=1), NamespaceInfo("b", "sha-1", wakes=4)]
+    state, delay, taken, _ = run_pass(PlannerState(), woken, world, T0)
+    assert len(taken) == 3
+    assert state.scans["a"] == ScanList([], T0, "sha-1", True, 1)
+    world.behind = {"a": ["new"], "b": ["late"]}
+    # "a" was woken again; "b" was not: its complete list stands until its max age.
+    again = [NamespaceInfo("a", "sha-1", wakes=2), NamespaceInfo("b", "sha-1", wakes=4)]
+    state, delay, taken, _ = run_pass(state, again, world, T0 + 60)
+    assert taken == [("a", "new")]
+    assert [step.namespace for step in world.scans] == ["a", "b", "a"]
+    assert state.scans["a"].wakes == 2
+    # A list with users left is made again too: the woken user may be older than some on it.
+    state.scans["a"] = ScanList(["x", "y"], T0 + 60, "sha-1", False, 2)
+    world.behind["a"] = ["new2", "x", "y"]
+    _, _, taken, _ = run_pass(state, [NamespaceInfo("a", "sha-1", wakes=3)], world, T0 + 120)
+    assert taken == [("a", "new2"), ("a", "x"), ("a", "y")]
+
+
+def test_a_scan_list_keeps_its_wake_count_and_one_stored_without_reads_as_none() -> None:
+    state = PlannerState(scans={"a": ScanList(["u"], T0, "sha-1", True, 7)})
+    assert PlannerState.from_json(state.to_json()).scans["a"].wakes == 7
+    older = state.to_dict()
+    del older["scans"]["a"]["wakes"]
+    assert PlannerState.from_dict(older).scans["a"] == ScanList(["u"], T0, "sha-1", True, 0)
+    older["scans"]["a"]["wakes"] = -1
+    with pytest.raises(ValueError):
+        PlannerState.from_dict(older)
+
+
 def test_a_drained_incomplete_scan_is_made_again_in_the_same_pass() -> None:
     # The list made earlier holds one user; the namespace's share is 20, so once it drains a
     # new scan fills the share.

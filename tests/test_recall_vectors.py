@@ -831,3 +831,34 @@ def test_the_sweep_retries_a_failed_job_and_skips_an_org_with_calls_off(app, cli
     run_sweep(app)
     assert len(vectors_of(app)) == 3 and due_of(app) == []
     assert ledger(client)["model_calls"] == 2
+
+
+def test_a_search_says_how_many_facts_in_its_scope_still_wait_for_a_vector(app, client, srv):
+    ok(client, "memory.set", key="drink", value="a cup of tea every morning")
+    ok(client, "memory.set", key="commute", value="drives an old car to work")
+    ok(client, "memory.set", key="music", value="likes jazz", user_id="u-7")
+    # Written, not embedded yet: the vector leg cannot find them, and the answer says so.
+    out = ok(client, "memory.search", query="beverage", read_scope="own_user")
+    assert out["hits"] == [] and out["vectors_pending"] == 2
+    assert ok(client, "memory.search", query="beverage",
+              read_scope="namespace")["vectors_pending"] == 3
+    # The unified search's answer carries it as well.
+    assert ok(client, "memory.unified_search", query="beverage",
+              read_scope="own_user")["vectors_pending"] == 2
+    run_jobs(app)
+    out = ok(client, "memory.search", query="beverage", read_scope="namespace")
+    assert out["vectors_pending"] == 0 and out["hits"][0]["key"] == "drink"
+    ok(client, "memory.set", key="drink", value="a mug of coffee now")  # changed: due again
+    assert ok(client, "memory.search", query="beverage",
+              read_scope="own_user")["vectors_pending"] == 1
+    assert ok(client, "memory.search", query="beverage", read_scope="own_user",
+              user_id="u-7")["vectors_pending"] == 0
+    # A session-bound read is not told about the user's other sessions.
+    assert ok(client, "memory.search", query="beverage", read_scope="own_session",
+              session_id="s-1")["vectors_pending"] is None
+
+
+def test_without_an_endpoint_no_fact_waits_for_a_vector(app_factory):
+    client = app_factory().test_client()
+    ok(client, "memory.set", key="drink", value="a cup of tea every morning")
+    assert ok(client, "memory.search", query="tea")["vectors_pending"] == 0

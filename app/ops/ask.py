@@ -197,7 +197,7 @@ def memory_ask(call: Call) -> dict[str, Any]:
         raise ModelCallsOff(f"model calls are switched off for org {identity.org} "
                             "(org.set_model_calls)", reason="org_off")
     try:
-        searched = search_answer(call)
+        searched = search_answer(call, count_pending=False)
     except BaseException:
         provider.close()
         raise

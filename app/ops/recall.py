@@ -130,16 +130,40 @@ class MemorySearchAnswer(Answer):
         fields.Nested(ScratchpadBlock),
         metadata={"description": "The named run's and session's working-memory blocks."},
     )
+    vectors_pending = fields.Integer(
+        allow_none=True,
+        metadata={"description": "Facts in the search's scope written or changed since their "
+                                 "last embedding: the vector leg cannot find them by meaning "
+                                 "yet (the lexical leg finds their words). 0 with no embeddings "
+                                 "endpoint; null under own_session, whose reach a count of the "
+                                 "user's other sessions would pass."},
+    )
 
 
 def _users(call: Call, read_scope: str) -> list[str]:
+    """The users a read at ``read_scope`` reaches; read once per call (a search and its
+    ``vectors_pending`` count share it)."""
+    memo_key = f"{SCOPE_USERS_MEMO}:{read_scope}"
+    if memo_key in call.memo:
+        return list(call.memo[memo_key])
     identity = call.identity
     users = ["-", identity.user_id]
     if read_scope == "namespace":
         users += call.services.store(RecallStore).namespace_users(
             identity.org, identity.namespace
         )
-    return list(dict.fromkeys(users))
+    found = list(dict.fromkeys(users))
+    call.memo[memo_key] = tuple(found)
+    return found
+
+
+def vectors_pending(call: Call, read_scope: str) -> int | None:
+    """memory.search's ``vectors_pending``: the facts in scope still waiting for a vector."""
+    if read_scope == "own_session":
+        return None
+    identity = call.identity
+    return call.services.store(RecallVectorStore).pending_in(
+        identity.org, identity.namespace, _users(call, read_scope))
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,6 +250,8 @@ def fuse(lexical: Sequence[LexicalHit], vector: Sequence[VectorHit] | None) -> l
 
 
 QUERY_VECTOR_MEMO = "query_vector"
+# call.memo: the users a read scope reaches (``_users``), read once per call.
+SCOPE_USERS_MEMO = "scope_users"
 
 
 def query_vector(call: Call, query: str, users: Sequence[str],
@@ -409,9 +435,10 @@ def memory_search(call: Call) -> dict[str, Any]:
     return search_answer(call)
 
 
-def search_answer(call: Call) -> dict[str, Any]:
+def search_answer(call: Call, count_pending: bool = True) -> dict[str, Any]:
     """memory.search's answer for a call whose args hold its fields: the one retrieval that
-    memory.ask and memory.unified_search (the MCP tool loom_search) make too."""
+    memory.ask and memory.unified_search (the MCP tool loom_search) make too. ``count_pending``
+    False leaves ``vectors_pending`` out (memory.ask, whose answer has no such field)."""
     a = call.args
     read_scope = read_scope_for(call, a["read_scope"])
     filters = Filters(
@@ -426,4 +453,5 @@ def search_answer(call: Call) -> dict[str, Any]:
         "count": len(hits),
         "read_scope": read_scope,
         "scratchpad": scratchpad(call, read_scope),
+        **({"vectors_pending": vectors_pending(call, read_scope)} if count_pending else {}),
     }

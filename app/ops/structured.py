@@ -17,7 +17,7 @@ from app.keyed import keyed_digest
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs
 from app.store.activity import ActivityStore
-from app.store.structured import StructuredStore
+from app.store.structured import Snapshot, StructuredStore
 
 # Versioned purpose of the user digest an audit entry names a blacklisted user by.
 _AUDIT_USER_PURPOSE = b"loom.structured.blacklist.user.v1"
@@ -42,6 +42,14 @@ class ProfileStructured(Answer):
     version = fields.Integer()
     version_text = fields.String()
     schema_sha256 = fields.String()
+    next_pass_at = fields.String(
+        allow_none=True,
+        metadata={"description": "For a pending or stale profile: when the worker's first pass "
+                                 "that may build it is due (the scheduler's next tick after "
+                                 "the cooldown of a rebuild and any idle wait; a first build "
+                                 "has no cooldown). A pass takes at most MAX_USERS_PER_PASS "
+                                 "users, so a backlog can take more passes. Null when ready, "
+                                 "under no_schema, or before any pass ran."})
 
 
 @op("profile.structured", role="viewer", kind="read", listed=False,
@@ -67,9 +75,23 @@ def profile_structured(call: Call) -> dict[str, Any]:
     snapshot = call.services.store(StructuredStore).snapshot(identity, for_build=False)
     answer = snapshot.read(call.services.clock.now_ns())
     answer["schema_sha256"] = snapshot.schema.sha if snapshot.schema is not None else ""
+    answer["next_pass_at"] = _next_pass_at(call, snapshot, answer["status"])
     call.services.store(ActivityStore).record(identity, call.client, call.op.name,
                                               by_console=call.by_console)
     return answer
+
+
+def _next_pass_at(call: Call, snapshot: Snapshot, status: str) -> str | None:
+    """When a pass may next build a pending or stale profile (the answer's ``next_pass_at``)."""
+    if status not in ("pending", "stale"):
+        return None
+    settings = call.services.settings
+    structured = call.services.store(StructuredStore)
+    now_ns = call.services.clock.now_ns()
+    ready_at = snapshot.rebuild_from(now_ns, settings.structured_profile_cooldown_seconds)
+    stored, wakes = structured.pass_schedule()
+    at = stored.next_tick(ready_at / 1e9, wakes, settings.structured_profile_interval_seconds)
+    return iso_from_ns(int(at * 1e9)) if at is not None else None
 
 
 class JsonBoolean(fields.Boolean):

@@ -507,8 +507,16 @@ def structured_schema_swept(org: str, namespace: str) -> str:
 
 
 def worker_next_pass(name: str) -> str:
-    """When a worker's next pass is due (seconds), after an idle pass asked for a longer wait."""
+    """When a worker's next pass is due (seconds), after an idle pass asked for a longer wait,
+    and the sum of the wake counts (``structured_wakes``) that pass started from."""
     return f"{PREFIX}:next-pass:{{{escape(name)}}}"
+
+
+def structured_wakes() -> str:
+    """Hash (org, namespace) member -> how many times a schema change or a user's first source
+    fact woke the structured passes there: a count that moved since an idle pass ends its wait,
+    and one that moved since a namespace's scan makes the next pass scan it again."""
+    return f"{PREFIX}:sp-wakes"
 
 
 # --- erasure and the data package --------------------------------------------------------------

@@ -15,6 +15,7 @@ lapses, so a holder that lost the lease writes nothing more.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,55 @@ if TYPE_CHECKING:
 STRUCTURED_PROFILE_LEASE = "structured_profile"
 CONSOLIDATION_LEASE = "profile_consolidation"
 PASS_LEASES = (STRUCTURED_PROFILE_LEASE, CONSOLIDATION_LEASE)
+
+@dataclass(frozen=True)
+class NextPass:
+    """What a pass stores about the next one: when it is due, the wake count it started from
+    (``keys.structured_wakes``; None when not counted), and when the scheduler's tick that
+    asked for it came (the ticks' phase, so a reader can tell when the next one comes)."""
+
+    due: float | None = None
+    wakes: int | None = None
+    ticked_at: float | None = None
+
+    def wait_holds(self, now: float, wakes_now: int) -> bool:
+        """Whether a pass enqueued at ``now`` returns at once, waiting for ``due``: a wake
+        since the pass that stored it started (a schema set, a user's first source fact) ends
+        the wait, so the next tick runs a pass; with none, the wait holds (seed 000: a pass
+        that found nobody behind waits the idle interval). A due stored without a count (an
+        older release, or a pass that was not idle) holds as it was."""
+        if self.due is None or now >= self.due:
+            return False
+        return self.wakes is None or wakes_now == self.wakes
+
+    def next_tick(self, ready_at: float, wakes_now: int, interval: float) -> float | None:
+        """When the scheduler's first tick that runs a pass comes, for a user a pass may take
+        from ``ready_at`` on: the ticks come every ``interval`` from ``ticked_at``, and none
+        before ``due`` while the wait holds. None before any pass stored its tick."""
+        if self.ticked_at is None or interval <= 0:
+            return None
+        earliest = ready_at
+        if self.due is not None and self.due > earliest and self.wait_holds(earliest, wakes_now):
+            earliest = self.due
+        ticks = max(0, math.ceil((earliest - self.ticked_at) / interval))
+        return self.ticked_at + ticks * interval
+
+    def dump(self) -> str:
+        # An older release reads the first word alone: a float, as it wrote it.
+        return " ".join([repr(self.due),
+                         "-" if self.wakes is None else str(self.wakes),
+                         "-" if self.ticked_at is None else repr(self.ticked_at)])
+
+    @classmethod
+    def parse(cls, raw: str | bytes | None) -> NextPass:
+        if not raw:
+            return cls()
+        words = (raw.decode() if isinstance(raw, bytes) else raw).split()
+        wakes = words[1] if len(words) > 1 and words[1] != "-" else None
+        ticked = words[2] if len(words) > 2 and words[2] != "-" else None
+        return cls(float(words[0]), int(wakes) if wakes is not None else None,
+                   float(ticked) if ticked is not None else None)
+
 
 class LeaseLost(Exception):
     """The lease is no longer ours: stop without writing."""
@@ -135,12 +185,14 @@ class LeaseStore:
             return None
         return max(0.0, self.clock.now() - float(at))
 
-    def next_pass_due(self, name: str) -> float | None:
-        raw = self.redis.get(keys.worker_next_pass(name))
-        return float(raw) if raw else None
+    def next_pass_due(self, name: str) -> NextPass:
+        """What the last pass stored about the next one (``NextPass``)."""
+        return NextPass.parse(self.redis.get(keys.worker_next_pass(name)))
 
-    def set_next_pass_due(self, lease: Lease, at: float) -> None:
-        self.redis.set(keys.worker_next_pass(lease.name), repr(at))
+    def set_next_pass_due(self, lease: Lease, at: float, wakes: int | None = None,
+                          ticked_at: float | None = None) -> None:
+        self.redis.set(keys.worker_next_pass(lease.name),
+                       NextPass(at, wakes, ticked_at).dump())
 
     def load_state(self, name: str) -> tuple[str | None, str | None]:
         """The kept state and the generation (the holding process) it was written under."""

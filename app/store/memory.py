@@ -98,6 +98,7 @@ from app.store.memory_row import (
     tags_exclude,
     trace_names,
 )
+from app.store.profile_schema import WAKES_TOTAL, namespace_member
 from app.store.profile_vectors import ProfileVectorStore
 from app.store.recall_terms import indexable, row_terms
 from app.store.recall_vectors import (
@@ -856,6 +857,9 @@ class MemoryStore:
             "changed_users": keys.profile_changed_users(org, namespace),
             "fold_changed": keys.consolidation_changed(org, namespace),
             "fact_namespaces": keys.fact_namespaces(),
+            "structured_wakes": keys.structured_wakes(),
+            "wake_member": namespace_member(org, namespace),
+            "wakes_total": WAKES_TOTAL,
             "namespace_json": json.dumps([org, namespace]),
             "structured_row": _is_structured_row(location),
             "holder": held.holder if held is not None else "",

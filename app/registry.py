@@ -86,9 +86,9 @@ class Op:
     # A valid body for this op: the OpenAPI example, and what the auth matrix sends.
     example: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
-    # Error statuses this op answers beyond every op's (a model call's 409/429/502/504), each
-    # with what it means; the OpenAPI document lists them.
-    errors: dict[str, str] = field(default_factory=dict)
+    # Error codes this op answers beyond those every op (or every write) can meet, from
+    # ``app.error_catalogue``; its OpenAPI responses list them with their statuses.
+    raises: tuple[str, ...] = ()
     # For a write whose one script keeps its reply as the Idempotency-Key's answer in the same
     # step (the memory writes): the answer again from that reply. A try of such an op that
     # ended without an answer left either the reply or nothing applied, never a doubt.

@@ -210,7 +210,7 @@ def test_missing_namespace_is_identity_incomplete(adapter: FlaskAdapter):
     with mounted(adapter, namespace=None) as bot:
         with pytest.raises(errors.IdentityIncomplete) as caught:
             bot.working_memory.get()
-    assert caught.value.details["field"] == "namespace"
+    assert list(caught.value.details["fields"]) == ["namespace"]
 
 
 def test_an_op_the_server_lacks_raises_unknown_op(bot: Agent, adapter: FlaskAdapter):

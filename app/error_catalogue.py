@@ -304,11 +304,11 @@ CATALOGUE: tuple[ErrorSpec, ...] = (
     ErrorSpec("NOT_FOUND", 404, "No route of that path.", Remedy.FIX_INPUT, "NotFound",
               "outside_ops"),
     ErrorSpec("NOT_READY", 503, "`/readyz`: a part the server needs did not answer.",
-              Remedy.RETRY_AFTER, None, "outside_ops",
+              Remedy.RETRY_AFTER, "NotReady", "outside_ops",
               (Detail("failing", "array", "the parts that did not answer"),
                Detail("checks", "object", "each part with what it answered"), RETRY_AFTER)),
     ErrorSpec("CROSS_SITE_REFUSED", 403, "The queue dashboard answers only its own pages.",
-              Remedy.DO_NOT_RETRY, None, "outside_ops", (FIELDS,)),
+              Remedy.DO_NOT_RETRY, "CrossSiteRefused", "outside_ops", (FIELDS,)),
 )
 
 BY_CODE: dict[str, ErrorSpec] = {spec.code: spec for spec in CATALOGUE}

@@ -127,8 +127,9 @@ PY_TYPES = {"string": "str | None", "integer": "int | None", "number": "float | 
 PY_READS = {
     "string": "return found if isinstance(found, str) else None",
     "integer": "return found if isinstance(found, int) and not isinstance(found, bool) else None",
-    "number": ("return float(found) if isinstance(found, int | float) "
-               "and not isinstance(found, bool) else None"),
+    "number": ("if isinstance(found, bool) or not isinstance(found, int | float):\n"
+               "            return None\n"
+               "        return float(found)"),
     "boolean": "return found if isinstance(found, bool) else None",
     "object": "return dict(found) if isinstance(found, dict) else {}",
     "array": "return list(found) if isinstance(found, list) else []",
@@ -202,7 +203,7 @@ def render_python() -> str:
     blocks: list[str] = []
     for cls in sdk_classes():
         lines = [f"class {cls.name}({cls.parent}):"]
-        doc = _wrap(_rst(cls.doc), "    ")
+        doc = _wrap(_rst(cls.doc), "    ", width=95)
         doc[0] = '    """' + doc[0].lstrip()
         if len(doc[-1]) + 3 > 99:
             doc.append('    """')

@@ -244,7 +244,7 @@ def check_error_base(roots: ModuleType, base: Path = ROOT / ERROR_BASE) -> None:
     roots, with the same parents and codes."""
     wanted = {(cls.__name__,
                "Error" if cls is roots.LoomError else cls.__bases__[0].__name__,
-               cls.default_code)
+               getattr(cls, "default_code", ""))
               for cls in vars(roots).values()
               if isinstance(cls, type) and issubclass(cls, roots.LoomError)
               and cls.__module__ == roots.__name__}

@@ -24,6 +24,7 @@ from requests.adapters import BaseAdapter
 from requests.structures import CaseInsensitiveDict
 
 import app.errors as server_errors
+from app import sdk_errors
 from app import sdk_manifest as manifest
 from app.local import free_port
 from app.ops import load_ops
@@ -498,10 +499,11 @@ def test_seed_example_against_gunicorn(live_server):
 
 def test_every_committed_sdk_file_equals_a_fresh_generation():
     files = manifest.generated_files()
-    assert set(files) == {manifest.MANIFEST_PATH, manifest.ANSWERS_PATH}
+    assert set(files) == {manifest.MANIFEST_PATH, manifest.ANSWERS_PATH, sdk_errors.PYTHON_PATH}
     for path, fresh in files.items():
         assert path.read_text() == fresh, (
-            f"the op registry changed: run `python -m app.sdk_manifest` ({path.name})"
+            f"the op registry or the error catalogue changed: run `python -m app.sdk_manifest` "
+            f"({path.name})"
         )
 
 

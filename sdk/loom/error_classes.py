@@ -16,6 +16,7 @@ Hierarchy (below ``LoomAPIError``)::
     Forbidden                                403 FORBIDDEN
         AuthInsufficient                     403 AUTH_INSUFFICIENT
         FeatureDisabled                      403 FEATURE_DISABLED
+        CrossSiteRefused                     403 CROSS_SITE_REFUSED
     NotFound                                 404 NOT_FOUND
         WorkingMemoryBlockNotFound           404 WORKING_MEMORY_BLOCK_NOT_FOUND
         MemoryNotFound                       404 MEMORY_NOT_FOUND
@@ -56,6 +57,7 @@ Hierarchy (below ``LoomAPIError``)::
         AnswerContractViolation              500 ANSWER_CONTRACT_VIOLATION
         ModelCallFailed                      502 MODEL_CALL_FAILED
         ModelTimeout                         504 MODEL_TIMEOUT
+        NotReady                             503 NOT_READY
     HostNotAllowed                           421 HOST_NOT_ALLOWED
 """
 
@@ -77,7 +79,7 @@ __all__ = [
     "MemoryLocked", "MemoryPinned", "MemoryTypeMismatch", "MemoryNotDeleted", "WriteContended",
     "UserBeingErased", "AgentStateConflict", "TokenNotFound", "ErasureRunning", "ErasureNotFound",
     "ModelCallsOff", "ModelBudgetExceeded", "ModelCallFailed", "ModelTimeout", "UnknownOp",
-    "BY_CODE", "BY_STATUS",
+    "NotReady", "CrossSiteRefused", "BY_CODE", "BY_STATUS",
 ]
 
 
@@ -103,8 +105,8 @@ class Forbidden(LoomAPIError):
 
 
 class NotFound(LoomAPIError):
-    """Any 404 answer, and ``NOT_FOUND``: No route of that path. What to do: fix the request, then
-    send it again."""
+    """Any 404 answer, and ``NOT_FOUND``: No route of that path. What to do: fix the request,
+    then send it again."""
 
     default_code = "NOT_FOUND"
     default_status = 404
@@ -155,9 +157,9 @@ class Unprocessable(LoomAPIError):
 
 
 class RateLimited(LoomAPIError):
-    """Any 429 answer, and ``RATE_LIMITED``: The token's request budget is spent, or the address sent
-    too many refused tokens. What to do: send the same request again after ``Retry-After``
-    seconds."""
+    """Any 429 answer, and ``RATE_LIMITED``: The token's request budget is spent, or the address
+    sent too many refused tokens. What to do: send the same request again after
+    ``Retry-After`` seconds."""
 
     default_code = "RATE_LIMITED"
     default_status = 429
@@ -165,8 +167,8 @@ class RateLimited(LoomAPIError):
 
 
 class ServerError(LoomAPIError):
-    """Any 5xx answer, and ``INTERNAL_ERROR``: An error nothing expected; it has been logged. What to
-    do: a write may or may not have been applied: read before writing again."""
+    """Any 5xx answer, and ``INTERNAL_ERROR``: An error nothing expected; it has been logged.
+    What to do: a write may or may not have been applied: read before writing again."""
 
     default_code = "INTERNAL_ERROR"
     default_status = 500
@@ -192,8 +194,8 @@ class LimitExceeded(Unprocessable):
 
 
 class MalformedJson(BadRequest):
-    """The body is not a JSON object (or ends before its length). What to do: fix the request, then
-    send it again."""
+    """The body is not a JSON object (or ends before its length). What to do: fix the request,
+    then send it again."""
 
     default_code = "MALFORMED_JSON"
     default_status = 400
@@ -201,8 +203,8 @@ class MalformedJson(BadRequest):
 
 
 class UnsupportedContentType(BadRequest):
-    """A body was sent, not as ``application/json``. What to do: fix the request, then send it again.
-    """
+    """A body was sent, not as ``application/json``. What to do: fix the request, then send it
+    again."""
 
     default_code = "UNSUPPORTED_CONTENT_TYPE"
     default_status = 400
@@ -216,8 +218,8 @@ class UnsupportedContentType(BadRequest):
 
 
 class BodyTooLarge(PayloadTooLarge):
-    """The body is over ``LOOM_MAX_BODY_BYTES``; nothing was read. What to do: fix the request, then
-    send it again."""
+    """The body is over ``LOOM_MAX_BODY_BYTES``; nothing was read. What to do: fix the request,
+    then send it again."""
 
     default_code = "BODY_TOO_LARGE"
     default_status = 413
@@ -231,8 +233,8 @@ class BodyTooLarge(PayloadTooLarge):
 
 
 class ValidationError(Unprocessable):
-    """The input breaks the op's schema; ``fields`` names each field at fault. What to do: fix the
-    request, then send it again."""
+    """The input breaks the op's schema; ``fields`` names each field at fault. What to do: fix
+    the request, then send it again."""
 
     default_code = "VALIDATION_ERROR"
     default_status = 422
@@ -246,8 +248,8 @@ class ValidationError(Unprocessable):
 
 
 class IdentityIncomplete(Unprocessable):
-    """An identity field the op needs (namespace, agent, user_id, session_id) is missing and no token
-    fills it. What to do: fix the request, then send it again."""
+    """An identity field the op needs (namespace, agent, user_id, session_id) is missing and no
+    token fills it. What to do: fix the request, then send it again."""
 
     default_code = "IDENTITY_INCOMPLETE"
     default_status = 422
@@ -261,8 +263,8 @@ class IdentityIncomplete(Unprocessable):
 
 
 class HostNotAllowed(LoomAPIError):
-    """This server does not answer the request's Host name. What to do: call the server by a name it
-    answers, or add the name to ``LOOM_ALLOWED_HOSTS``."""
+    """This server does not answer the request's Host name. What to do: call the server by a name
+    it answers, or add the name to ``LOOM_ALLOWED_HOSTS``."""
 
     default_code = "HOST_NOT_ALLOWED"
     default_status = 421
@@ -294,9 +296,9 @@ class AuthInvalid(Unauthorized):
 
 
 class AuthInsufficient(Forbidden):
-    """The token's role or scopes are too low for the op, or the body names an identity outside the
-    token's reach. What to do: use a token that reaches it, or leave out the identity it does not.
-    """
+    """The token's role or scopes are too low for the op, or the body names an identity outside
+    the token's reach. What to do: use a token that reaches it, or leave out the identity it
+    does not."""
 
     default_code = "AUTH_INSUFFICIENT"
     default_status = 403
@@ -322,8 +324,8 @@ class AuthInsufficient(Forbidden):
 
 
 class StoreUnavailable(ServerError):
-    """Redis is down, hung past its socket timeout, or still loading its data; nothing was written.
-    What to do: send the same request again after ``Retry-After`` seconds."""
+    """Redis is down, hung past its socket timeout, or still loading its data; nothing was
+    written. What to do: send the same request again after ``Retry-After`` seconds."""
 
     default_code = "STORE_UNAVAILABLE"
     default_status = 503
@@ -341,8 +343,8 @@ class AnswerContractViolation(ServerError):
 
 
 class IdempotencyKeyReused(Unprocessable):
-    """The Idempotency-Key was first sent with another body: a key names one request, never two. What
-    to do: send a new key for a new request."""
+    """The Idempotency-Key was first sent with another body: a key names one request, never two.
+    What to do: send a new key for a new request."""
 
     default_code = "IDEMPOTENCY_KEY_REUSED"
     default_status = 422
@@ -356,8 +358,8 @@ class IdempotencyKeyReused(Unprocessable):
 
 
 class IdempotencyInProgress(Conflict):
-    """The first call with this Idempotency-Key is still running. What to do: send the same request
-    again after ``Retry-After`` seconds."""
+    """The first call with this Idempotency-Key is still running. What to do: send the same
+    request again after ``Retry-After`` seconds."""
 
     default_code = "IDEMPOTENCY_IN_PROGRESS"
     default_status = 409
@@ -371,9 +373,9 @@ class IdempotencyInProgress(Conflict):
 
 
 class IdempotencyOutcomeUnknown(Conflict):
-    """The first call with this Idempotency-Key stopped without an answer (the store or its process
-    went away mid-write): it may or may not have been applied, so it is never run again. What to
-    do: read the state, then write again with a new key if it is not there."""
+    """The first call with this Idempotency-Key stopped without an answer (the store or its
+    process went away mid-write): it may or may not have been applied, so it is never run
+    again. What to do: read the state, then write again with a new key if it is not there."""
 
     default_code = "IDEMPOTENCY_OUTCOME_UNKNOWN"
     default_status = 409
@@ -387,8 +389,8 @@ class IdempotencyOutcomeUnknown(Conflict):
 
 
 class SchemaInvalid(Unprocessable):
-    """A declared document (profile schema, object types, features) breaks a named rule. What to do:
-    fix the request, then send it again."""
+    """A declared document (profile schema, object types, features) breaks a named rule. What to
+    do: fix the request, then send it again."""
 
     default_code = "SCHEMA_INVALID"
     default_status = 422
@@ -423,8 +425,8 @@ class FeatureDisabled(Forbidden):
 
 
 class WorkingMemoryLimitExceeded(LimitExceeded):
-    """The block's content would be longer than its ``char_limit``; nothing was written. What to do:
-    fix the request, then send it again."""
+    """The block's content would be longer than its ``char_limit``; nothing was written. What to
+    do: fix the request, then send it again."""
 
     default_code = "WORKING_MEMORY_LIMIT_EXCEEDED"
     default_status = 422
@@ -432,8 +434,8 @@ class WorkingMemoryLimitExceeded(LimitExceeded):
 
 
 class SubstringNotFound(Unprocessable):
-    """The text to replace is not in the block or section. What to do: read the current state, then
-    send a write made from it."""
+    """The text to replace is not in the block or section. What to do: read the current state,
+    then send a write made from it."""
 
     default_code = "SUBSTRING_NOT_FOUND"
     default_status = 422
@@ -467,8 +469,8 @@ class WorkingMemoryBlockNotFound(NotFound):
 
 
 class CharLimitExceeded(LimitExceeded):
-    """The value's canonical JSON is longer than the row's ``char_limit``; nothing was written. What
-    to do: fix the request, then send it again."""
+    """The value's canonical JSON is longer than the row's ``char_limit``; nothing was written.
+    What to do: fix the request, then send it again."""
 
     default_code = "CHAR_LIMIT_EXCEEDED"
     default_status = 422
@@ -476,8 +478,8 @@ class CharLimitExceeded(LimitExceeded):
 
 
 class HashMismatch(Conflict):
-    """The row's content hash is not the ``if_content_sha256`` given: it changed since it was read.
-    What to do: read the current state, then send a write made from it."""
+    """The row's content hash is not the ``if_content_sha256`` given: it changed since it was
+    read. What to do: read the current state, then send a write made from it."""
 
     default_code = "HASH_MISMATCH"
     default_status = 409
@@ -559,8 +561,8 @@ class MemoryLocked(Conflict):
 
 
 class MemoryPinned(Conflict):
-    """A worker's write to a pinned (or ``high``) row: the row is left as it is. What to do: do not
-    send it again as it is; see the meaning."""
+    """A worker's write to a pinned (or ``high``) row: the row is left as it is. What to do: do
+    not send it again as it is; see the meaning."""
 
     default_code = "MEMORY_PINNED"
     default_status = 409
@@ -580,8 +582,8 @@ class MemoryPinned(Conflict):
 
 
 class MemoryTypeMismatch(Conflict):
-    """The key holds a row of another memory type than the op writes. What to do: fix the request,
-    then send it again."""
+    """The key holds a row of another memory type than the op writes. What to do: fix the
+    request, then send it again."""
 
     default_code = "MEMORY_TYPE_MISMATCH"
     default_status = 409
@@ -622,8 +624,8 @@ class MemoryNotDeleted(Conflict):
 
 
 class WriteContended(Conflict):
-    """A compare-and-swap write kept losing to other writers until its deadline; nothing was written.
-    What to do: send the same request again after ``Retry-After`` seconds."""
+    """A compare-and-swap write kept losing to other writers until its deadline; nothing was
+    written. What to do: send the same request again after ``Retry-After`` seconds."""
 
     default_code = "WRITE_CONFLICT"
     default_status = 409
@@ -693,8 +695,8 @@ class TokenNotFound(NotFound):
 
 
 class ErasureRunning(Conflict):
-    """Another process is running this user's erasure right now. What to do: send the same request
-    again after ``Retry-After`` seconds."""
+    """Another process is running this user's erasure right now. What to do: send the same
+    request again after ``Retry-After`` seconds."""
 
     default_code = "ERASURE_RUNNING"
     default_status = 409
@@ -722,8 +724,8 @@ class ErasureNotFound(NotFound):
 
 
 class ModelCallsOff(Conflict):
-    """No model is configured, or the org switched model calls off; ``reason`` says which. What to
-    do: configure a model (LOOM_LLM_*), or an admin turns calls on (org.set_model_calls)."""
+    """No model is configured, or the org switched model calls off; ``reason`` says which. What
+    to do: configure a model (LOOM_LLM_*), or an admin turns calls on (org.set_model_calls)."""
 
     default_code = "MODEL_CALLS_OFF"
     default_status = 409
@@ -737,8 +739,8 @@ class ModelCallsOff(Conflict):
 
 
 class ModelBudgetExceeded(RateLimited):
-    """The call would pass the namespace's or the org's model-call budget (budget.set). What to do:
-    the rolling window frees room only as its entries age; raise the budget or wait."""
+    """The call would pass the namespace's or the org's model-call budget (budget.set). What to
+    do: the rolling window frees room only as its entries age; raise the budget or wait."""
 
     default_code = "MODEL_BUDGET_EXCEEDED"
     default_status = 429
@@ -752,8 +754,8 @@ class ModelBudgetExceeded(RateLimited):
 
 
 class ModelCallFailed(ServerError):
-    """The model server failed, refused the request, or gave no usable answer. What to do: send the
-    same request again, waiting longer each time."""
+    """The model server failed, refused the request, or gave no usable answer. What to do: send
+    the same request again, waiting longer each time."""
 
     default_code = "MODEL_CALL_FAILED"
     default_status = 502
@@ -767,8 +769,8 @@ class ModelCallFailed(ServerError):
 
 
 class ModelTimeout(ServerError):
-    """The model server did not answer within ``LOOM_ASK_TIMEOUT_SECONDS``. What to do: send the same
-    request again, waiting longer each time."""
+    """The model server did not answer within ``LOOM_ASK_TIMEOUT_SECONDS``. What to do: send the
+    same request again, waiting longer each time."""
 
     default_code = "MODEL_TIMEOUT"
     default_status = 504
@@ -778,7 +780,9 @@ class ModelTimeout(ServerError):
     def timeout_seconds(self) -> float | None:
         """The timeout that passed."""
         found = self.details.get("timeout_seconds")
-        return float(found) if isinstance(found, int | float) and not isinstance(found, bool) else None
+        if isinstance(found, bool) or not isinstance(found, int | float):
+            return None
+        return float(found)
 
 
 class UnknownOp(NotFound):
@@ -795,6 +799,42 @@ class UnknownOp(NotFound):
         return found if isinstance(found, str) else None
 
 
+class NotReady(ServerError):
+    """``/readyz``: a part the server needs did not answer. What to do: send the same request
+    again after ``Retry-After`` seconds."""
+
+    default_code = "NOT_READY"
+    default_status = 503
+    remedy = "retry_after"
+
+    @property
+    def failing(self) -> list[Any]:
+        """The parts that did not answer."""
+        found = self.details.get("failing")
+        return list(found) if isinstance(found, list) else []
+
+    @property
+    def checks(self) -> dict[str, Any]:
+        """Each part with what it answered."""
+        found = self.details.get("checks")
+        return dict(found) if isinstance(found, dict) else {}
+
+
+class CrossSiteRefused(Forbidden):
+    """The queue dashboard answers only its own pages. What to do: do not send it again as it is;
+    see the meaning."""
+
+    default_code = "CROSS_SITE_REFUSED"
+    default_status = 403
+    remedy = "do_not_retry"
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """Each input field at fault (a dotted path) with the list of its messages."""
+        found = self.details.get("fields")
+        return dict(found) if isinstance(found, dict) else {}
+
+
 # The class of each code the server answers with.
 BY_CODE: dict[str, type[LoomAPIError]] = {
     "ANSWER_CONTRACT_VIOLATION": AnswerContractViolation,
@@ -803,6 +843,7 @@ BY_CODE: dict[str, type[LoomAPIError]] = {
     "AUTH_REQUIRED": AuthRequired,
     "BODY_TOO_LARGE": BodyTooLarge,
     "CHAR_LIMIT_EXCEEDED": CharLimitExceeded,
+    "CROSS_SITE_REFUSED": CrossSiteRefused,
     "ERASURE_NOT_FOUND": ErasureNotFound,
     "ERASURE_RUNNING": ErasureRunning,
     "FEATURE_DISABLED": FeatureDisabled,
@@ -825,6 +866,7 @@ BY_CODE: dict[str, type[LoomAPIError]] = {
     "MODEL_CALL_FAILED": ModelCallFailed,
     "MODEL_TIMEOUT": ModelTimeout,
     "NOT_FOUND": NotFound,
+    "NOT_READY": NotReady,
     "PROFILE_SECTION_NOT_FOUND": ProfileSectionNotFound,
     "RATE_LIMITED": RateLimited,
     "SCHEMA_INVALID": SchemaInvalid,

@@ -628,6 +628,38 @@ export class UnknownOp extends NotFound {
   }
 }
 
+/** `/readyz`: a part the server needs did not answer. What to do: send the same request again after `Retry-After` seconds. */
+export class NotReady extends ServerError {
+  static override readonly code: string = "NOT_READY";
+  static override readonly status: number = 503;
+  static override readonly remedy: string | null = "retry_after";
+
+  /** The parts that did not answer. */
+  get failing(): unknown[] {
+    const found = this.details["failing"];
+    return Array.isArray(found) ? [...found] : [];
+  }
+
+  /** Each part with what it answered. */
+  get checks(): Record<string, unknown> {
+    const found = this.details["checks"];
+    return typeof found === "object" && found !== null && !Array.isArray(found) ? { ...(found as object) } : {};
+  }
+}
+
+/** The queue dashboard answers only its own pages. What to do: do not send it again as it is; see the meaning. */
+export class CrossSiteRefused extends Forbidden {
+  static override readonly code: string = "CROSS_SITE_REFUSED";
+  static override readonly status: number = 403;
+  static readonly remedy: string | null = "do_not_retry";
+
+  /** Each input field at fault (a dotted path) with the list of its messages. */
+  get fields(): Record<string, unknown> {
+    const found = this.details["fields"];
+    return typeof found === "object" && found !== null && !Array.isArray(found) ? { ...(found as object) } : {};
+  }
+}
+
 /** The class of each code the server answers with. */
 export const BY_CODE: Readonly<Record<string, ErrorClass>> = {
   "ANSWER_CONTRACT_VIOLATION": AnswerContractViolation,
@@ -636,6 +668,7 @@ export const BY_CODE: Readonly<Record<string, ErrorClass>> = {
   "AUTH_REQUIRED": AuthRequired,
   "BODY_TOO_LARGE": BodyTooLarge,
   "CHAR_LIMIT_EXCEEDED": CharLimitExceeded,
+  "CROSS_SITE_REFUSED": CrossSiteRefused,
   "ERASURE_NOT_FOUND": ErasureNotFound,
   "ERASURE_RUNNING": ErasureRunning,
   "FEATURE_DISABLED": FeatureDisabled,
@@ -658,6 +691,7 @@ export const BY_CODE: Readonly<Record<string, ErrorClass>> = {
   "MODEL_CALL_FAILED": ModelCallFailed,
   "MODEL_TIMEOUT": ModelTimeout,
   "NOT_FOUND": NotFound,
+  "NOT_READY": NotReady,
   "PROFILE_SECTION_NOT_FOUND": ProfileSectionNotFound,
   "RATE_LIMITED": RateLimited,
   "SCHEMA_INVALID": SchemaInvalid,

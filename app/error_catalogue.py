@@ -13,8 +13,9 @@ Everything else is derived from this table:
 - the SDKs: ``python -m app.sdk_errors`` writes ``sdk/loom/_catalogue.py`` (the Python SDK's
   classes, ``BY_CODE``, ``BY_STATUS``) and ``python -m app.sdk_ts`` writes
   ``sdk-ts/src/generated/errors.ts`` from it; each has a ``--check``;
+- the whole table in the OpenAPI document as ``x-error-catalogue`` (``as_json``);
 - the reference: ``app.error_reference.markdown_table()``, printed by
-  ``python -m app.error_reference --markdown``.
+  ``python -m app.error_reference --markdown`` (``--json``: ``as_json``).
 
 This module imports nothing from the rest of ``app`` so that ``app.errors`` can read it.
 """
@@ -336,6 +337,16 @@ def codes_for_op(declared: Op) -> list[ErrorSpec]:
             if entry.reach == "every_op"
             or (entry.reach == "write" and declared.kind != "read")
             or entry.code in own]
+
+
+def as_json() -> list[dict[str, Any]]:
+    """The catalogue as plain JSON: the OpenAPI document's ``x-error-catalogue``."""
+    return [{"code": entry.code, "status": entry.status, "meaning": entry.meaning,
+             "remedy": entry.remedy.value, "advice": entry.advice or REMEDY_TEXT[entry.remedy],
+             "reach": entry.reach,
+             "details": {detail.name: {"type": detail.type, "description": detail.meaning}
+                         for detail in entry.details}}
+            for entry in CATALOGUE]
 
 
 def example_error(entry: ErrorSpec) -> dict[str, Any]:

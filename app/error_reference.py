@@ -2,15 +2,17 @@
 
 ``markdown_table()`` renders ``app.error_catalogue.CATALOGUE`` (code, status, meaning, detail
 fields with their types, what a caller should do); ``python -m app.error_reference --markdown``
-prints it, for a generated reference page to include. It lives apart from the catalogue so that
-running it does not re-import a module the ``app`` package has already loaded.
+prints it, for a generated reference page to include (``--json``: the same as data). It lives
+apart from the catalogue so that running it does not re-import a module the ``app`` package
+has already loaded.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 
-from app.error_catalogue import CATALOGUE, REMEDY_TEXT
+from app.error_catalogue import CATALOGUE, REMEDY_TEXT, as_json
 
 
 def _cell(text: str) -> str:
@@ -30,10 +32,14 @@ def markdown_table() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m app.error_reference --markdown`` prints the table."""
+    """``python -m app.error_reference --markdown`` prints the table; ``--json`` the
+    catalogue as the OpenAPI document's ``x-error-catalogue`` carries it."""
     argv = sys.argv[1:] if argv is None else argv
+    if "--json" in argv:
+        print(json.dumps(as_json(), indent=2))
+        return 0
     if "--markdown" not in argv:
-        print("usage: python -m app.error_reference --markdown", file=sys.stderr)
+        print("usage: python -m app.error_reference --markdown | --json", file=sys.stderr)
         return 2
     print(markdown_table())
     return 0

@@ -609,7 +609,6 @@ def _pick(rows: list[MemoryRow]) -> MemoryRow | None:
 
 
 @op("memory.get", role="viewer", kind="read",
-    raises=("MEMORY_NOT_FOUND",),
     args=MemoryGetArgs, answer=MemoryGetAnswer,
     example={**_WHO, "key": "invoice_currency"})
 def memory_get(call: Call) -> dict[str, Any]:

@@ -204,7 +204,7 @@ def profile_set(call: Call) -> dict[str, Any]:
 
 
 @op("profile.append", role="writer", kind="write", listed=False,
-    raises=(*PROFILE_WRITE_ERRORS, "PROFILE_SECTION_NOT_FOUND"),
+    raises=PROFILE_WRITE_ERRORS,
     args=ProfileAppendArgs, answer=ProfileWrite,
     example={**_WHO, "label": "preferences", "addition": "Prefers EUR invoices."})
 def profile_append(call: Call) -> dict[str, Any]:

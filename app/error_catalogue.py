@@ -128,6 +128,7 @@ STATUS_FAMILIES: tuple[StatusFamily, ...] = (
     StatusFamily("Conflict", 409, "CONFLICT"),
     StatusFamily("PreconditionFailed", 412, "PRECONDITION_FAILED"),
     StatusFamily("PayloadTooLarge", 413, "PAYLOAD_TOO_LARGE"),
+    StatusFamily("MisdirectedRequest", 421, "MISDIRECTED_REQUEST"),
     StatusFamily("Unprocessable", 422, "UNPROCESSABLE"),
     StatusFamily("RateLimited", 429, "RATE_LIMITED"),
     StatusFamily("ServerError", 500, "INTERNAL_ERROR"),
@@ -172,7 +173,6 @@ CATALOGUE: tuple[ErrorSpec, ...] = (
               (Detail("method", "string", "the method sent"),)),
     ErrorSpec("HOST_NOT_ALLOWED", 421, "This server does not answer the request's Host name.",
               Remedy.DO_NOT_RETRY, "HostNotAllowed", "every_op", (FIELDS,),
-              sdk_parent="LoomAPIError",
               advice="call the server by a name it answers, or add the name to "
                      "`LOOM_ALLOWED_HOSTS`"),
     # --- auth and budgets (every op) --------------------------------------------------------

@@ -232,6 +232,20 @@ def test_an_ops_examples_show_each_code_with_its_declared_details(document) -> N
     assert "409" not in get and "404" not in get
 
 
+def test_an_error_code_its_op_does_not_list_is_a_contract_violation(app) -> None:
+    contract = app.extensions["loom_contract"]
+    with app.app_context():
+        assert contract.mismatch("memory.history", 404, {"error": {
+            "code": "MEMORY_NOT_FOUND", "message": "no row", "key": "k"}}) is None
+        found = contract.mismatch("memory.history", 404, {"error": {
+            "code": "TOKEN_NOT_FOUND", "message": "no token"}})
+        assert found is not None and "'TOKEN_NOT_FOUND' is not one the document lists" in found
+        # Outside the ops, any code of the catalogue; none other.
+        assert contract.mismatch(None, 404, {"error": {"code": "NOT_FOUND", "message": "m"}}) \
+            is None
+        assert contract.mismatch(None, 404, {"error": {"code": "GONE", "message": "m"}})
+
+
 # --- real answers carry the declared details -------------------------------------------------
 
 

@@ -141,8 +141,8 @@ test("every code of the server's error table has its class, status parent and co
     assert.equal(error.constructor.code, code, `${code} has a class of its own`);
     const parent = { 400: errors.BadRequest, 401: errors.Unauthorized, 403: errors.Forbidden,
       404: errors.NotFound, 405: errors.MethodNotAllowed, 409: errors.Conflict,
-      412: errors.PreconditionFailed, 413: errors.PayloadTooLarge, 422: errors.Unprocessable,
-      429: errors.RateLimited }[status] ?? errors.ServerError;
+      412: errors.PreconditionFailed, 413: errors.PayloadTooLarge, 421: errors.MisdirectedRequest,
+      422: errors.Unprocessable, 429: errors.RateLimited }[status] ?? errors.ServerError;
     assert.ok(error instanceof parent, `${code} is a ${parent.name}`);
   }
   // A code this SDK does not know falls back on its status, then on 5xx, then the root.

@@ -41,6 +41,8 @@ Hierarchy (below ``LoomAPIError``)::
         AgentStateConflict                   412 agent_state_conflict
     PayloadTooLarge                          413 PAYLOAD_TOO_LARGE
         BodyTooLarge                         413 BODY_TOO_LARGE
+    MisdirectedRequest                       421 MISDIRECTED_REQUEST
+        HostNotAllowed                       421 HOST_NOT_ALLOWED
     Unprocessable                            422 UNPROCESSABLE
         LimitExceeded                        LIMIT_EXCEEDED
             WorkingMemoryLimitExceeded       422 WORKING_MEMORY_LIMIT_EXCEEDED
@@ -58,7 +60,6 @@ Hierarchy (below ``LoomAPIError``)::
         ModelCallFailed                      502 MODEL_CALL_FAILED
         ModelTimeout                         504 MODEL_TIMEOUT
         NotReady                             503 NOT_READY
-    HostNotAllowed                           421 HOST_NOT_ALLOWED
 """
 
 from __future__ import annotations
@@ -69,10 +70,10 @@ from loom.error_base import LoomAPIError
 
 __all__ = [
     "BadRequest", "Unauthorized", "Forbidden", "NotFound", "MethodNotAllowed", "Conflict",
-    "PreconditionFailed", "PayloadTooLarge", "Unprocessable", "RateLimited", "ServerError",
-    "LimitExceeded", "MalformedJson", "UnsupportedContentType", "BodyTooLarge", "ValidationError",
-    "IdentityIncomplete", "HostNotAllowed", "AuthRequired", "AuthInvalid", "AuthInsufficient",
-    "StoreUnavailable", "AnswerContractViolation", "IdempotencyKeyReused",
+    "PreconditionFailed", "PayloadTooLarge", "MisdirectedRequest", "Unprocessable", "RateLimited",
+    "ServerError", "LimitExceeded", "MalformedJson", "UnsupportedContentType", "BodyTooLarge",
+    "ValidationError", "IdentityIncomplete", "HostNotAllowed", "AuthRequired", "AuthInvalid",
+    "AuthInsufficient", "StoreUnavailable", "AnswerContractViolation", "IdempotencyKeyReused",
     "IdempotencyInProgress", "IdempotencyOutcomeUnknown", "SchemaInvalid", "FeatureDisabled",
     "WorkingMemoryLimitExceeded", "SubstringNotFound", "WorkingMemoryBlockNotFound",
     "CharLimitExceeded", "HashMismatch", "MemoryNotFound", "ProfileSectionNotFound",
@@ -147,6 +148,13 @@ class PayloadTooLarge(LoomAPIError):
 
     default_code = "PAYLOAD_TOO_LARGE"
     default_status = 413
+
+
+class MisdirectedRequest(LoomAPIError):
+    """Any 421 answer."""
+
+    default_code = "MISDIRECTED_REQUEST"
+    default_status = 421
 
 
 class Unprocessable(LoomAPIError):
@@ -262,7 +270,7 @@ class IdentityIncomplete(Unprocessable):
         return dict(found) if isinstance(found, dict) else {}
 
 
-class HostNotAllowed(LoomAPIError):
+class HostNotAllowed(MisdirectedRequest):
     """This server does not answer the request's Host name. What to do: call the server by a name
     it answers, or add the name to ``LOOM_ALLOWED_HOSTS``."""
 
@@ -893,6 +901,7 @@ BY_STATUS: dict[int, type[LoomAPIError]] = {
     409: Conflict,
     412: PreconditionFailed,
     413: PayloadTooLarge,
+    421: MisdirectedRequest,
     422: Unprocessable,
     429: RateLimited,
 }

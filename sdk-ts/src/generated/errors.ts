@@ -61,6 +61,12 @@ export class PayloadTooLarge extends LoomAPIError {
   static readonly status: number = 413;
 }
 
+/** Any 421 answer. */
+export class MisdirectedRequest extends LoomAPIError {
+  static override readonly code: string = "MISDIRECTED_REQUEST";
+  static readonly status: number = 421;
+}
+
 /** Any 422 answer. */
 export class Unprocessable extends LoomAPIError {
   static override readonly code: string = "UNPROCESSABLE";
@@ -158,9 +164,9 @@ export class IdentityIncomplete extends Unprocessable {
 }
 
 /** This server does not answer the request's Host name. What to do: call the server by a name it answers, or add the name to `LOOM_ALLOWED_HOSTS`. */
-export class HostNotAllowed extends LoomAPIError {
+export class HostNotAllowed extends MisdirectedRequest {
   static override readonly code: string = "HOST_NOT_ALLOWED";
-  static readonly status: number = 421;
+  static override readonly status: number = 421;
   static readonly remedy: string | null = "do_not_retry";
 
   /** Each input field at fault (a dotted path) with the list of its messages. */
@@ -718,6 +724,7 @@ export const BY_STATUS: Readonly<Record<number, ErrorClass>> = {
   409: Conflict,
   412: PreconditionFailed,
   413: PayloadTooLarge,
+  421: MisdirectedRequest,
   422: Unprocessable,
   429: RateLimited,
 };

@@ -212,6 +212,22 @@ def test_missing_namespace_is_identity_incomplete(adapter: FlaskAdapter):
         with pytest.raises(errors.IdentityIncomplete) as caught:
             bot.working_memory.get()
     assert list(caught.value.details["fields"]) == ["namespace"]
+    # The catalogue's detail, typed, and what to do, on the class of the code.
+    assert caught.value.fields == {"namespace": ["namespace is required"]}
+    assert caught.value.remedy == "fix_input"
+    assert errors.IdentityIncomplete.default_status == 422
+
+
+def test_a_refusal_carries_its_catalogue_details_as_typed_properties(adapter: FlaskAdapter):
+    with mounted(adapter) as bot:
+        bot.profile.set("tone", "hello")
+        with pytest.raises(errors.HashMismatch) as caught:
+            bot.profile.set("tone", "other", if_match_sha256="0" * 64)
+    refused = caught.value
+    assert refused.remedy == "read_then_resend"
+    assert refused.key == "tone"
+    assert refused.content_sha256 is not None and len(refused.content_sha256) == 64
+    assert refused.retry_after is None
 
 
 def test_an_op_the_server_lacks_raises_unknown_op(bot: Agent, adapter: FlaskAdapter):

@@ -48,6 +48,10 @@ test("the live server's refusals arrive as their code's class, with the details"
   error = await thrown(bot.profile.set("p2", "x", { ifMatchSha256: "0".repeat(64) }));
   assertClass(error, errors.HashMismatch, "HASH_MISMATCH", 409);
   assert.ok(error instanceof errors.Conflict);
+  // What to do and each detail, typed, from the server's catalogue.
+  assert.equal(error.remedy, "read_then_resend");
+  assert.equal(error.key, "p2");
+  assert.match(error.contentSha256, /^[0-9a-f]{64}$/);
   error = await thrown(bot.client.memory.deleteVersion({ key: "nokey", version: 1 }));
   assertClass(error, errors.MemoryNotFound, "MEMORY_NOT_FOUND", 404);
   await bot.client.memory.set({ key: "fact", value: "v" });
@@ -65,6 +69,8 @@ test("the live server's refusals arrive as their code's class, with the details"
   assert.deepEqual(Object.keys(error.fields), ["limit"]);
   error = await thrown(bot.client.objectTypes.set({ types: [{ type: "x", ownership: "nope" }] }));
   assertClass(error, errors.SchemaInvalid, "SCHEMA_INVALID", 422);
+  assert.equal(typeof error.rule, "string");
+  assert.equal(Object.keys(error.fields).length, 1);
   error = await thrown(bot.conversation("c").agentState.get());
   assertClass(error, errors.FeatureDisabled, "FEATURE_DISABLED", 403);
   await bot.client.features.set({ features: { agent_state: true } });

@@ -10,9 +10,9 @@ Everything else is derived from this table:
 - the OpenAPI document (``app.api``): each op's error responses list the codes it can answer,
   from ``codes_for_op`` (what every op can meet, what every write can meet, and the op's own
   ``raises=`` in its ``@op`` declaration);
-- the SDKs: ``python -m app.sdk_errors`` writes ``sdk/loom/_catalogue.py`` (the Python SDK's
-  classes, ``BY_CODE``, ``BY_STATUS``) and ``python -m app.sdk_ts`` writes
-  ``sdk-ts/src/generated/errors.ts`` from it; each has a ``--check``;
+- the SDKs (``app.sdk_errors``): ``python -m app.sdk_manifest`` writes
+  ``sdk/loom/error_classes.py`` (the Python SDK's classes, ``BY_CODE``, ``BY_STATUS``) and
+  ``python -m app.sdk_ts`` writes ``sdk-ts/src/generated/errors.ts``; each has a ``--check``;
 - the whole table in the OpenAPI document as ``x-error-catalogue`` (``as_json``);
 - the reference: ``app.error_reference.markdown_table()``, printed by
   ``python -m app.error_reference --markdown`` (``--json``: ``as_json``).
@@ -221,7 +221,7 @@ CATALOGUE: tuple[ErrorSpec, ...] = (
     ErrorSpec("FEATURE_DISABLED", 403, "The namespace's features document has this feature off.",
               Remedy.DO_NOT_RETRY, "FeatureDisabled", "op",
               (Detail("feature", "string", "the feature that is off"),),
-              advice="an admin turns it on (namespace.set_features)"),
+              advice="an admin turns it on (features.set)"),
     # --- working memory (seed 004) ---------------------------------------------------------
     ErrorSpec("WORKING_MEMORY_LIMIT_EXCEEDED", 422, "The block's content would be longer than "
               "its `char_limit`; nothing was written.", Remedy.FIX_INPUT,
@@ -332,7 +332,8 @@ def codes_for_op(declared: Op) -> list[ErrorSpec]:
     own = set(declared.raises)
     unknown = own - set(BY_CODE)
     if unknown:
-        raise KeyError(f"op {declared.name} raises codes not in the catalogue: {sorted(unknown)}")
+        raise KeyError(f"op {declared.name} raises codes not in the catalogue: "
+                       f"{sorted(unknown)}")
     return [entry for entry in CATALOGUE
             if entry.reach == "every_op"
             or (entry.reach == "write" and declared.kind != "read")

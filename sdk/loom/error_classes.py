@@ -419,7 +419,7 @@ class SchemaInvalid(Unprocessable):
 
 class FeatureDisabled(Forbidden):
     """The namespace's features document has this feature off. What to do: an admin turns it on
-    (namespace.set_features)."""
+    (features.set)."""
 
     default_code = "FEATURE_DISABLED"
     default_status = 403

@@ -287,7 +287,7 @@ export class SchemaInvalid extends Unprocessable {
   }
 }
 
-/** The namespace's features document has this feature off. What to do: an admin turns it on (namespace.set_features). */
+/** The namespace's features document has this feature off. What to do: an admin turns it on (features.set). */
 export class FeatureDisabled extends Forbidden {
   static override readonly code: string = "FEATURE_DISABLED";
   static override readonly status: number = 403;

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from marshmallow import Schema
 
+from app.error_catalogue import BY_CODE as ERROR_CODES
 from app.principal import ROLE_RANK, Principal, Role
 
 if TYPE_CHECKING:
@@ -125,6 +126,9 @@ class OpRegistry:
             raise ValueError(f"op {declared.name}: unknown role {declared.role}")
         if any(other.mcp_name == declared.mcp_name for other in self._ops.values()):
             raise ValueError(f"op {declared.name}: MCP tool {declared.mcp_name} is taken")
+        unknown = sorted(set(declared.raises) - set(ERROR_CODES))
+        if unknown:
+            raise ValueError(f"op {declared.name} raises codes not in the catalogue: {unknown}")
         self._ops[declared.name] = declared
         return declared
 

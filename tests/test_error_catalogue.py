@@ -180,6 +180,19 @@ def test_one_name_for_the_fields_at_fault() -> None:
                                 "fields": {"org": ["org 'x' is beyond reach"]}}
 
 
+def test_an_op_that_raises_a_code_outside_the_catalogue_is_refused_at_declaration() -> None:
+    from app.registry import Op, OpRegistry
+
+    memory_get = next(declared for declared in load_ops() if declared.name == "memory.history")
+    registry = OpRegistry()
+    registry.add(memory_get)
+    planted = Op(**{**memory_get.__dict__, "name": "memory.planted", "tool": "loom_planted",
+                    "raises": ("MEMORY_NOT_FOUND", "MEMORY_GONE")})
+    with pytest.raises(ValueError, match=r"memory.planted raises codes not in the catalogue: "
+                                         r"\['MEMORY_GONE'\]"):
+        registry.add(planted)
+
+
 # --- the OpenAPI document ------------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ from flask.json.provider import DefaultJSONProvider
 from flask_smorest import Api
 from werkzeug.middleware.proxy_fix import ProxyFix
 
-from app import bad_tokens, host_guard, log_ids
+from app import bad_tokens, error_catalogue, host_guard, log_ids
 from app.api import register_error_handlers, register_ops
 from app.console import register_console
 from app.operate import register_operations
@@ -173,7 +173,10 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
     app.register_blueprint(swagger_ui_assets())
     ops = load_ops()
     plugin = openapi.LoomMarshmallowPlugin(openapi.input_rules(ops, settings.auth == "on"))
-    api = LoomApi(app, spec_kwargs={"marshmallow_plugin": plugin})
+    # Every error code with its status, meaning, details and remedy, at the document's top
+    # level; each operation's responses name the codes it answers (app.api.error_responses).
+    api = LoomApi(app, spec_kwargs={"marshmallow_plugin": plugin,
+                                    "x-error-catalogue": error_catalogue.as_json()})
     assert plugin.converter is not None  # built with the spec, by Api(app)
     plugin.converter.add_attribute_function(openapi.field_properties)
     api.spec.components.security_scheme(

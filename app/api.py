@@ -27,9 +27,11 @@ from werkzeug.wsgi import get_content_length
 
 from app import idempotency, logs, metrics
 from app.auth import Principal, resolve_identity
+from app.error_catalogue import ErrorSpec, codes_for_op, example_error
 from app.errors import (
     AuthInsufficient,
     BodyTooLarge,
+    InternalError,
     LoomError,
     MalformedJson,
     MethodNotAllowed,
@@ -47,26 +49,6 @@ from app.store.connection import UNAVAILABLE_ERRORS, store_unavailable
 
 log = logging.getLogger("loom.api")
 
-ERROR_RESPONSES = {
-    "400": "Malformed JSON or a wrong content type",
-    "401": "Missing, unknown, revoked or expired token",
-    "403": "Role too low, or an identity outside the token's reach",
-    "404": "Something the op names does not exist (its code says what)",
-    "413": "Body over LOOM_MAX_BODY_BYTES",
-    "422": "Invalid input; the error names each field",
-    "429": "Over the token's request budget; Retry-After says when to ask again",
-    "503": "The store (Redis) is unavailable; Retry-After says when to ask again",
-}
-# Only ops that write can meet a write conflict (hash mismatch, locked, pinned, being erased),
-# and only a compare-and-swap of agent state answers 412.
-WRITE_ERROR_RESPONSES = {
-    "409": "The write conflicts with the stored state (its code says how)",
-}
-CAS_ERROR_RESPONSES = {
-    "412": "The agent state's version moved (agent_state_conflict)",
-}
-
-
 IDEMPOTENCY_NOTE = (
     f"\n\nSend an `{idempotency.HEADER}` header (1 to {idempotency.MAX_KEY_LENGTH} printable "
     "ASCII characters) to make a retry safe: a repeat within a day answers the first answer "
@@ -75,15 +57,27 @@ IDEMPOTENCY_NOTE = (
 )
 
 
-def error_responses(op: Op) -> dict[str, str]:
-    """The error statuses an op can answer, each in Loom's error shape."""
-    statuses = dict(ERROR_RESPONSES)
-    if op.kind != "read":
-        statuses.update(WRITE_ERROR_RESPONSES)
-    if op.http_method == "PUT":
-        statuses.update(CAS_ERROR_RESPONSES)
-    statuses.update(op.errors)
-    return dict(sorted(statuses.items()))
+def error_responses(op: Op) -> dict[str, list[ErrorSpec]]:
+    """The catalogue's entries an op can answer (``codes_for_op``), by status."""
+    by_status: dict[str, list[ErrorSpec]] = {}
+    for entry in codes_for_op(op):
+        by_status.setdefault(str(entry.status), []).append(entry)
+    return dict(sorted(by_status.items()))
+
+
+def error_response_doc(entries: list[ErrorSpec]) -> dict[str, Any]:
+    """One status's response: its codes in the description, one example per code, and the
+    codes as ``x-error-codes`` for a client that reads them."""
+    return {
+        "description": " · ".join(f"`{entry.code}`: {entry.meaning}" for entry in entries),
+        "x-error-codes": [entry.code for entry in entries],
+        "content": {"application/json": {
+            "schema": ErrorAnswer,
+            "examples": {entry.code: {"summary": entry.meaning,
+                                      "value": {"error": example_error(entry)}}
+                         for entry in entries},
+        }},
+    }
 
 
 def _reject_constant(name: str) -> Any:
@@ -275,11 +269,8 @@ def operation_doc(op: Op, api: Api, auth_on: bool) -> dict[str, Any]:
     responses: dict[str, Any] = {
         "200": {"description": "OK", "content": {"application/json": {"schema": op.answer}}}
     }
-    for status, description in error_responses(op).items():
-        responses[status] = {
-            "description": description,
-            "content": {"application/json": {"schema": ErrorAnswer}},
-        }
+    for status, entries in error_responses(op).items():
+        responses[status] = error_response_doc(entries)
     doc: dict[str, Any] = {
         "summary": op.summary,
         "tags": [op.plane],
@@ -358,10 +349,7 @@ def internal_error(error: Exception, where: Any) -> LoomError:
     """The 500 for an error nothing expected, logged with its traceback."""
     metrics.note_exception(error)
     log.exception("unexpected error on %s", where)
-    internal = LoomError("internal error; it has been logged")
-    internal.code = "INTERNAL_ERROR"
-    internal.status = 500
-    return internal
+    return InternalError("internal error; it has been logged")
 
 
 def register_error_handlers(app: Flask) -> None:

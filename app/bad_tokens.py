@@ -22,8 +22,10 @@ import logging
 import threading
 from typing import Any
 
-from flask import Response, jsonify, request
+from flask import Response, request
 
+from app.api import error_response
+from app.errors import RateLimited
 from app.services import Services
 from app.store.connection import UNAVAILABLE_ERRORS
 from app.store.ratelimit import BadCredentialBudget
@@ -97,14 +99,9 @@ class BadTokenGuard:
 
     @staticmethod
     def _refusal(wait: int) -> Response:
-        response = jsonify({"error": {
-            "code": "RATE_LIMITED",
-            "message": "too many refused tokens from this address; wait before trying again",
-            "retry_after": wait,
-        }})
-        response.status_code = 429
-        response.headers["Retry-After"] = str(wait)
-        return response
+        return error_response(RateLimited(
+            "too many refused tokens from this address; wait before trying again",
+            retry_after=wait))
 
 
 def install(app: Any, services: Services) -> BadTokenGuard:

@@ -10,12 +10,9 @@ fail while a page is behind the code, so no reference page is edited by hand.
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import json
 import re
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +22,7 @@ from app.generated import sync
 from app.settings import SETTINGS
 
 if TYPE_CHECKING:
-    from app.errors import LoomError
+    pass
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -173,60 +170,28 @@ class ErrorCode:
     details: tuple[str, ...]
 
 
-def _words(class_name: str) -> str:
-    """``WorkingMemoryBlockNotFound`` as "Working memory block not found"."""
-    words = re.findall(r"[A-Z][a-z0-9]*", class_name)
-    return " ".join([words[0], *(word.lower() for word in words[1:])]) if words else class_name
-
-
-def _subclasses(root: type[LoomError]) -> Iterator[type[LoomError]]:
-    for child in root.__subclasses__():
-        yield child
-        yield from _subclasses(child)
-
-
 def error_catalogue() -> list[ErrorCode]:
-    """Every error code Loom answers, with its status, meaning and detail fields.
+    """Every error code Loom answers, with its status, meaning and detail fields, as the one
+    catalogue (``app.error_catalogue``) declares them."""
+    from app.error_catalogue import CATALOGUE
 
-    The one place the errors page reads its codes from: it walks the ``LoomError`` subclasses
-    the server declares (``app.errors``, and the answer check's). Meaning: the class's own
-    docstring, else its name in words; details: the keyword fields its constructor takes. A
-    declared catalogue replaces this body alone.
-    """
-    from app import errors
-
-    # The app imports every module that declares an error (the answer check's among them).
-    importlib.import_module("app.api")
-    found: dict[str, ErrorCode] = {}
-    for error in _subclasses(errors.LoomError):
-        if not error.__module__.startswith("app.") or error.code in found:
-            continue
-        # The class's own docstring: getdoc would hand down LoomError's to every class.
-        doc = inspect.cleandoc(error.__doc__) if "__doc__" in vars(error) and error.__doc__ \
-            else None
-        meaning = doc.split("\n\n", 1)[0] if doc else _words(error.__name__) + "."
-        parameters = inspect.signature(error).parameters
-        details = tuple(name for name, parameter in parameters.items()
-                        if name != "message"
-                        and parameter.kind is not parameter.VAR_KEYWORD)
-        found[error.code] = ErrorCode(error.code, error.status, _cell(meaning), details)
-    return sorted(found.values(), key=lambda entry: (entry.status, entry.code))
+    return sorted((ErrorCode(entry.code, entry.status, entry.meaning,
+                             tuple(detail.name for detail in entry.details))
+                   for entry in CATALOGUE), key=lambda entry: (entry.status, entry.code))
 
 
 def errors_page() -> str:
-    lines = [
+    from app.error_reference import markdown_table
+
+    return "\n".join([
         GENERATED_NOTE, "", "# Error codes", "",
         "Every error is one JSON shape, `{\"error\": {\"code\": \"...\", \"message\": \"...\", "
         "...details}}`, with the HTTP status below; the detail fields are extra keys of the "
-        "error object. The SDKs raise one class per code under one per status. How to retry "
-        "a write that met one: [Retry writes safely](../guides/retry-writes.md).", "",
-        "| Code | Status | Meaning | Detail fields |", "|---|---|---|---|",
-    ]
-    for entry in error_catalogue():
-        details = ", ".join(f"`{name}`" for name in entry.details) or ""
-        lines.append(f"| `{entry.code}` | {entry.status} | {entry.meaning} | {details} |")
-    lines.append("")
-    return "\n".join(lines)
+        "error object. The SDKs raise one class per code under one per status, and each op's "
+        "OpenAPI responses list the codes it answers. How to retry a write that met one: "
+        "[Retry writes safely](../guides/retry-writes.md).", "",
+        markdown_table(), "",
+    ])
 
 
 # --- metrics ------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Loom's domain errors: a flat list of small classes, each with the seed's code and status.
+"""Loom's domain errors: a flat list of small classes, each with the seed's code.
 
 Stores, schemas and jobs raise these; the HTTP layer turns every one of them into the single
 error shape ``{"error": {"code", "message", ...details}}``. Nothing below knows about HTTP
@@ -9,16 +9,29 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.error_catalogue import status_of
+
 
 class LoomError(Exception):
-    """Root of every error Loom answers with; ``details`` are extra keys of the error object."""
+    """Root of every error Loom answers with; ``details`` are extra keys of the error object.
+
+    A subclass names its ``code``; its status (and everything else about the code) is the
+    catalogue's (``app.error_catalogue``), and a code the catalogue lacks fails at import.
+    ``field`` names the one input field at fault: it is sent as ``fields``, that field with the
+    message, the shape ``VALIDATION_ERROR`` gives every field it names."""
 
     code = "LOOM_ERROR"
     status = 400
 
-    def __init__(self, message: str, **details: Any) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.status = status_of(cls.code)
+
+    def __init__(self, message: str, *, field: str | None = None, **details: Any) -> None:
         super().__init__(message)
         self.message = message
+        if field is not None:
+            details = {"fields": {field: [message]}, **details}
         self.details = details
 
     def to_dict(self) -> dict[str, Any]:
@@ -30,39 +43,36 @@ class LoomError(Exception):
 
 class MalformedJson(LoomError):
     code = "MALFORMED_JSON"
-    status = 400
 
 
 class UnsupportedContentType(LoomError):
     code = "UNSUPPORTED_CONTENT_TYPE"
-    status = 400
 
 
 class BodyTooLarge(LoomError):
     code = "BODY_TOO_LARGE"
-    status = 413
 
 
 class UnknownOp(LoomError):
     code = "UNKNOWN_OP"
-    status = 404
 
 
 class RouteNotFound(LoomError):
     code = "NOT_FOUND"
-    status = 404
+
+
+class HostNotAllowed(LoomError):
+    code = "HOST_NOT_ALLOWED"
 
 
 class MethodNotAllowed(LoomError):
     code = "METHOD_NOT_ALLOWED"
-    status = 405
 
 
 class ValidationFailed(LoomError):
     """422 naming each bad field: ``fields`` maps a field path to its messages."""
 
     code = "VALIDATION_ERROR"
-    status = 422
 
     def __init__(self, fields: dict[str, Any], message: str | None = None) -> None:
         names = ", ".join(sorted(fields))
@@ -71,14 +81,12 @@ class ValidationFailed(LoomError):
 
 class IdentityIncomplete(LoomError):
     code = "IDENTITY_INCOMPLETE"
-    status = 422
 
 
 class SchemaRuleViolation(LoomError):
     """A declared document (profile schema, object types, features) breaks a named rule."""
 
     code = "SCHEMA_INVALID"
-    status = 422
 
     def __init__(self, rule: str, message: str, **details: Any) -> None:
         super().__init__(message, rule=rule, **details)
@@ -90,27 +98,22 @@ class SchemaRuleViolation(LoomError):
 
 class AuthRequired(LoomError):
     code = "AUTH_REQUIRED"
-    status = 401
 
 
 class AuthInvalid(LoomError):
     code = "AUTH_INVALID"
-    status = 401
 
 
 class AuthInsufficient(LoomError):
     code = "AUTH_INSUFFICIENT"
-    status = 403
 
 
 class RateLimited(LoomError):
     code = "RATE_LIMITED"
-    status = 429
 
 
 class TokenNotFound(LoomError):
     code = "TOKEN_NOT_FOUND"
-    status = 404
 
 
 # --- Idempotency-Key (409 / 422) --------------------------------------------------------------
@@ -120,14 +123,12 @@ class IdempotencyKeyReused(LoomError):
     """The key was first sent with another body: a key names one request, never two."""
 
     code = "IDEMPOTENCY_KEY_REUSED"
-    status = 422
 
 
 class IdempotencyInProgress(LoomError):
     """The first call with this key is still running: ask again after Retry-After."""
 
     code = "IDEMPOTENCY_IN_PROGRESS"
-    status = 409
 
 
 class IdempotencyOutcomeUnknown(LoomError):
@@ -135,17 +136,33 @@ class IdempotencyOutcomeUnknown(LoomError):
     process did, mid-write): it may or may not have been applied, so it is never run again."""
 
     code = "IDEMPOTENCY_OUTCOME_UNKNOWN"
-    status = 409
 
 
 # --- the store (503) -------------------------------------------------------------------------
+
+
+class InternalError(LoomError):
+    """Nothing expected this failure; its traceback is in the log, never in the answer."""
+
+    code = "INTERNAL_ERROR"
+
+
+class NotReady(LoomError):
+    """``/readyz``: a part the server needs did not answer."""
+
+    code = "NOT_READY"
+
+
+class CrossSiteRefused(LoomError):
+    """The queue dashboard answers only requests its own pages make."""
+
+    code = "CROSS_SITE_REFUSED"
 
 
 class StoreUnavailable(LoomError):
     """Redis is down, hung past the socket timeout, or still loading its data: ask again later."""
 
     code = "STORE_UNAVAILABLE"
-    status = 503
 
 
 # --- working memory (seed 004) ----------------------------------------------------------------
@@ -153,7 +170,6 @@ class StoreUnavailable(LoomError):
 
 class WorkingMemoryLimitExceeded(LoomError):
     code = "WORKING_MEMORY_LIMIT_EXCEEDED"
-    status = 422
 
     def __init__(self, value_length: int, char_limit: int) -> None:
         super().__init__(
@@ -165,12 +181,10 @@ class WorkingMemoryLimitExceeded(LoomError):
 
 class SubstringNotFound(LoomError):
     code = "SUBSTRING_NOT_FOUND"
-    status = 422
 
 
 class WorkingMemoryBlockNotFound(LoomError):
     code = "WORKING_MEMORY_BLOCK_NOT_FOUND"
-    status = 404
 
 
 # --- memory rows and profiles (seed 003) ------------------------------------------------------
@@ -178,7 +192,6 @@ class WorkingMemoryBlockNotFound(LoomError):
 
 class CharLimitExceeded(LoomError):
     code = "CHAR_LIMIT_EXCEEDED"
-    status = 422
 
     def __init__(self, value_length: int, char_limit: int) -> None:
         super().__init__(
@@ -190,27 +203,22 @@ class CharLimitExceeded(LoomError):
 
 class HashMismatch(LoomError):
     code = "HASH_MISMATCH"
-    status = 409
 
 
 class MemoryNotFound(LoomError):
     code = "MEMORY_NOT_FOUND"
-    status = 404
 
 
 class ProfileSectionNotFound(LoomError):
     code = "PROFILE_SECTION_NOT_FOUND"
-    status = 404
 
 
 class MemoryLocked(LoomError):
     code = "MEMORY_LOCKED"
-    status = 409
 
 
 class UserBeingErased(LoomError):
     code = "USER_BEING_ERASED"
-    status = 409
 
 
 # --- agent state (seed 002) -------------------------------------------------------------------
@@ -218,12 +226,10 @@ class UserBeingErased(LoomError):
 
 class AgentStateConflict(LoomError):
     code = "agent_state_conflict"
-    status = 412
 
 
 class FeatureDisabled(LoomError):
     code = "FEATURE_DISABLED"
-    status = 403
 
 
 # --- memory rows: more refusals ---------------------------------------------------------------
@@ -233,14 +239,12 @@ class MemoryPinned(LoomError):
     """A worker's write to a pinned (or ``high``) row: the row is left as it is."""
 
     code = "MEMORY_PINNED"
-    status = 409
 
 
 class MemoryTypeMismatch(LoomError):
     """A write through one plane (profile.*) to a key that holds a row of another type."""
 
     code = "MEMORY_TYPE_MISMATCH"
-    status = 409
 
     @classmethod
     def of(cls, key: str, found: str, wanted: str) -> MemoryTypeMismatch:
@@ -256,14 +260,12 @@ class MemoryNotDeleted(LoomError):
     """A restore of a row that is not deleted: there is nothing to bring back."""
 
     code = "MEMORY_NOT_DELETED"
-    status = 409
 
 
 class WriteContended(LoomError):
     """A compare-and-swap write kept losing to other writers until its deadline."""
 
     code = "WRITE_CONFLICT"
-    status = 409
 
 
 # --- erasure ----------------------------------------------------------------------------------
@@ -273,12 +275,10 @@ class ErasureRunning(LoomError):
     """Another process is running this user's erasure right now; ask again shortly."""
 
     code = "ERASURE_RUNNING"
-    status = 409
 
 
 class ErasureNotFound(LoomError):
     code = "ERASURE_NOT_FOUND"
-    status = 404
 
 
 # --- model calls in a request (memory.ask) ----------------------------------------------------
@@ -289,7 +289,6 @@ class ModelCallsOff(LoomError):
     calls off (org.set_model_calls); ``reason`` says which."""
 
     code = "MODEL_CALLS_OFF"
-    status = 409
 
 
 class ModelBudgetExceeded(LoomError):
@@ -297,18 +296,15 @@ class ModelBudgetExceeded(LoomError):
     ``budget`` says whose."""
 
     code = "MODEL_BUDGET_EXCEEDED"
-    status = 429
 
 
 class ModelCallError(LoomError):
     """The model server failed, refused the request, or gave no usable answer."""
 
     code = "MODEL_CALL_FAILED"
-    status = 502
 
 
 class ModelTimedOut(LoomError):
     """The model server did not answer within the request's model timeout."""
 
     code = "MODEL_TIMEOUT"
-    status = 504

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Response, jsonify, request
+from flask import Response, request
 
+from app.api import error_response
+from app.errors import HostNotAllowed
 from app.settings import Settings
 
 LOOPBACK_NAMES = frozenset(("127.0.0.1", "localhost", "[::1]", "::1"))
@@ -60,12 +62,9 @@ def allowed_names(settings: Settings) -> frozenset[str] | None:
 
 def refusal() -> Response:
     """The 421 for a Host this process does not answer."""
-    response = jsonify({"error": {
-        "code": "HOST_NOT_ALLOWED",
-        "message": "this server does not answer that Host name; add it to LOOM_ALLOWED_HOSTS",
-        "field": "Host",
-    }})
-    response.status_code = 421
+    response = error_response(HostNotAllowed(
+        "this server does not answer that Host name; add it to LOOM_ALLOWED_HOSTS",
+        field="Host"))
     response.headers[CACHE_CONTROL] = NO_STORE
     return response
 

@@ -24,9 +24,18 @@ from contextvars import ContextVar, Token
 from typing import Any
 from urllib.parse import urlparse
 
-from flask import Flask, Request, Response, jsonify, request
+from flask import Flask, Request, Response, request
 
 from app import logs, metrics
+from app.api import error_response
+from app.errors import (
+    AuthInsufficient,
+    AuthRequired,
+    CrossSiteRefused,
+    LoomError,
+    MethodNotAllowed,
+    NotReady,
+)
 from app.services import Services
 from app.store.health import ReadinessProbe
 
@@ -149,15 +158,8 @@ def register_operations(app: Flask, services: Services) -> None:
         if not failing:
             return {"status": "ready", "checks": answer}
         names = ", ".join(failing)
-        body = {
-            "error": {
-                "code": "NOT_READY",
-                "message": f"not ready: {names} did not answer",
-                "failing": failing,
-                "checks": answer,
-            }
-        }
-        return body, 503, {"Retry-After": "1"}
+        return _refusal(NotReady(f"not ready: {names} did not answer", failing=failing,
+                                 checks=answer, retry_after=1))
 
     def metrics_view() -> Any:
         refusal = _refuse_unless(services, allow_metrics_token=True)
@@ -195,12 +197,11 @@ def _refuse_unless(
         allowed.append(settings.metrics_token)
     if any(_matches(given, expected) for expected in allowed):
         return None
-    status, code = (403, "AUTH_INSUFFICIENT") if given else (401, "AUTH_REQUIRED")
-    message = ("this token may not read every org's operations" if given
-               else "auth is on: send the install's admin token")
-    response = jsonify({"error": {"code": code, "message": message}})
-    response.status_code = status
-    if basic and status == 401:
+    refused: LoomError = (
+        AuthInsufficient("this token may not read every org's operations") if given
+        else AuthRequired("auth is on: send the install's admin token"))
+    response = _refusal(refused)
+    if basic and not given:
         response.headers["WWW-Authenticate"] = 'Basic realm="Loom queues"'
     return response
 
@@ -210,26 +211,25 @@ DASHBOARD_PREFIX = "/rq"
 _OWN_FETCH_SITES = frozenset(("same-origin", "none"))
 
 
-def _refusal(status: int, code: str, message: str, **details: Any) -> Response:
-    response = jsonify({"error": {"code": code, "message": message, **details}})
-    response.status_code = status
-    return response
+def _refusal(error: LoomError) -> Response:
+    """The error in Loom's one shape (``app.api.error_response``), outside the ops."""
+    return error_response(error)
 
 
 def _refuse_cross_site() -> Response | None:
     """403 for a request another site made; 405 for a state change by anything but POST."""
     fetch_site = request.headers.get("Sec-Fetch-Site", "").strip().lower()
     if fetch_site and fetch_site not in _OWN_FETCH_SITES:
-        return _refusal(403, "CROSS_SITE_REFUSED",
-                        "the queue dashboard answers only its own pages", field="Sec-Fetch-Site")
+        return _refusal(CrossSiteRefused("the queue dashboard answers only its own pages",
+                                         field="Sec-Fetch-Site"))
     origin = request.headers.get("Origin", "").strip()
     if origin and urlparse(origin).netloc != request.host:
-        return _refusal(403, "CROSS_SITE_REFUSED",
-                        "the queue dashboard answers only its own pages", field="Origin")
+        return _refusal(CrossSiteRefused("the queue dashboard answers only its own pages",
+                                         field="Origin"))
     rule = request.url_rule
     if rule is not None and "POST" in (rule.methods or ()) and request.method != "POST":
-        return _refusal(405, "METHOD_NOT_ALLOWED",
-                        f"{request.method} changes no state here: send POST", method=request.method)
+        return _refusal(MethodNotAllowed(f"{request.method} changes no state here: send POST",
+                                         method=request.method))
     return None
 
 

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from marshmallow import Schema
 
+from app.error_catalogue import BY_CODE as ERROR_CODES
 from app.principal import ROLE_RANK, Principal, Role
 
 if TYPE_CHECKING:
@@ -86,9 +87,9 @@ class Op:
     # A valid body for this op: the OpenAPI example, and what the auth matrix sends.
     example: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
-    # Error statuses this op answers beyond every op's (a model call's 409/429/502/504), each
-    # with what it means; the OpenAPI document lists them.
-    errors: dict[str, str] = field(default_factory=dict)
+    # Error codes this op answers beyond those every op (or every write) can meet, from
+    # ``app.error_catalogue``; its OpenAPI responses list them with their statuses.
+    raises: tuple[str, ...] = ()
     # For a write whose one script keeps its reply as the Idempotency-Key's answer in the same
     # step (the memory writes): the answer again from that reply. A try of such an op that
     # ended without an answer left either the reply or nothing applied, never a doubt.
@@ -128,6 +129,9 @@ class OpRegistry:
             raise ValueError(f"op {declared.name}: unknown role {declared.role}")
         if any(other.mcp_name == declared.mcp_name for other in self._ops.values()):
             raise ValueError(f"op {declared.name}: MCP tool {declared.mcp_name} is taken")
+        unknown = sorted(set(declared.raises) - set(ERROR_CODES))
+        if unknown:
+            raise ValueError(f"op {declared.name} raises codes not in the catalogue: {unknown}")
         self._ops[declared.name] = declared
         return declared
 

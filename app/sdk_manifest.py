@@ -6,8 +6,10 @@ The SDK and the MCP server run without the server's code (a client machine insta
 module: role, kind, HTTP method and path, whether the MCP ``all`` toolset lists it, whether it
 is an MCP tool at all, its summary, its input fields with their defaults, and the JSON Schema
 of its input; ``answers.py`` types each op's answer and the planes of ``bot.client``.
-``python -m app.sdk_manifest`` regenerates both after ops change; a test and CI
-(``--check``) fail while a committed file differs from a fresh generation.
+It also writes ``sdk/loom/error_classes.py``, the SDK's error classes, from the error
+catalogue (``app.sdk_errors``). ``python -m app.sdk_manifest`` regenerates them after ops or
+codes change; a test and CI (``--check``) fail while a committed file differs from a fresh
+generation.
 
 The generator lives with the server because it reads the server's registry; the SDK
 distribution carries only what it wrote.
@@ -307,8 +309,11 @@ def render_answers(ops: dict[str, dict[str, Any]]) -> str:
 
 def generated_files() -> dict[Path, str]:
     """Each generated file with its fresh text."""
+    from app.sdk_errors import python_files
+
     ops = build_manifest()
-    return {MANIFEST_PATH: render_manifest(ops), ANSWERS_PATH: render_answers(ops)}
+    return {MANIFEST_PATH: render_manifest(ops), ANSWERS_PATH: render_answers(ops),
+            **python_files()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,11 +7,12 @@ document has them) becomes:
 - ``ops.ts``: the op table the transport routes by, one input and one answer interface per
   op, the typed planes of ``bot.client``, and the names of the integer fields that carry
   versions or nanosecond times (parsed as ``bigint``, never rounded through a double);
-- ``errors.ts``: the error classes below ``LoomAPIError`` with their codes and accessors,
-  ``BY_CODE`` and ``BY_STATUS``, from the Python SDK's catalogue (``sdk/loom/errors.py``, which
-  holds a class for every code of the server's table), and each code's status from that table
-  (``app.errors``). The roots above them are hand-written in ``src/error_base.ts``; the
-  generation stops (and ``--check`` fails) when they differ from the catalogue's.
+- ``errors.ts``: the error classes below ``LoomAPIError`` with their codes, statuses, remedies
+  and detail accessors, ``BY_CODE``, ``BY_STATUS`` and each code's status, from the server's
+  error catalogue (``app.error_catalogue``, through ``app.sdk_errors``, which the Python SDK's
+  ``error_classes.py`` comes from too). The roots above them are hand-written in
+  ``src/error_base.ts``; the generation stops (and ``--check`` fails) when they differ from the
+  Python SDK's (``sdk/loom/error_base.py``).
 
 ``python -m app.sdk_ts`` rewrites them; ``--check`` only compares, and
 ``generated_files(root)`` renders into another folder, so a test can tell when the committed
@@ -27,6 +28,9 @@ import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from app.error_catalogue import CATALOGUE, Detail
+from app.sdk_errors import CatalogueDrift, by_code, by_status, sdk_classes
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = Path("sdk-ts") / "src" / "generated"
@@ -216,144 +220,118 @@ def render_ops(ops: dict[str, dict[str, Any]]) -> str:
     return HEADER + "\n" + "\n\n".join(blocks) + "\n"
 
 
-# What each property of a Python SDK error class is in TypeScript; None where the hand-written
-# LoomAPIError (src/error_base.ts) already answers it for every class. A property missing here
-# stops the generation, so the two SDKs cannot differ in what an error carries.
-TS_ACCESSORS: dict[str, str | None] = {
-    "fields": """\
-  /** Each bad field with its messages. */
-  get fields(): Record<string, unknown> {
-    const found = this.details["fields"];
-    return typeof found === "object" && found !== null ? { ...(found as object) } : {};
-  }""",
-    "value_length": """\
-  get valueLength(): number | null {
-    const found = this.details["value_length"];
-    return typeof found === "number" ? found : null;
-  }""",
-    "char_limit": """\
-  get charLimit(): number | null {
-    const found = this.details["char_limit"];
-    return typeof found === "number" ? found : null;
-  }""",
-    "retry_after": None,
-}
-# src/error_base.ts: the hand-written roots (their constructors, the transport's flag and
-# retryAfter), each ``export class Name extends Parent`` with its static code.
+# src/error_base.ts: the hand-written roots (their constructors, the transport's flag,
+# retryAfter and remedy), each ``export class Name extends Parent`` with its static code; they
+# must match the Python SDK's roots (sdk/loom/error_base.py), class for class.
 ERROR_BASE = Path("sdk-ts") / "src" / "error_base.ts"
-CATALOGUE = Path("sdk") / "loom" / "errors.py"
+PYTHON_BASE = Path("sdk") / "loom" / "error_base.py"
 _TS_CLASS = re.compile(r'^export class (\w+) extends (\w+) \{\n'
                        r'  static (?:override )?readonly code: string = "([^"]*)";', re.M)
 
 
-class CatalogueDrift(Exception):
-    """The hand-written TypeScript roots no longer match the Python SDK's catalogue."""
-
-
-def error_table() -> list[tuple[str, int, str]]:
-    """(code, status, description) of every error the server answers, from ``app.errors``."""
-    from app import errors
-
-    found: dict[str, tuple[str, int, str]] = {}
-    stack = list(errors.LoomError.__subclasses__())
-    while stack:
-        cls = stack.pop()
-        stack.extend(cls.__subclasses__())
-        doc = (cls.__doc__ or "").strip().splitlines()
-        found.setdefault(cls.code, (cls.code, int(cls.status), doc[0] if doc else ""))
-    return sorted(found.values())
-
-
-def error_catalogue(path: Path = ROOT / CATALOGUE) -> ModuleType:
-    """The Python SDK's errors module read from this checkout's file, not from the copy of the
-    SDK pip installed (which holds the catalogue as it was at install time)."""
-    spec = importlib.util.spec_from_file_location("loom_error_catalogue", path)
+def python_roots(path: Path = ROOT / PYTHON_BASE) -> ModuleType:
+    """The Python SDK's hand-written roots read from this checkout's file, not from the copy
+    of the SDK pip installed (which holds them as they were at install time)."""
+    spec = importlib.util.spec_from_file_location("loom_error_roots", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def sdk_error_classes(catalogue: ModuleType) -> list[type[Exception]]:
-    """Every error class of the catalogue, parents before their children (the module's
-    order)."""
-    return [value for value in vars(catalogue).values()
-            if isinstance(value, type) and issubclass(value, catalogue.LoomError)
-            and value.__module__ == catalogue.__name__]
-
-
-def _first_paragraph(doc: str | None) -> str:
-    """A docstring's first paragraph on one line, reST's ``code`` as Markdown's `code`."""
-    return " ".join((doc or "").strip().split("\n\n")[0].split()).replace("``", "`")
-
-
-def check_error_base(catalogue: ModuleType, base: Path = ROOT / ERROR_BASE) -> None:
+def check_error_base(roots: ModuleType, base: Path = ROOT / ERROR_BASE) -> None:
     """Raise ``CatalogueDrift`` unless src/error_base.ts declares exactly the Python SDK's
-    classes outside ``LoomAPIError``'s subtree (and it), with the same parents and codes."""
-    api_root = catalogue.LoomAPIError
+    roots, with the same parents and codes."""
     wanted = {(cls.__name__,
-               "Error" if cls is catalogue.LoomError else cls.__bases__[0].__name__,
+               "Error" if cls is roots.LoomError else cls.__bases__[0].__name__,
                getattr(cls, "default_code", ""))
-              for cls in sdk_error_classes(catalogue)
-              if not issubclass(cls, api_root) or cls is api_root}
+              for cls in vars(roots).values()
+              if isinstance(cls, type) and issubclass(cls, roots.LoomError)
+              and cls.__module__ == roots.__name__}
     written = set(_TS_CLASS.findall(base.read_text()))
     if written != wanted:
         raise CatalogueDrift(
-            f"{base.name} differs from sdk/loom/errors.py: it has "
-            f"{sorted(written - wanted)}, the catalogue {sorted(wanted - written)}")
+            f"{base.name} differs from sdk/loom/error_base.py: it has "
+            f"{sorted(written - wanted)}, the Python SDK {sorted(wanted - written)}")
 
 
-def render_errors(catalogue: ModuleType, table: list[tuple[str, int, str]]) -> str:
-    """Each class of the Python SDK's catalogue below ``LoomAPIError``, with its parent, code
-    and accessors, then its ``BY_CODE`` and ``BY_STATUS`` and the server's statuses."""
-    api_root = catalogue.LoomAPIError
-    status_of = {code: status for code, status, _ in table}
-    status_class = {cls: status for status, cls in catalogue.BY_STATUS.items()}
-    with_status: set[type] = set()
-    described = {code: doc for code, _, doc in table}
-    lines = [HEADER.replace("from the server's op registry.",
-                            "from the Python SDK's error\n// catalogue, sdk/loom/errors.py."),
-             'import { LoomAPIError } from "../error_base.js";',
+def _ts_accessor(detail: Detail) -> str:
+    name = _camel(detail.name, upper=False)
+    read = f'this.details["{detail.name}"]'
+    if detail.type in ("integer", "number"):
+        wide = detail.type == "integer" and WIDE_NAME.search(detail.name)
+        kind = "number | bigint" if wide else "number"
+        test = ('typeof found === "number" || typeof found === "bigint"' if wide
+                else 'typeof found === "number"')
+        body, result = f"{test} ? found : null", f"{kind} | null"
+    elif detail.type == "string":
+        body, result = 'typeof found === "string" ? found : null', "string | null"
+    elif detail.type == "boolean":
+        body, result = 'typeof found === "boolean" ? found : null', "boolean | null"
+    elif detail.type == "array":
+        body, result = "Array.isArray(found) ? [...found] : []", "unknown[]"
+    else:
+        body = ('typeof found === "object" && found !== null && !Array.isArray(found) '
+                "? { ...(found as object) } : {}")
+        result = "Record<string, unknown>"
+    meaning = (detail.meaning[:1].upper() + detail.meaning[1:]).replace("*/", "*\\/")
+    return (f"  /** {meaning}. */\n"
+            f"  get {name}(): {result} {{\n"
+            f"    const found = {read};\n"
+            f"    return {body};\n"
+            "  }")
+
+
+def render_errors() -> str:
+    """Each class below ``LoomAPIError`` (``app.sdk_errors.sdk_classes``: the families, the
+    groups, a class per code of the catalogue) with its code, status, remedy and accessors,
+    then ``BY_CODE``, ``BY_STATUS`` and every code's status."""
+    header = HEADER.replace("from the server's op registry.",
+                            "from the server's error\n// catalogue, app/error_catalogue.py.")
+    lines = [header, 'import { LoomAPIError } from "../error_base.js";',
              'import type { ErrorClass } from "../error_base.js";', ""]
-    for cls in sdk_error_classes(catalogue):
-        if not issubclass(cls, api_root) or cls is api_root:
-            continue
-        code = cls.default_code  # type: ignore[attr-defined]
-        doc = _first_paragraph(cls.__doc__) or described.get(code, "")
-        if doc:
-            lines.append("/** " + doc.replace("*/", "*\\/") + " */")
-        lines.append(f"export class {cls.__name__} extends {cls.__bases__[0].__name__} {{")
-        lines.append(f"  static override readonly code: string = {json.dumps(code)};")
-        status = status_of.get(code, status_class.get(cls))
-        if status is not None:
-            inherited = any(base in with_status for base in cls.__mro__[1:])
-            lines.append(f"  static {'override ' if inherited else ''}readonly status: number = "
-                         f"{status};")
-            with_status.add(cls)
-        for name, value in vars(cls).items():
-            if not isinstance(value, property):
-                continue
-            if name not in TS_ACCESSORS:
-                raise CatalogueDrift(f"{cls.__name__}.{name} has no TypeScript accessor "
-                                     "(TS_ACCESSORS in app/sdk_ts.py)")
-            accessor = TS_ACCESSORS[name]
-            if accessor is not None:
-                lines += ["", accessor]
+    with_status: set[str] = set()
+    with_remedy: set[str] = set()
+    parent_of = {cls.name: cls.parent for cls in sdk_classes()}
+
+    def inherits(name: str, found: set[str]) -> bool:
+        parent = parent_of.get(name)
+        while parent is not None:
+            if parent in found:
+                return True
+            parent = parent_of.get(parent)
+        return False
+
+    for cls in sdk_classes():
+        lines.append("/** " + cls.doc.replace("*/", "*\\/") + " */")
+        lines.append(f"export class {cls.name} extends {cls.parent} {{")
+        lines.append(f"  static override readonly code: string = {json.dumps(cls.code)};")
+        if cls.status is not None:
+            override = "override " if inherits(cls.name, with_status) else ""
+            lines.append(f"  static {override}readonly status: number = {cls.status};")
+            with_status.add(cls.name)
+        if cls.remedy is not None:
+            override = "override " if inherits(cls.name, with_remedy) else ""
+            lines.append(f"  static {override}readonly remedy: string | null = "
+                         f"{json.dumps(cls.remedy)};")
+            with_remedy.add(cls.name)
+        for detail in cls.accessors:
+            lines += ["", _ts_accessor(detail)]
         lines += ["}", ""]
     lines.append("/** The class of each code the server answers with. */")
     lines.append("export const BY_CODE: Readonly<Record<string, ErrorClass>> = {")
-    lines += [f"  {json.dumps(code)}: {cls.__name__},"
-              for code, cls in sorted(catalogue.BY_CODE.items())]
+    lines += [f"  {json.dumps(code)}: {name}," for code, name in by_code().items()]
     lines.append("};")
     lines.append("")
-    lines.append("/** The class for a status whose code this SDK does not know. */")
+    lines.append("/** The class for a 4xx status whose code this SDK does not know. */")
     lines.append("export const BY_STATUS: Readonly<Record<number, ErrorClass>> = {")
-    lines += [f"  {status}: {cls.__name__}," for status, cls in sorted(catalogue.BY_STATUS.items())]
+    lines += [f"  {status}: {name}," for status, name in by_status().items()]
     lines.append("};")
     lines.append("")
-    lines.append("/** Every code of the server's error table with its HTTP status. */")
+    lines.append("/** Every code of the server's error catalogue with its HTTP status. */")
     lines.append("export const ERROR_STATUS: Readonly<Record<string, number>> = {")
-    lines += [f"  {json.dumps(code)}: {status}," for code, status, _ in table]
+    lines += [f"  {json.dumps(entry.code)}: {entry.status},"
+              for entry in sorted(CATALOGUE, key=lambda entry: entry.code)]
     lines.append("};")
     return "\n".join(lines) + "\n"
 
@@ -363,10 +341,9 @@ def generated_files(root: Path = ROOT) -> dict[Path, str]:
     from app.sdk_manifest import build_manifest
 
     folder = root / GENERATED
-    catalogue = error_catalogue()
-    check_error_base(catalogue)
+    check_error_base(python_roots())
     return {folder / "ops.ts": render_ops(build_manifest()),
-            folder / "errors.ts": render_errors(catalogue, error_table())}
+            folder / "errors.ts": render_errors()}
 
 
 def main(argv: list[str] | None = None) -> int:

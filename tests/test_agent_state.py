@@ -326,7 +326,7 @@ def test_type_validation_errors_name_the_rule(client):
                         types=[guide_type(agent_state={"max_bytes": 65_537})])
     assert status == 422
     assert out["error"]["rule"] == "agent_state_max_bytes_invalid"
-    assert out["error"]["field"] == "types[0].agent_state.max_bytes"
+    assert list(out["error"]["fields"]) == ["types[0].agent_state.max_bytes"]
 
 
 # --- PII masking --------------------------------------------------------------------------------

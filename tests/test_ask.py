@@ -131,7 +131,7 @@ def test_a_token_pinned_to_one_user_cannot_ask_about_another(app_factory, model)
     assert status == 403, out
     status, out = call(client, "memory.ask", pinned, query="violin", read_scope="namespace",
                        user_id="u1")
-    assert status == 403 and out["error"]["field"] == "read_scope"
+    assert status == 403 and list(out["error"]["fields"]) == ["read_scope"]
     assert model.completion_requests == []
     model.script({"answer": "Monday.", "citations": [mine]})
     status, out = call(client, "memory.ask", pinned, query="violin", user_id="u1")

@@ -115,9 +115,9 @@ def test_other_org_and_namespace_are_403(client):
     token = mint(client, org="acme", namespace="support", role="admin")
     assert call(client, "working_memory.get", token, org="acme", **WM)[0] == 200
     status, out = call(client, "working_memory.get", token, org="globex", **WM)
-    assert (status, out["error"]["field"]) == (403, "org")
+    assert (status, list(out["error"]["fields"])) == (403, ["org"])
     status, out = call(client, "working_memory.get", token, namespace="sales", agent="bot")
-    assert (status, out["error"]["field"]) == (403, "namespace")
+    assert (status, list(out["error"]["fields"])) == (403, ["namespace"])
 
 
 def test_pinned_user_reads_only_that_user(client):
@@ -128,8 +128,8 @@ def test_pinned_user_reads_only_that_user(client):
     assert call(client, "working_memory.get", pinned, **WM)[1]["content"] == "mine"
     assert call(client, "working_memory.get", pinned, user_id="u1", **WM)[1]["content"] == "mine"
     status, out = call(client, "working_memory.get", pinned, user_id="u2", **WM)
-    assert (status, out["error"]["code"], out["error"]["field"]) == (
-        403, "AUTH_INSUFFICIENT", "user_id"
+    assert (status, out["error"]["code"], list(out["error"]["fields"])) == (
+        403, "AUTH_INSUFFICIENT", ["user_id"]
     )
 
 

@@ -113,7 +113,7 @@ def test_the_org_budget_needs_a_token_reaching_the_whole_org(auth_client):
                                    headers=bearer(namespace_admin))
         assert refused.status_code == 403, refused.get_json()
         assert refused.get_json()["error"]["code"] == "AUTH_INSUFFICIENT"
-        assert refused.get_json()["error"]["field"] == "namespace"
+        assert list(refused.get_json()["error"]["fields"]) == ["namespace"]
     ok = auth_client.post("/v1/budget.set", json={"namespace": "*", "calls": 1},
                           headers=bearer(org_admin))
     assert ok.status_code == 200 and ok.get_json()["namespace"] == "*"

@@ -40,7 +40,7 @@ TYPES_UNSTATED = {"type_name_duplicate", "retention_unknown_field",
 def _profile_unstated(violation: SchemaRuleViolation) -> bool:
     """What the profile schema's schema cannot state: sizes of the canonical JSON and of a
     full answer, a pattern that compiles, two bounds compared, a number JSON cannot carry."""
-    field = str(violation.details.get("field") or "")
+    field = ", ".join(violation.details.get("fields") or {})
     return (violation.rule in {"too_large", "too_many_values", "output_cap"}
             or (violation.rule == "malformed" and (field.endswith(".pattern")
                                                    or "not plain JSON" in violation.message))

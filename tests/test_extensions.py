@@ -160,7 +160,8 @@ def test_a_host_the_process_does_not_answer_is_seen_and_answered_421(app, seen_o
     assert refused.get_json() == {"error": {
         "code": "HOST_NOT_ALLOWED",
         "message": "this server does not answer that Host name; add it to LOOM_ALLOWED_HOSTS",
-        "field": "Host"}}
+        "fields": {"Host": [
+            "this server does not answer that Host name; add it to LOOM_ALLOWED_HOSTS"]}}}
     assert refused.headers["Cache-Control"] == "no-store"
     assert "X-Request-Id" in refused.headers
     assert answered.status_code == 200

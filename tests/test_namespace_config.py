@@ -70,8 +70,8 @@ def test_an_invalid_features_document_is_a_422_naming_the_rule(client, features,
     call(client, "features.set", features={"agent_state": True})
     status, out = call(client, "features.set", features=features)
     assert status == 422
-    assert (out["error"]["code"], out["error"]["rule"], out["error"]["field"]) == (
-        "SCHEMA_INVALID", rule, field)
+    assert (out["error"]["code"], out["error"]["rule"], list(out["error"]["fields"])) == (
+        "SCHEMA_INVALID", rule, [field])
     # Nothing changed and nothing was audited.
     assert call(client, "features.get")[1]["features"]["agent_state"] is True
     assert call(client, "audit.list")[1]["count"] == 1
@@ -130,7 +130,7 @@ def test_object_types_set_replaces_the_registry_normalized(client):
 def test_an_invalid_registry_is_a_422_naming_the_rule(client, types, rule, field):
     status, out = call(client, "object_types.set", types=types)
     assert status == 422, out
-    assert (out["error"]["rule"], out["error"]["field"]) == (rule, field)
+    assert (out["error"]["rule"], list(out["error"]["fields"])) == (rule, [field])
     assert call(client, "object_types.get")[1]["count"] == 0
     assert call(client, "audit.list")[1]["count"] == 0
 

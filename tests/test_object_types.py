@@ -323,21 +323,21 @@ RULE_VIOLATIONS: list[tuple[Any, str, str]] = [
 def test_rule_violations(types: Any, rule: str, field: str) -> None:
     err = _violation(types)
     assert err.rule == rule
-    assert err.details["field"] == field
+    assert list(err.details["fields"]) == [field]
     assert err.to_dict()["rule"] == rule
 
 
 def test_path_prefix() -> None:
     with pytest.raises(SchemaRuleViolation) as info:
         validate_object_types([{"type": "x", "ownership": "nobody"}], path="body.types")
-    assert info.value.details["field"] == "body.types[0].ownership"
+    assert list(info.value.details["fields"]) == ["body.types[0].ownership"]
 
 
 def test_error_names_the_right_index() -> None:
     good = _with(type="good")
     bad = _with(agent_state={"scope": "task", "max_bytes": 10**6})
     err = _violation([good, bad])
-    assert err.details["field"] == "types[1].agent_state.max_bytes"
+    assert list(err.details["fields"]) == ["types[1].agent_state.max_bytes"]
 
 
 # --- state_type_for ------------------------------------------------------------------------------

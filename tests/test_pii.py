@@ -283,7 +283,7 @@ def _violation(rules: object) -> SchemaRuleViolation:
 def test_rule_violations(rules: object, rule: str, field: str) -> None:
     err = _violation(rules)
     assert err.rule == rule
-    assert err.details["field"] == field
+    assert list(err.details["fields"]) == [field]
 
 
 def test_limits_are_inclusive() -> None:
@@ -305,7 +305,7 @@ def test_safe_nested_shapes_accepted(pattern: str) -> None:
 def test_custom_path_prefix() -> None:
     with pytest.raises(SchemaRuleViolation) as info:
         validate_pii_rules([{"name": "a", "pattern": "("}], path="features.pii_rules")
-    assert info.value.details["field"] == "features.pii_rules[0].pattern"
+    assert list(info.value.details["fields"]) == ["features.pii_rules[0].pattern"]
 
 
 # --- custom rules: masking ---------------------------------------------------------------------

@@ -256,7 +256,7 @@ def test_each_rule_is_refused_by_name(rule: str, doc: Any, field: str | None) ->
     assert violation.status == 422
     assert violation.to_dict()["rule"] == rule
     if field is not None:
-        assert violation.details["field"] == field
+        assert list(violation.details["fields"]) == [field]
         assert field in violation.message
 
 
@@ -290,7 +290,7 @@ def test_validation_does_not_change_the_document() -> None:
 def test_message_names_the_property() -> None:
     violation = refused(schema(home_city={"type": "string"}))
     assert "home_city" in violation.message
-    assert violation.details["field"] == "properties.home_city.description"
+    assert list(violation.details["fields"]) == ["properties.home_city.description"]
 
 
 # --- output-cap estimate ---------------------------------------------------------------------

@@ -231,7 +231,7 @@ def test_a_tokens_read_scope_is_the_ceiling(app_factory):
     token = mint(client, namespace="support", role="viewer", read_scope="own_user")
     status, out = call(client, "memory.search", bearer(token), query="violin",
                        read_scope="namespace")
-    assert status == 403 and out["error"]["field"] == "read_scope"
+    assert status == 403 and list(out["error"]["fields"]) == ["read_scope"]
     status, out = call(client, "memory.search", bearer(token), query="violin")
     assert status == 200 and keys_of(out) == ["mine"] and out["read_scope"] == "own_user"
 

@@ -24,6 +24,7 @@ from requests.adapters import BaseAdapter
 from requests.structures import CaseInsensitiveDict
 
 import app.errors as server_errors
+from app import sdk_errors
 from app import sdk_manifest as manifest
 from app.local import free_port
 from app.ops import load_ops
@@ -210,7 +211,23 @@ def test_missing_namespace_is_identity_incomplete(adapter: FlaskAdapter):
     with mounted(adapter, namespace=None) as bot:
         with pytest.raises(errors.IdentityIncomplete) as caught:
             bot.working_memory.get()
-    assert caught.value.details["field"] == "namespace"
+    assert list(caught.value.details["fields"]) == ["namespace"]
+    # The catalogue's detail, typed, and what to do, on the class of the code.
+    assert caught.value.fields == {"namespace": ["namespace is required"]}
+    assert caught.value.remedy == "fix_input"
+    assert errors.IdentityIncomplete.default_status == 422
+
+
+def test_a_refusal_carries_its_catalogue_details_as_typed_properties(adapter: FlaskAdapter):
+    with mounted(adapter) as bot:
+        bot.profile.set("tone", "hello")
+        with pytest.raises(errors.HashMismatch) as caught:
+            bot.profile.set("tone", "other", if_match_sha256="0" * 64)
+    refused = caught.value
+    assert refused.remedy == "read_then_resend"
+    assert refused.key == "tone"
+    assert refused.content_sha256 is not None and len(refused.content_sha256) == 64
+    assert refused.retry_after is None
 
 
 def test_an_op_the_server_lacks_raises_unknown_op(bot: Agent, adapter: FlaskAdapter):
@@ -498,10 +515,11 @@ def test_seed_example_against_gunicorn(live_server):
 
 def test_every_committed_sdk_file_equals_a_fresh_generation():
     files = manifest.generated_files()
-    assert set(files) == {manifest.MANIFEST_PATH, manifest.ANSWERS_PATH}
+    assert set(files) == {manifest.MANIFEST_PATH, manifest.ANSWERS_PATH, sdk_errors.PYTHON_PATH}
     for path, fresh in files.items():
         assert path.read_text() == fresh, (
-            f"the op registry changed: run `python -m app.sdk_manifest` ({path.name})"
+            f"the op registry or the error catalogue changed: run `python -m app.sdk_manifest` "
+            f"({path.name})"
         )
 
 

@@ -7,26 +7,21 @@ schema or error code fails here until ``python -m app.sdk_ts`` is run and its ou
 from __future__ import annotations
 
 import re
-import textwrap
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from app import errors
 from app.ops import load_ops
 from app.sdk_ts import (
-    CATALOGUE,
     ERROR_BASE,
     GENERATED,
     ROOT,
     CatalogueDrift,
     check_error_base,
-    error_catalogue,
     generated_files,
     main,
-    render_errors,
-    sdk_error_classes,
+    python_roots,
 )
 
 
@@ -99,91 +94,98 @@ def test_a_changed_registry_shows_as_behind(
     assert (ROOT / GENERATED / "ops.ts").read_text() == committed["ops.ts"]
 
 
-# --- the error classes, from the Python SDK's catalogue ----------------------------------------
+# --- the error classes, from the server's error catalogue --------------------------------------
 
 
-def _planted_catalogue(tmp_path: Path, extra: str) -> ModuleType:
-    source = (ROOT / CATALOGUE).read_text()
-    at = source.index("\nBY_CODE")
-    path = tmp_path / "errors.py"
-    path.write_text(source[:at] + textwrap.dedent(extra) + source[at:])
-    return error_catalogue(path)
-
-
-def test_every_class_of_the_python_catalogue_is_a_typescript_class_of_the_same_place(
+def test_every_class_of_the_python_sdk_is_a_typescript_class_of_the_same_place(
     tmp_path: Path,
 ) -> None:
-    from loom import errors as sdk_errors
+    from loom import error_classes
 
     text = next(text for path, text in generated_files(tmp_path).items()
                 if path.name == "errors.ts")
-    base = (ROOT / ERROR_BASE).read_text()
-    classes = sdk_error_classes(error_catalogue())
+    classes = [value for value in vars(error_classes).values()
+               if isinstance(value, type) and value.__module__ == error_classes.__name__]
     assert len(classes) > 40
     for cls in classes:
-        parent = "Error" if cls.__name__ == "LoomError" else cls.__bases__[0].__name__
-        declared = (f"export class {cls.__name__} extends {parent} {{\n"
-                    f"  static {'' if parent == 'Error' else 'override '}readonly code: string = "
-                    f'"{cls.default_code}";')  # type: ignore[attr-defined]
-        assert declared in (base if cls.__name__.startswith("Loom") else text), cls.__name__
-    for code, cls in sdk_errors.BY_CODE.items():
+        declared = (f"export class {cls.__name__} extends {cls.__bases__[0].__name__} {{\n"
+                    f'  static override readonly code: string = "{cls.default_code}";')
+        assert declared in text, cls.__name__
+        if cls.__dict__.get("remedy") is not None:
+            assert f'readonly remedy: string | null = "{cls.remedy}";' in text.split(
+                f"export class {cls.__name__} ")[1].split("\n}\n")[0], cls.__name__
+    for code, cls in error_classes.BY_CODE.items():
         assert f'  "{code}": {cls.__name__},\n' in text
-    for status, cls in sdk_errors.BY_STATUS.items():
+    for status, cls in error_classes.BY_STATUS.items():
         assert f"  {status}: {cls.__name__},\n" in text
     # Accessors follow the Python properties: .fields on ValidationError, the limits' lengths.
     validation = text.split("export class ValidationError")[1].split("\n}\n")[0]
     assert "get fields(): Record<string, unknown>" in validation
     limits = text.split("export class LimitExceeded")[1].split("\n}\n")[0]
     assert "get valueLength()" in limits and "get charLimit()" in limits
+    for cls in classes:
+        own = [name for name, value in vars(cls).items() if isinstance(value, property)]
+        body = text.split(f"export class {cls.__name__} ")[1].split("\n}\n")[0]
+        for name in own:
+            camel = name.split("_")[0] + "".join(part.title() for part in name.split("_")[1:])
+            assert f"  get {camel}(): " in body, (cls.__name__, name)
 
 
-def test_a_class_added_to_the_python_catalogue_leaves_the_typescript_behind(
+def test_a_code_added_to_the_catalogue_leaves_both_sdks_behind(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    import app.sdk_errors as sdk_errors
+    import app.sdk_manifest as manifest
     import app.sdk_ts as generator
+    from app import error_catalogue
 
     committed = (ROOT / GENERATED / "errors.ts").read_text()
-    planted = _planted_catalogue(tmp_path, '''
-
-        class MemoryTooOld(NotFound):
-            """A planted code."""
-
-            default_code = "MEMORY_TOO_OLD"
-        ''')
-    monkeypatch.setattr(generator, "error_catalogue", lambda: planted)
+    planted = error_catalogue.ErrorSpec(
+        "MEMORY_TOO_OLD", 404, "A planted code.", error_catalogue.Remedy.FIX_INPUT,
+        "MemoryTooOld", "op", (error_catalogue.Detail("expired_at", "integer", "when"),))
+    catalogue = (*error_catalogue.CATALOGUE, planted)
+    monkeypatch.setattr(sdk_errors, "CATALOGUE", catalogue)
+    monkeypatch.setattr(generator, "CATALOGUE", catalogue)
     fresh = next(text for path, text in generator.generated_files(tmp_path).items()
                  if path.name == "errors.ts")
-    assert "/** A planted code. */\nexport class MemoryTooOld extends NotFound {" in fresh
+    assert "export class MemoryTooOld extends NotFound {" in fresh
+    assert "get expiredAt(): number | bigint | null {" in fresh
+    assert '  "MEMORY_TOO_OLD": MemoryTooOld,\n' in fresh
     assert generator.main(["--check"]) == 1
     assert "errors.ts is behind the registry" in capsys.readouterr().out
     assert (ROOT / GENERATED / "errors.ts").read_text() == committed
+    python = sdk_errors.render_python()
+    assert "class MemoryTooOld(NotFound):" in python
+    assert "    def expired_at(self) -> int | None:" in python
+    assert manifest.main(["--check"]) == 1
+    assert "error_classes.py is behind the code" in capsys.readouterr().err
 
 
-def test_a_property_without_a_typescript_accessor_stops_the_generation(tmp_path: Path) -> None:
-    planted = _planted_catalogue(tmp_path, '''
+def test_a_detail_that_cannot_be_an_accessor_stops_the_generation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import app.sdk_errors as sdk_errors
+    from app import error_catalogue
 
-        class Expired(NotFound):
-            default_code = "EXPIRED"
-
-            @property
-            def expired_at(self) -> int | None:
-                return self.details.get("expired_at")
-        ''')
-    with pytest.raises(CatalogueDrift, match=r"Expired\.expired_at has no TypeScript accessor"):
-        render_errors(planted, [])
+    planted = error_catalogue.ErrorSpec(
+        "EXPIRED", 404, "A planted code.", error_catalogue.Remedy.FIX_INPUT, "Expired", "op",
+        (error_catalogue.Detail("expired-at", "integer", "when"),))
+    monkeypatch.setattr(sdk_errors, "CATALOGUE", (*error_catalogue.CATALOGUE, planted))
+    with pytest.raises(CatalogueDrift, match=r"Expired: detail 'expired-at' cannot be"):
+        sdk_errors.sdk_classes()
 
 
-def test_hand_written_roots_that_drift_from_the_catalogue_fail_the_check(
+def test_hand_written_roots_that_drift_from_the_python_roots_fail_the_check(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import app.sdk_ts as generator
 
-    catalogue = error_catalogue()
-    check_error_base(catalogue)  # the committed roots match
+    roots = python_roots()
+    check_error_base(roots)  # the committed roots match
     base = tmp_path / "error_base.ts"
     base.write_text((ROOT / ERROR_BASE).read_text().replace('"TIMEOUT"', '"TIMED_OUT"'))
     with pytest.raises(CatalogueDrift, match="TIMED_OUT"):
-        check_error_base(catalogue, base)
+        check_error_base(roots, base)
     monkeypatch.setattr(generator, "check_error_base", lambda found: check_error_base(found, base))
     assert generator.main(["--check"]) == 1
-    assert "error_base.ts differs from sdk/loom/errors.py" in capsys.readouterr().out
+    assert "error_base.ts differs from sdk/loom/error_base.py" in capsys.readouterr().out

@@ -70,11 +70,11 @@ def test_a_pinned_token_exports_only_its_own_user(client):
     put_state(client, ADMIN_TOKEN, "loyalty", {"kind": "subject", "id": "u1"}, {"tier": "mine"})
     viewer = mint(client, namespace=NS, role="viewer", read_user_id="u1")
     status, out = call(client, "subject.export", viewer, handles=list(VICTIM_HANDLES))
-    assert status == 403 and out["error"]["field"] == "handles.0", out
+    assert status == 403 and list(out["error"]["fields"]) == ["handles.0"], out
     assert "SECRET" not in json.dumps(out)
     for handle in VICTIM_HANDLES:
         status, out = call(client, "subject.export", viewer, handles=["u1", handle])
-        assert status == 403 and out["error"]["field"] == "handles.1", (handle, out)
+        assert status == 403 and list(out["error"]["fields"]) == ["handles.1"], (handle, out)
     # Its own id as a handle is fine; without the agent_state scope the states carry no values.
     status, out = call(client, "subject.export", viewer, handles=["u1"])
     assert status == 200 and out["counts"]["agent_states"] == 1
@@ -318,7 +318,7 @@ def test_a_rule_that_cannot_run_in_linear_time_is_refused(client):
         status, out = call(client, "features.set", ADMIN_TOKEN, features={
             "agent_state": True, "pii_rules": [{"name": "r", "pattern": pattern}]})
         assert status == 422 and out["error"]["rule"] == "pii_rule_pattern_unsafe", out
-        assert out["error"]["field"] == "features.pii_rules[0].pattern"
+        assert list(out["error"]["fields"]) == ["features.pii_rules[0].pattern"]
 
 
 def test_a_catastrophic_rule_is_accepted_and_masks_through_the_api(client):
@@ -371,4 +371,4 @@ def test_a_deeply_nested_profile_schema_is_422_not_500(client):
     status, out = call(client, "profile_schema.set", ADMIN_TOKEN, json_schema=node)
     assert status == 422, out
     assert out["error"]["rule"] == "too_deep"
-    assert out["error"]["field"].startswith("properties.p.properties.p")
+    assert next(iter(out["error"]["fields"])).startswith("properties.p.properties.p")

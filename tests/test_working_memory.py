@@ -258,10 +258,10 @@ def test_identity_fields_are_required(client):
     assert response.get_json()["error"] == {
         "code": "IDENTITY_INCOMPLETE",
         "message": "namespace is required",
-        "field": "namespace",
+        "fields": {"namespace": ["namespace is required"]},
     }
     response = client.post("/v1/working_memory.set", json={"namespace": "n"})
-    assert response.get_json()["error"]["field"] == "agent"
+    assert list(response.get_json()["error"]["fields"]) == ["agent"]
 
 
 def test_identity_fields_refuse_control_characters_and_overlong(client):

@@ -488,7 +488,7 @@ def schema_set(principal: Principal, namespace: str) -> Any:
     try:
         run("profile_schema.set", {"namespace": namespace, "json_schema": doc}, principal)
     except SchemaRuleViolation as error:
-        where = error.details.get("field")
+        where = ", ".join(error.details.get("fields") or {})
         message = f"{error.message} (rule {error.rule}" + (f", at {where})" if where else ")")
         return _schema_refused(principal, namespace, text, message, error.status)
     except LoomError as error:

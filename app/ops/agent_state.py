@@ -197,6 +197,7 @@ def _require_scope(call: Call) -> None:
 
 
 @op("agent_state.put", role="writer", kind="write", args=AgentStatePutArgs,
+    raises=("FEATURE_DISABLED", "agent_state_conflict", "WRITE_CONFLICT", "USER_BEING_ERASED"),
     answer=AgentStateWritten, http_method="PUT", path="/v1/agent-state", mcp=False,
     example={**_WHO, "mode": "merge_by_key", "body": {"step": "sizes", "offer": "familia-plus"}})
 def agent_state_put(call: Call) -> dict[str, Any]:
@@ -220,6 +221,7 @@ def agent_state_put(call: Call) -> dict[str, Any]:
 
 
 @op("agent_state.read", role="writer", kind="read", args=AgentStateArgs,
+    raises=("FEATURE_DISABLED",),
     answer=AgentStateRead, path="/v1/agent-state/read", mcp=False, example=_WHO)
 def agent_state_read(call: Call) -> dict[str, Any]:
     """Read an agent's state: body, version and updated_at (empty at version 0 when none)."""
@@ -238,6 +240,7 @@ def agent_state_read(call: Call) -> dict[str, Any]:
 
 
 @op("agent_state.of_profile", role="viewer", kind="read", args=AgentStateProfileArgs,
+    raises=("FEATURE_DISABLED",),
     answer=AgentStateOfProfile, http_method="GET",
     path="/v1/profiles/<profile_id>/agent-state", mcp=False, needs_agent=False,
     example={"namespace": "shop", "profile_id": "cust-42"})
@@ -257,6 +260,7 @@ def agent_state_of_profile(call: Call) -> dict[str, Any]:
 
 
 @op("agent_state.erase", role="admin", kind="idempotent", args=AgentStateEraseArgs,
+    raises=("FEATURE_DISABLED", "USER_BEING_ERASED"),
     answer=AgentStateErased, mcp=False, needs_agent=False,
     example={"namespace": "shop", "scope": {"kind": "conversation", "id": "conv-8c1e"}})
 def agent_state_erase(call: Call) -> dict[str, Any]:

@@ -71,14 +71,7 @@ ANSWER_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 _WHO = {"namespace": "support", "agent": "triage-bot", "user_id": "u-42"}
-ASK_ERRORS = {
-    "409": "Model calls are off: no model configured, or the org switched them off "
-           "(MODEL_CALLS_OFF, reason says which)",
-    "429": "Over the token's request budget (RATE_LIMITED), or the model call would pass the "
-           "namespace's or the org's model-call budget (MODEL_BUDGET_EXCEEDED)",
-    "502": "The model server failed or gave no usable answer (MODEL_CALL_FAILED)",
-    "504": "The model server did not answer within LOOM_ASK_TIMEOUT_SECONDS (MODEL_TIMEOUT)",
-}
+ASK_ERRORS = ("MODEL_CALLS_OFF", "MODEL_BUDGET_EXCEEDED", "MODEL_CALL_FAILED", "MODEL_TIMEOUT")
 
 
 class MemoryAskArgs(MemorySearchArgs):
@@ -175,7 +168,7 @@ def _citations(data: dict[str, Any] | None, given: list[str]) -> tuple[list[str]
 
 @op("memory.ask", role="viewer", kind="read",
     cost=search_call_cost,
-    args=MemoryAskArgs, answer=MemoryAskAnswer, errors=ASK_ERRORS,
+    args=MemoryAskArgs, answer=MemoryAskAnswer, raises=ASK_ERRORS,
     example={**_WHO, "query": "which currency should the invoice use",
              "read_scope": "own_user"})
 def memory_ask(call: Call) -> dict[str, Any]:

@@ -155,6 +155,7 @@ def _named_user(call: Call) -> str:
 
 
 @op("user.erase", role="admin", kind="idempotent", listed=False, mcp=False,
+    raises=("ERASURE_RUNNING",),
     args=UserEraseArgs, answer=ErasureReceipt, needs_agent=False, needs_user=True, example=_WHO)
 def user_erase(call: Call) -> dict[str, Any]:
     """Erase everything of one user of a namespace in the background; answers at once (running).
@@ -169,6 +170,7 @@ def user_erase(call: Call) -> dict[str, Any]:
 
 
 @op("erasure.status", role="admin", kind="read", listed=False, mcp=False,
+    raises=("ERASURE_NOT_FOUND",),
     args=ErasureStatusArgs, answer=ErasureReceipt, needs_agent=False,
     needs_user="erasure_id", example=_WHO)
 def erasure_status(call: Call) -> dict[str, Any]:

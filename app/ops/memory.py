@@ -570,7 +570,13 @@ def _replayed(answer_of: Callable[[Call, Written], dict[str, Any]]
     return replay
 
 
+# What a write to a memory row can meet beyond every write's codes (app.error_catalogue).
+MEMORY_WRITE_ERRORS = ("MEMORY_NOT_FOUND", "MEMORY_LOCKED", "MEMORY_TYPE_MISMATCH", "HASH_MISMATCH",
+                       "CHAR_LIMIT_EXCEEDED", "USER_BEING_ERASED", "WRITE_CONFLICT")
+
+
 @op("memory.set", role="writer", kind="idempotent",
+    raises=MEMORY_WRITE_ERRORS,
     args=MemorySetArgs, answer=MemoryWriteAnswer,
     replay=_replayed(lambda _call, written: write_answer(written)),
     example={**_WHO, "key": "invoice_currency", "value": "Prefers EUR invoices.",
@@ -726,6 +732,7 @@ def _listed(row: MemoryRow, a: dict[str, Any], scope: str, call: Call) -> bool:
 
 
 @op("memory.history", role="viewer", kind="read",
+    raises=("MEMORY_NOT_FOUND",),
     args=MemoryHistoryArgs, answer=MemoryHistoryAnswer,
     example={**_WHO, "key": "invoice_currency"})
 def memory_history(call: Call) -> dict[str, Any]:
@@ -762,6 +769,7 @@ def _delete_answer(_call: Call, written: Written) -> dict[str, Any]:
 
 
 @op("memory.delete", role="writer", kind="idempotent", listed=False,
+    raises=MEMORY_WRITE_ERRORS,
     args=MemoryDeleteArgs, answer=MemoryDeleteAnswer, replay=_replayed(_delete_answer),
     example={**_WHO, "key": "invoice_currency"})
 def memory_delete(call: Call) -> dict[str, Any]:
@@ -807,6 +815,7 @@ def _delete_version_answer(call: Call, written: Written) -> dict[str, Any]:
 
 
 @op("memory.delete_version", role="admin", kind="write", listed=False,
+    raises=MEMORY_WRITE_ERRORS,
     args=MemoryDeleteVersionArgs, answer=MemoryDeleteVersionAnswer,
     replay=_replayed(_delete_version_answer),
     example={**_WHO, "key": "invoice_currency", "version_text": "1800000000000000000"})
@@ -855,6 +864,7 @@ def _flag_answer(_call: Call, written: Written) -> dict[str, Any]:
 
 
 @op("memory.lock", role="writer", kind="idempotent", listed=False,
+    raises=MEMORY_WRITE_ERRORS,
     args=MemoryTargetArgs, answer=MemoryFlagAnswer, replay=_replayed(_flag_answer),
     example={**_WHO, "key": "invoice_currency"})
 def memory_lock(call: Call) -> dict[str, Any]:
@@ -863,6 +873,7 @@ def memory_lock(call: Call) -> dict[str, Any]:
 
 
 @op("memory.unlock", role="writer", kind="idempotent", listed=False,
+    raises=MEMORY_WRITE_ERRORS,
     args=MemoryTargetArgs, answer=MemoryFlagAnswer, replay=_replayed(_flag_answer),
     example={**_WHO, "key": "invoice_currency"})
 def memory_unlock(call: Call) -> dict[str, Any]:
@@ -871,6 +882,7 @@ def memory_unlock(call: Call) -> dict[str, Any]:
 
 
 @op("memory.pin", role="writer", kind="idempotent", listed=False,
+    raises=MEMORY_WRITE_ERRORS,
     args=MemoryTargetArgs, answer=MemoryFlagAnswer, replay=_replayed(_flag_answer),
     example={**_WHO, "key": "invoice_currency"})
 def memory_pin(call: Call) -> dict[str, Any]:
@@ -879,6 +891,7 @@ def memory_pin(call: Call) -> dict[str, Any]:
 
 
 @op("memory.unpin", role="writer", kind="idempotent", listed=False,
+    raises=MEMORY_WRITE_ERRORS,
     args=MemoryTargetArgs, answer=MemoryFlagAnswer, replay=_replayed(_flag_answer),
     example={**_WHO, "key": "invoice_currency"})
 def memory_unpin(call: Call) -> dict[str, Any]:
@@ -887,6 +900,7 @@ def memory_unpin(call: Call) -> dict[str, Any]:
 
 
 @op("memory.redact", role="admin", kind="idempotent", listed=False,
+    raises=MEMORY_WRITE_ERRORS,
     args=MemoryTargetArgs, answer=MemoryRedactAnswer,
     example={**_WHO, "key": "invoice_currency"})
 def memory_redact(call: Call) -> dict[str, Any]:
@@ -929,6 +943,7 @@ def _revision_answer(_call: Call, written: Written) -> dict[str, Any]:
 
 
 @op("memory.revert", role="writer", kind="write", listed=False,
+    raises=MEMORY_WRITE_ERRORS,
     args=MemoryRevertArgs, answer=MemoryRevisionAnswer, replay=_replayed(_revision_answer),
     example={**_WHO, "key": "invoice_currency", "version_text": "1800000000000000000"})
 def memory_revert(call: Call) -> dict[str, Any]:
@@ -943,6 +958,7 @@ def memory_revert(call: Call) -> dict[str, Any]:
 
 
 @op("memory.restore", role="writer", kind="write", listed=False,
+    raises=(*MEMORY_WRITE_ERRORS, "MEMORY_NOT_DELETED"),
     args=MemoryTargetArgs, answer=MemoryRevisionAnswer, replay=_replayed(_revision_answer),
     example={**_WHO, "key": "invoice_currency"})
 def memory_restore(call: Call) -> dict[str, Any]:
@@ -965,6 +981,7 @@ def _touch(call: Call, change: str, confidence: float | None = None) -> dict[str
 
 
 @op("memory.restate", role="writer", kind="write", listed=False,
+    raises=MEMORY_WRITE_ERRORS,
     args=MemoryTargetArgs, answer=MemoryRevisionAnswer, replay=_replayed(_revision_answer),
     example={**_WHO, "key": "invoice_currency"})
 def memory_restate(call: Call) -> dict[str, Any]:
@@ -973,6 +990,7 @@ def memory_restate(call: Call) -> dict[str, Any]:
 
 
 @op("memory.reinforce", role="writer", kind="write", listed=False,
+    raises=MEMORY_WRITE_ERRORS,
     args=MemoryReinforceArgs, answer=MemoryRevisionAnswer, replay=_replayed(_revision_answer),
     example={**_WHO, "key": "invoice_currency", "confidence": 0.9})
 def memory_reinforce(call: Call) -> dict[str, Any]:
@@ -981,6 +999,7 @@ def memory_reinforce(call: Call) -> dict[str, Any]:
 
 
 @op("memory.recall", role="writer", kind="write", listed=False,
+    raises=MEMORY_WRITE_ERRORS,
     args=MemoryTargetArgs, answer=MemoryRevisionAnswer, replay=_replayed(_revision_answer),
     example={**_WHO, "key": "invoice_currency"})
 def memory_recall(call: Call) -> dict[str, Any]:
@@ -989,6 +1008,7 @@ def memory_recall(call: Call) -> dict[str, Any]:
 
 
 @op("memory.backfill", role="writer", kind="idempotent", listed=False,
+    raises=MEMORY_WRITE_ERRORS,
     args=MemoryTargetArgs, answer=MemoryRevisionAnswer, replay=_replayed(_revision_answer),
     example={**_WHO, "key": "invoice_currency"})
 def memory_backfill(call: Call) -> dict[str, Any]:

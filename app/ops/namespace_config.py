@@ -148,6 +148,7 @@ _ADMIN: _AdminOp = {"role": "admin", "needs_agent": False, "mcp": False}
 
 
 @op("features.set", kind="idempotent", args=FeaturesSetArgs, answer=FeaturesAnswer,
+    raises=("SCHEMA_INVALID",),
     example={**_NS, "features": {"agent_state": True, "pii_rules": [
         {"name": "order_ref", "pattern": "ORD-[0-9]{6}", "mask": "[order]"}]}},
     **_ADMIN)
@@ -175,6 +176,7 @@ def features_get(call: Call) -> dict[str, Any]:
 
 
 @op("object_types.set", kind="idempotent", args=ObjectTypesSetArgs, answer=ObjectTypesAnswer,
+    raises=("SCHEMA_INVALID",),
     example={**_NS, "types": [EXAMPLE_TYPE]}, **_ADMIN)
 def object_types_set(call: Call) -> dict[str, Any]:
     """Replace the namespace's object-types registry; audited."""

@@ -173,7 +173,13 @@ def _answer(call: Call, written: Written) -> dict[str, Any]:
     }
 
 
+# What a write to a profile section can meet beyond every write's codes.
+PROFILE_WRITE_ERRORS = ("CHAR_LIMIT_EXCEEDED", "HASH_MISMATCH", "MEMORY_LOCKED",
+                        "MEMORY_TYPE_MISMATCH", "USER_BEING_ERASED", "WRITE_CONFLICT")
+
+
 @op("profile.set", role="writer", kind="idempotent", listed=False,
+    raises=PROFILE_WRITE_ERRORS,
     args=ProfileSetArgs, answer=ProfileWrite,
     example={**_WHO, "label": "persona", "value": "Terse. Cite ticket ids."})
 def profile_set(call: Call) -> dict[str, Any]:
@@ -198,6 +204,7 @@ def profile_set(call: Call) -> dict[str, Any]:
 
 
 @op("profile.append", role="writer", kind="write", listed=False,
+    raises=PROFILE_WRITE_ERRORS,
     args=ProfileAppendArgs, answer=ProfileWrite,
     example={**_WHO, "label": "preferences", "addition": "Prefers EUR invoices."})
 def profile_append(call: Call) -> dict[str, Any]:
@@ -213,6 +220,7 @@ def profile_append(call: Call) -> dict[str, Any]:
 
 
 @op("profile.replace", role="writer", kind="idempotent", listed=False,
+    raises=(*PROFILE_WRITE_ERRORS, "PROFILE_SECTION_NOT_FOUND", "SUBSTRING_NOT_FOUND"),
     args=ProfileReplaceArgs, answer=ProfileWrite,
     example={**_WHO, "label": "preferences", "old": "EUR", "new": "CHF"})
 def profile_replace(call: Call) -> dict[str, Any]:

@@ -84,6 +84,7 @@ def _audit(call: Call, action: str, old_sha: str, new_sha: str) -> None:
 
 
 @op("profile_schema.set", role="admin", kind="idempotent", listed=False,
+    raises=("SCHEMA_INVALID",),
     args=ProfileSchemaSetArgs, answer=ProfileSchemaAnswer, needs_agent=False,
     example={"namespace": "support", "json_schema": SEED_EXAMPLE_SCHEMA})
 def profile_schema_set(call: Call) -> dict[str, Any]:

@@ -122,6 +122,7 @@ class StructuredBlacklisted(Answer):
 
 
 @op("structured.blacklist", role="admin", kind="idempotent", listed=False,
+    raises=("USER_BEING_ERASED",),
     args=StructuredBlacklistArgs, answer=StructuredBlacklisted, needs_agent=False,
     needs_user=True,
     example={"namespace": "support", "user_id": "u-42", "blacklisted": True})

@@ -166,6 +166,7 @@ def token_create(call: Call) -> dict[str, Any]:
 
 
 @op("token.revoke", role="admin", kind="idempotent", listed=False,
+    raises=("TOKEN_NOT_FOUND",),
     args=TokenIdArgs, answer=TokenRevoked, needs_agent=False, needs_namespace=False, mcp=False,
     example={"token_id": "0123456789abcdef"})
 def token_revoke(call: Call) -> dict[str, Any]:

@@ -157,6 +157,7 @@ def _store(call: Call) -> WorkingMemoryStore:
 
 
 @op("working_memory.set", role="writer", kind="idempotent",
+    raises=("WORKING_MEMORY_LIMIT_EXCEEDED", "USER_BEING_ERASED"),
     args=WorkingMemorySetArgs, answer=WorkingMemoryWrite,
     example={**_WHO, "block_key": "state", "content": "cursor: ticket 4812"})
 def working_memory_set(call: Call) -> dict[str, Any]:
@@ -167,6 +168,7 @@ def working_memory_set(call: Call) -> dict[str, Any]:
 
 
 @op("working_memory.append", role="writer", kind="write",
+    raises=("WORKING_MEMORY_LIMIT_EXCEEDED", "USER_BEING_ERASED"),
     args=WorkingMemoryAppendArgs, answer=WorkingMemoryWrite,
     example={**_WHO, "block_key": "state", "addition": "step 3 done"})
 def working_memory_append(call: Call) -> dict[str, Any]:
@@ -177,6 +179,8 @@ def working_memory_append(call: Call) -> dict[str, Any]:
 
 
 @op("working_memory.replace", role="writer", kind="idempotent", listed=False,
+    raises=("WORKING_MEMORY_BLOCK_NOT_FOUND", "SUBSTRING_NOT_FOUND",
+            "WORKING_MEMORY_LIMIT_EXCEEDED", "USER_BEING_ERASED"),
     args=WorkingMemoryReplaceArgs, answer=WorkingMemoryWrite,
     example={**_WHO, "block_key": "state", "old": "4812", "new": "4813"})
 def working_memory_replace(call: Call) -> dict[str, Any]:
@@ -186,6 +190,7 @@ def working_memory_replace(call: Call) -> dict[str, Any]:
 
 
 @op("working_memory.delete", role="writer", kind="idempotent", listed=False,
+    raises=("USER_BEING_ERASED",),
     args=WorkingMemoryDeleteArgs, answer=WorkingMemoryDeleted,
     example={**_WHO, "block_key": "state"})
 def working_memory_delete(call: Call) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 With the setting on, every op's answer (``run_op``: HTTP, console and CLI alike) and every
 error body (``app.api.error_response``) is validated against the schema the served document
-declares for that op and status, and an error status the op does not list is a mismatch too.
+declares for that op and status, and an error status the op does not list, or a code it does
+not list for that status (its ``x-error-codes``, from ``app.error_catalogue.codes_for_op``), is
+a mismatch too.
 A mismatch is never sent as if it were fine: it becomes a ``500 ANSWER_CONTRACT_VIOLATION``
 naming what differs, is logged, and is kept in ``VIOLATIONS`` (the test suite fails any test
 that leaves one). The document is the one ``/openapi.json`` serves, turned from OpenAPI 3.0
@@ -79,6 +81,10 @@ class AnswerContract:
         self._lock = threading.Lock()
         self._responses: dict[str, dict[str, Any]] | None = None
         self._error_validator: jsonschema.Draft4Validator | None = None
+        # Each op's error codes by status, and every code of the catalogue: an error answer
+        # with a code its op does not list is a mismatch like a wrong shape.
+        self._codes: dict[str, dict[str, frozenset[str]]] = {}
+        self._catalogue: frozenset[str] = frozenset()
 
     def _load(self) -> dict[str, dict[str, Any]]:
         with self._lock:
@@ -94,6 +100,7 @@ class AnswerContract:
             return jsonschema.Draft4Validator({**_json_schema(schema), "components": components})
 
         responses: dict[str, dict[str, Any]] = {}
+        codes: dict[str, dict[str, frozenset[str]]] = {}
         for methods in document["paths"].values():
             for operation in methods.values():
                 if not isinstance(operation, dict) or "operationId" not in operation:
@@ -102,7 +109,13 @@ class AnswerContract:
                     status: validator(answer["content"]["application/json"]["schema"])
                     for status, answer in operation["responses"].items()
                 }
+                codes[operation["operationId"]] = {
+                    status: frozenset(answer.get("x-error-codes", ()))
+                    for status, answer in operation["responses"].items() if status != "200"
+                }
         self._error_validator = validator({"$ref": "#/components/schemas/ErrorAnswer"})
+        self._codes = codes
+        self._catalogue = frozenset(entry["code"] for entry in document["x-error-catalogue"])
         self._responses = responses
 
     def mismatch(self, op_name: str | None, status: int, body: Any) -> str | None:
@@ -124,12 +137,26 @@ class AnswerContract:
             f"{'/'.join(map(str, error.absolute_path)) or '(body)'}: {error.message}"
             for error in validator.iter_errors(sent)
         )
+        if status != 200 and not problems:
+            problems = self._code_problems(op_name, status, sent)
         if not problems:
             return None
         where = op_name or (request.path if has_request_context() else "(no route)")
         return f"{where} {status} does not match its schema: " + "; ".join(
             problems[:5]
         )
+
+    def _code_problems(self, op_name: str | None, status: int, sent: Any) -> list[str]:
+        """An error's code that the document does not list: for the op at that status (its
+        ``x-error-codes``), or, outside the ops, anywhere in its ``x-error-catalogue``."""
+        code = sent["error"]["code"]
+        if op_name is None:
+            listed = self._catalogue
+        else:
+            listed = self._codes[op_name].get(str(status), frozenset())
+        if code in listed:
+            return []
+        return [f"code {code!r} is not one the document lists for {status}"]
 
     def violation(
         self, op_name: str | None, status: int, body: Any

@@ -1,14 +1,15 @@
 /**
  * The roots of the SDK's errors, which carry behaviour: the constructor, the transport's flag
  * and `retryAfter`. Every class below `LoomAPIError` (one per status, one per code) is
- * generated into `generated/errors.ts` from the Python SDK's catalogue, `sdk/loom/errors.py`,
- * whose names, parents and codes these roots must match too (`python -m app.sdk_ts --check`).
+ * generated into `generated/errors.ts` from the server's error catalogue
+ * (`app/error_catalogue.py`); these roots must match the Python SDK's (`sdk/loom/error_base.py`)
+ * in names, parents and codes (`python -m app.sdk_ts --check`).
  *
  *     LoomError                      status, code, message, details, response
  *     ├── LoomTransportError         no answer arrived (status null)
  *     │   ├── LoomConnectionError    refused, reset, DNS, TLS
  *     │   └── LoomTimeout            no answer within the call's timeout
- *     └── LoomAPIError               Loom answered with an error (.retryAfter)
+ *     └── LoomAPIError               Loom answered with an error (.retryAfter, .remedy)
  *         └── BadRequest 400 · Unauthorized 401 · Forbidden 403 · NotFound 404 ·
  *             MethodNotAllowed 405 · Conflict 409 · PreconditionFailed 412 ·
  *             PayloadTooLarge 413 · Unprocessable 422 · RateLimited 429 · ServerError 5xx,
@@ -67,6 +68,13 @@ export class LoomTimeout extends LoomTransportError {
 
 export class LoomAPIError extends LoomError {
   static override readonly code: string = "HTTP_ERROR";
+
+  /** What the catalogue says a caller should do about the code (`fix_input`, `retry_after`,
+   * `retry_with_backoff`, `read_then_resend`, `authenticate`, `do_not_retry`); null for a
+   * class that stands for a whole status. */
+  get remedy(): string | null {
+    return (this.constructor as { remedy?: string | null }).remedy ?? null;
+  }
 
   /** Seconds to wait before asking again: the error's `retry_after`, else Retry-After. */
   get retryAfter(): number | null {

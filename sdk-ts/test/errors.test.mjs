@@ -48,6 +48,10 @@ test("the live server's refusals arrive as their code's class, with the details"
   error = await thrown(bot.profile.set("p2", "x", { ifMatchSha256: "0".repeat(64) }));
   assertClass(error, errors.HashMismatch, "HASH_MISMATCH", 409);
   assert.ok(error instanceof errors.Conflict);
+  // What to do and each detail, typed, from the server's catalogue.
+  assert.equal(error.remedy, "read_then_resend");
+  assert.equal(error.key, "p2");
+  assert.match(error.contentSha256, /^[0-9a-f]{64}$/);
   error = await thrown(bot.client.memory.deleteVersion({ key: "nokey", version: 1 }));
   assertClass(error, errors.MemoryNotFound, "MEMORY_NOT_FOUND", 404);
   await bot.client.memory.set({ key: "fact", value: "v" });
@@ -65,6 +69,8 @@ test("the live server's refusals arrive as their code's class, with the details"
   assert.deepEqual(Object.keys(error.fields), ["limit"]);
   error = await thrown(bot.client.objectTypes.set({ types: [{ type: "x", ownership: "nope" }] }));
   assertClass(error, errors.SchemaInvalid, "SCHEMA_INVALID", 422);
+  assert.equal(typeof error.rule, "string");
+  assert.equal(Object.keys(error.fields).length, 1);
   error = await thrown(bot.conversation("c").agentState.get());
   assertClass(error, errors.FeatureDisabled, "FEATURE_DISABLED", 403);
   await bot.client.features.set({ features: { agent_state: true } });
@@ -141,8 +147,8 @@ test("every code of the server's error table has its class, status parent and co
     assert.equal(error.constructor.code, code, `${code} has a class of its own`);
     const parent = { 400: errors.BadRequest, 401: errors.Unauthorized, 403: errors.Forbidden,
       404: errors.NotFound, 405: errors.MethodNotAllowed, 409: errors.Conflict,
-      412: errors.PreconditionFailed, 413: errors.PayloadTooLarge, 422: errors.Unprocessable,
-      429: errors.RateLimited }[status] ?? errors.ServerError;
+      412: errors.PreconditionFailed, 413: errors.PayloadTooLarge, 421: errors.MisdirectedRequest,
+      422: errors.Unprocessable, 429: errors.RateLimited }[status] ?? errors.ServerError;
     assert.ok(error instanceof parent, `${code} is a ${parent.name}`);
   }
   // A code this SDK does not know falls back on its status, then on 5xx, then the root.

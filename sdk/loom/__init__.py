@@ -15,9 +15,10 @@
 Answers are typed (``loom.answers``, generated from the server's registry); reads and
 idempotent writes are retried where that is safe (``loom.retry``).
 
-Errors are ``loom.errors.LoomError`` subclasses (hierarchy in that module's docstring). The
-package imports neither Flask nor the server's code: ``loom.ops_manifest`` is generated from
-the server's registry and committed. ``loom.mcp_server`` is the MCP server (the ``mcp``
+Errors are ``loom.errors.LoomError`` subclasses, one per code (hierarchy in
+``loom.error_classes``'s docstring). The package imports neither Flask nor the server's code:
+``loom.ops_manifest`` and ``loom.error_classes`` are generated from the server's registry and
+error catalogue and committed. ``loom.mcp_server`` is the MCP server (the ``mcp``
 extra: ``pip install 'loom[mcp]'``).
 """
 

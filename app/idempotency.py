@@ -8,8 +8,10 @@ duplicate finds the live lease and is answered ``409 IDEMPOTENCY_IN_PROGRESS`` w
 every repeat gets it back unchanged. The same key with a different body is ``422
 IDEMPOTENCY_KEY_REUSED``.
 
-The memory writes (the ops declared with a ``replay``) keep their answer in the key's record in
-the same script step as the write, and write only while their try holds the key. So when a try
+The ops declared with a ``replay`` keep their answer in the key's record in the same script step
+as the write (memory_write.lua for the memory writes; ``app.store.idempotency.KeyedScript``
+for any other write script: working memory, ...), and write only while their try holds the
+key; ``replay`` makes the answer again from the kept reply. So when a try
 ends without an answer (its process died, the store went away mid-write), the record says
 which it was: the answer is there (the write committed; a repeat gets it), or the key is free
 once the lease lapses (the write never ran; the next try runs it). A try that lost its lease to
@@ -43,6 +45,7 @@ from app.errors import (
     ValidationFailed,
 )
 from app.registry import Call
+from app.store import keys
 from app.store.connection import UNAVAILABLE_ERRORS
 from app.store.idempotency import HeldKey, IdempotencyStore, KeyRecord
 
@@ -162,8 +165,9 @@ def run_once(call: Call, key: str, body: dict[str, Any],
     script's kept reply becomes that answer through the op's ``replay`` and ``completed``
     (what ``run`` adds to the handler's answer)."""
     identity = call.identity
-    record = KeyRecord(identity.org, identity.namespace, identity.user_id,
-                       call.principal.actor, call.op.name, checked_key(key))
+    tag = (call.op.keyed_in(call) if call.op.keyed_in is not None
+           else keys.user_tag(identity.org, identity.namespace, identity.user_id))
+    record = KeyRecord(tag, call.principal.actor, call.op.name, checked_key(key))
     store = call.services.store(IdempotencyStore)
     holder = uuid.uuid4().hex
     replay = call.op.replay

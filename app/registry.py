@@ -93,6 +93,9 @@ class Op:
     # step (the memory writes): the answer again from that reply. A try of such an op that
     # ended without an answer left either the reply or nothing applied, never a doubt.
     replay: Callable[[Call, str], dict[str, Any]] | None = None
+    # The hash tag of the subject an Idempotency-Key's record of this op lives under, when it
+    # is not the caller's identity's user (an agent-state scope): the slot of the write's keys.
+    keyed_in: Callable[[Call], str] | None = None
     # The MCP tool's name where the seed gives one (memory.unified_search is ``loom_search``);
     # otherwise ``loom_<op with . as _>``.
     tool: str | None = None

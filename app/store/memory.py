@@ -686,8 +686,10 @@ class MemoryStore:
         written_by: str,
         memory_type: str = PROFILE_TYPE,
         default_char_limit: int | None = DEFAULT_PROFILE_CHAR_LIMIT,
+        held: HeldKey | None = None,
     ) -> Written:
-        """Append text to a text row, creating it when missing; compare-and-swap, retried."""
+        """Append text to a text row, creating it when missing; compare-and-swap, retried
+        (``held``: as ``set``, on the try that lands)."""
 
         def attempt() -> Written:
             row = self.read(location)
@@ -709,15 +711,17 @@ class MemoryStore:
                 default_char_limit=default_char_limit,
                 expected_version=expected,
                 required_type=memory_type,
+                held=held,
             )
 
         return self._with_retries(attempt)
 
     def replace_text(
         self, location: Location, old: str, new: str, *, written_by: str,
-        memory_type: str = PROFILE_TYPE,
+        memory_type: str = PROFILE_TYPE, held: HeldKey | None = None,
     ) -> Written:
-        """Replace every occurrence of ``old`` in a text row; compare-and-swap, retried."""
+        """Replace every occurrence of ``old`` in a text row; compare-and-swap, retried
+        (``held``: as ``set``, on the try that lands)."""
 
         def attempt() -> Written:
             # While the user's erasure runs no write lands (409), whatever the section holds:
@@ -746,6 +750,7 @@ class MemoryStore:
                 written_by=written_by,
                 expected_version=str(row.version),
                 required_type=memory_type,
+                held=held,
             )
 
         return self._with_retries(attempt)

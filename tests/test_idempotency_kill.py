@@ -63,12 +63,32 @@ def _section_additions(url: str, user_id: str) -> int:
     return str((section.json().get("memory") or {}).get("value", "")).count(f"note of {user_id}")
 
 
+def _state_versions(url: str, user_id: str) -> int:
+    state = requests.post(f"{url}/v1/agent-state/read", timeout=10, json={
+        "namespace": NS, "agent": "chat", "scope": {"kind": "conversation", "id": user_id}})
+    return int(state.json().get("version", 0))
+
+
+def _enable_agent_state(url: str) -> None:
+    for op_name, body in (
+        ("features.set", {"features": {"agent_state": True}}),
+        ("object_types.set", {"types": [{
+            "type": "chat_state", "ownership": "agent",
+            "fields": {"step": {"type": "string"}},
+            "agent_state": {"scope": "conversation", "max_bytes": 4096, "write": "both"}}]}),
+    ):
+        answer = requests.post(f"{url}/v1/{op_name}", json={"namespace": NS, **body}, timeout=10)
+        assert answer.status_code == 200, answer.text
+
+
 @dataclass(frozen=True)
 class Plane:
     path: str
     body: Callable[[str], dict[str, Any]]
     script: bytes  # the SHA1 of the script the relay holds
     applied: Callable[[str, str], int]  # how many times the user's write is in the data
+    method: str = "POST"
+    setup: Callable[[str], None] = lambda _url: None
 
 
 PLANES = {
@@ -88,6 +108,13 @@ PLANES = {
         lambda user_id: {"namespace": NS, "agent": "chat", "user_id": user_id,
                          "label": "notes", "addition": f"note of {user_id}"},
         _sha(source("memory_set")), _section_additions),
+    "agent_state.put": Plane(
+        "/v1/agent-state",
+        lambda user_id: {"namespace": NS, "agent": "chat", "mode": "merge_by_key",
+                         "scope": {"kind": "conversation", "id": user_id},
+                         "body": {"step": f"step of {user_id}"}},
+        _sha(keyed_source("agent_state_write", "agent_state")), _state_versions,
+        method="PUT", setup=_enable_agent_state),
 }
 
 
@@ -112,8 +139,9 @@ def _settle(url: str, plane: Plane, user_id: str, key: str,
     started = time.monotonic()
     while True:
         try:
-            answer = requests.post(f"{url}{plane.path}", json=plane.body(user_id),
-                                   headers={"Idempotency-Key": key}, timeout=10)
+            answer = requests.request(plane.method, f"{url}{plane.path}",
+                                      json=plane.body(user_id),
+                                      headers={"Idempotency-Key": key}, timeout=10)
         except requests.RequestException as error:
             trace.append((time.monotonic() - started, type(error).__name__))
             time.sleep(0.2)  # the master is starting a new worker
@@ -137,8 +165,9 @@ def _kill_mid_write(server: LiveServer, proxy: HoldingProxy, plane: Plane, hold:
 
     def first_try(user_id: str) -> None:
         try:
-            requests.post(f"{server.url}{plane.path}", json=plane.body(user_id),
-                          headers={"Idempotency-Key": f"key-{user_id}"}, timeout=30)
+            requests.request(plane.method, f"{server.url}{plane.path}",
+                             json=plane.body(user_id),
+                             headers={"Idempotency-Key": f"key-{user_id}"}, timeout=30)
         except requests.RequestException:
             pass  # the worker is killed under it: the client meets a closed connection
 
@@ -183,8 +212,10 @@ def test_every_retry_after_a_killed_worker_settles_within_seconds(redis_url, tmp
            "LOOM_DATA_DIR": str(tmp_path), "LOOM_REDIS_SOCKET_TIMEOUT_SECONDS": "30"}
     try:
         with LiveServer(env, workers=1, worker_class="gevent") as server:
-            warm = requests.post(f"{server.url}{plane.path}", json=plane.body("warm"),
-                                 headers={"Idempotency-Key": "warm"}, timeout=10)
+            plane.setup(server.url)
+            warm = requests.request(plane.method, f"{server.url}{plane.path}",
+                                    json=plane.body("warm"),
+                                    headers={"Idempotency-Key": "warm"}, timeout=10)
             assert warm.status_code == 200  # the write script is loaded on the server
             traces: dict[str, list[tuple[float, str]]] = {}
             settled = _kill_mid_write(server, proxy, plane, hold, hold, traces)
@@ -194,8 +225,10 @@ def test_every_retry_after_a_killed_worker_settles_within_seconds(redis_url, tmp
                 assert took <= SETTLE_WITHIN, traces[user_id]
                 # The kept answer or a write that ran now: either way applied once.
                 assert plane.applied(server.url, user_id) == 1, user_id
-                again = requests.post(f"{server.url}{plane.path}", json=plane.body(user_id),
-                                      headers={"Idempotency-Key": f"key-{user_id}"}, timeout=10)
+                again = requests.request(plane.method, f"{server.url}{plane.path}",
+                                         json=plane.body(user_id),
+                                         headers={"Idempotency-Key": f"key-{user_id}"},
+                                         timeout=10)
                 assert again.json() == answer.json()
             took_s = sorted(round(took, 2) for took, _, _ in settled)
             print(f"{plane_name} hold={hold}: settled {took_s} s after the first retry, "

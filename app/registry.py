@@ -96,6 +96,10 @@ class Op:
     # The hash tag of the subject an Idempotency-Key's record of this op lives under, when it
     # is not the caller's identity's user (an agent-state scope): the slot of the write's keys.
     keyed_in: Callable[[Call], str] | None = None
+    # For a write whose effect is one by construction, so that a try cut without an answer
+    # is simply run again by its retry (user.erase starts, or finds, the user's one erasure,
+    # and enqueues its job in the queue's Redis, outside any step of the data's).
+    reruns: bool = False
     # The MCP tool's name where the seed gives one (memory.unified_search is ``loom_search``);
     # otherwise ``loom_<op with . as _>``.
     tool: str | None = None

@@ -19,6 +19,7 @@ holding the reservation can settle it.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -31,8 +32,10 @@ from app.store.lua import (
     LEASE_LOST,
     STATUS_ERRORS,
     keyed_script,
+    raise_for_status,
     script,
 )
+from app.store.replies import optional_text as text_or_none
 from app.store.replies import text
 
 if TYPE_CHECKING:
@@ -88,7 +91,8 @@ class KeyedScript:
     def __init__(self, client: redis.Redis, name: str, family: str) -> None:
         self.plain = script(client, name)
         self.keyed = keyed_script(client, name, family)
-        self._refusals = {*STATUS_ERRORS[family], COMPARE_AND_SWAP_LOST, FENCE_LOST, LEASE_LOST}
+        self._refusals = {*STATUS_ERRORS.get(family, {}), COMPARE_AND_SWAP_LOST, FENCE_LOST,
+                          LEASE_LOST}
 
     def __call__(self, keys: list[str], args: list[Any], held: HeldKey | None = None,
                  client: Any = None) -> Any:
@@ -103,6 +107,35 @@ class KeyedScript:
         """Mark ``held`` answered when ``reply`` (of the keyed script) was kept."""
         if not (isinstance(reply, list) and reply and reply[0] in self._refusals):
             held.answered = True
+
+
+def transact(client: Any, held: HeldKey | None, watched: list[str],
+             write: Callable[[Any], Any]) -> Any:
+    """``write(pipe)``'s reply, its writes made in one MULTI: ``write`` reads what it needs
+    from the WATCHed keys, calls ``pipe.multi()``, queues its writes and returns its reply.
+    With ``held`` (in the same slot) the record is WATCHed too, the try must hold it, and the
+    reply is kept there in the same MULTI: the write-and-answer step of a store that writes
+    by MULTI rather than by script. A WATCHed key that moved (a renewal of the lease, another
+    writer) runs ``write`` again."""
+    with client.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                if held is not None or watched:
+                    pipe.watch(*watched, *([held.redis_key] if held is not None else []))
+                if held is not None:
+                    holder, state = pipe.hmget(held.redis_key, "holder", "state")
+                    if text_or_none(holder) != held.holder or text_or_none(state) != "running":
+                        raise_for_status("memory", [LEASE_LOST])
+                reply = write(pipe)
+                if held is not None:
+                    pipe.hset(held.redis_key, mapping={
+                        "state": "done", "reply": json.dumps(reply, ensure_ascii=False)})
+                pipe.execute()
+            except redis.WatchError:
+                continue
+            if held is not None:
+                held.answered = True
+            return reply
 
 
 def kept_reply(kept: str) -> Any:

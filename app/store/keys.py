@@ -73,9 +73,14 @@ def working_memory_scopes(org: str, namespace: str, user_id: str) -> str:
 # --- tokens and request budgets ---------------------------------------------------------------
 
 
+def token_tag(token_id: str) -> str:
+    """One token's hash tag: its row, and an Idempotency-Key record of a write to it."""
+    return "{" + escape(token_id) + "}"
+
+
 def token(token_id: str) -> str:
     """A token's row: claims and the keyed hash of the secret."""
-    return f"{PREFIX}:token:{{{escape(token_id)}}}"
+    return f"{PREFIX}:token:{token_tag(token_id)}"
 
 
 def org_tokens(org: str) -> str:

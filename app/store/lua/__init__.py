@@ -83,7 +83,8 @@ LEASE_LOST = "LEASE_LOST"
 
 def keyed_script(client: redis.Redis, name: str, family: str) -> Script:
     """``name``'s script as one step with a held Idempotency-Key's answer (see the module's
-    docstring); refusals are ``family``'s status words, which it does not keep."""
+    docstring); refusals are ``family``'s status words (none for a family without any), which
+    it does not keep."""
     keyed_name = f"{name}+keyed:{family}"
     with _registering:
         scripts = _registered.setdefault(client, {})
@@ -95,7 +96,8 @@ def keyed_script(client: redis.Redis, name: str, family: str) -> Script:
 
 @cache
 def keyed_source(name: str, family: str) -> str:
-    words = sorted({*STATUS_ERRORS[family], COMPARE_AND_SWAP_LOST, FENCE_LOST, LEASE_LOST})
+    words = sorted({*STATUS_ERRORS.get(family, {}), COMPARE_AND_SWAP_LOST, FENCE_LOST,
+                    LEASE_LOST})
     refusals = ", ".join(f"[{word!r}] = true" for word in words)
     wrapper = source("keyed_answer").replace("--[[keyed refusals]]", refusals)
     return wrapper.replace("--#keyed body", source(name))
@@ -222,6 +224,6 @@ def raise_for_status(family: str, reply: Any, **context: Any) -> None:
         return
     if reply[0] == LEASE_LOST:
         raise _lease_lost()
-    factory = STATUS_ERRORS[family].get(reply[0])
+    factory = STATUS_ERRORS.get(family, {}).get(reply[0])
     if factory is not None:
         raise factory(reply, context)

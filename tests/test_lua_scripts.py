@@ -164,25 +164,28 @@ def test_a_built_wheel_carries_every_script(tmp_path: Path) -> None:
     assert {f"app/store/lua/{name}.lua" for name in SCRIPT_NAMES} <= shipped
 
 
-def _keyed_record(client: redis.Redis, holder: str) -> str:
+SCOPE_KEYS = ["lua-test:{u}:scope", "lua-test:{u}:index", "lua-test:{u}:erasing"]
+
+
+def _keyed_append(client: redis.Redis, holder: str, try_holder: str
+                  ) -> tuple[str, KeyedScript, HeldKey]:
+    """A key's record held by ``holder``, the keyed append, and the key ``try_holder`` holds."""
     record = "lua-test:{u}:idem"
     client.hset(record, mapping={"state": "running", "holder": holder})
-    return record
+    append = KeyedScript(client, "working_memory_append", "working_memory")
+    return record, append, HeldKey(record, try_holder)
 
 
 def test_a_keyed_script_keeps_its_reply_in_the_record_in_its_own_step(
     redis_client: redis.Redis,
 ) -> None:
-    record = _keyed_record(redis_client, "try-1")
-    append = KeyedScript(redis_client, "working_memory_append", "working_memory")
-    held = HeldKey(record, "try-1")
-    scope_keys = ["lua-test:{u}:scope", "lua-test:{u}:index", "lua-test:{u}:erasing"]
-    reply = append(scope_keys, ["notes", 7, "hello", 5, "\n", 1, 100], held)
+    record, append, held = _keyed_append(redis_client, "try-1", "try-1")
+    reply = append(SCOPE_KEYS, ["notes", 7, "hello", 5, "\n", 1, 100], held)
     assert reply == ["OK", "7", 100, 5] and held.answered
     assert redis_client.hget(record, "state") == "done"
     assert json.loads(redis_client.hget(record, "reply") or "") == reply
     # The key is answered now: a second run with the same holder writes nothing.
-    again = append(scope_keys, ["notes", 8, "hello", 5, "\n", 1, 100], held)
+    again = append(SCOPE_KEYS, ["notes", 8, "hello", 5, "\n", 1, 100], held)
     assert again == ["LEASE_LOST"]
     assert redis_client.hget("lua-test:{u}:scope", "notes") == "7:100:5:hello"
 
@@ -190,23 +193,17 @@ def test_a_keyed_script_keeps_its_reply_in_the_record_in_its_own_step(
 def test_a_keyed_script_writes_nothing_for_a_try_that_lost_the_key(
     redis_client: redis.Redis,
 ) -> None:
-    record = _keyed_record(redis_client, "later-try")
-    append = KeyedScript(redis_client, "working_memory_append", "working_memory")
-    held = HeldKey(record, "first-try")
-    scope_keys = ["lua-test:{u}:scope", "lua-test:{u}:index", "lua-test:{u}:erasing"]
+    record, append, held = _keyed_append(redis_client, "later-try", "first-try")
     with pytest.raises(IdempotencyInProgress):
-        raise_for_status("working_memory", append(scope_keys, ["notes", 7, "x", 1, "\n", 1, 9],
+        raise_for_status("working_memory", append(SCOPE_KEYS, ["notes", 7, "x", 1, "\n", 1, 9],
                                                   held))
     assert not held.answered and not redis_client.exists("lua-test:{u}:scope")
     assert redis_client.hget(record, "state") == "running"
 
 
 def test_a_keyed_script_keeps_no_refusal(redis_client: redis.Redis) -> None:
-    record = _keyed_record(redis_client, "try-1")
-    append = KeyedScript(redis_client, "working_memory_append", "working_memory")
-    held = HeldKey(record, "try-1")
-    scope_keys = ["lua-test:{u}:scope", "lua-test:{u}:index", "lua-test:{u}:erasing"]
+    record, append, held = _keyed_append(redis_client, "try-1", "try-1")
     # Over the cap: refused, nothing applied, so the key stays the try's to settle.
-    assert append(scope_keys, ["notes", 7, "too long", 8, "\n", 1, 4], held) == ["LIMIT", 8, 4]
+    assert append(SCOPE_KEYS, ["notes", 7, "too long", 8, "\n", 1, 4], held) == ["LIMIT", 8, 4]
     assert not held.answered and redis_client.hget(record, "state") == "running"
     assert not redis_client.hexists(record, "reply")

@@ -8,18 +8,25 @@ duplicate finds the live lease and is answered ``409 IDEMPOTENCY_IN_PROGRESS`` w
 every repeat gets it back unchanged. The same key with a different body is ``422
 IDEMPOTENCY_KEY_REUSED``.
 
-The memory writes (the ops declared with a ``replay``) keep their answer in the key's record in
-the same script step as the write, and write only while their try holds the key. So when a try
-ends without an answer (its process died, the store went away mid-write), the record says
-which it was: the answer is there (the write committed; a repeat gets it), or the key is free
-once the lease lapses (the write never ran; the next try runs it). A try that lost its lease to
-a later one writes nothing and is answered 409 ``IDEMPOTENCY_IN_PROGRESS``.
+Every write op keeps its answer in the key's record in the same step as its write, and writes
+only while its try holds the key: the op declares a ``replay`` (the answer again from the
+reply its step kept) and its store makes the step keep it: memory_write.lua for the memory
+writes, ``app.store.idempotency.KeyedScript`` for any other write script (working memory,
+agent state, budgets, a blacklist), ``transact`` for a write made by MULTI (namespace
+documents, schemas, tokens, the org's switch). The record lives under the hash tag of the
+subject the write touches (``Op.keyed_in``; the identity's user when none is declared), so on
+Redis Cluster it sits in the slot of the write's keys. So when a try ends without an answer
+(its process died, the store went away or stalled mid-write), the record says which it was:
+the answer is there (the write committed; every repeat gets it), or the key is free once the
+lease lapses (the write never ran; the next try runs it). A try that lost its lease to a later
+one writes nothing and is answered 409 ``IDEMPOTENCY_IN_PROGRESS``. An op declared ``reruns``
+(user.erase, whose start finds the user's one erasure) is simply run again by a retry.
 
-For every other op the write and its answer are separate steps, so a try that ends without an
-answer may have been applied: the key is marked unknown (or, when even that cannot be written,
-its lease simply lapses) and a repeat is answered ``409 IDEMPOTENCY_OUTCOME_UNKNOWN``, never
-run again. A refusal that says "try again" (a 429 or a contended write, both with
-``Retry-After``) applied nothing and frees the key.
+A write declaring neither would have its write and answer in separate steps: a try that ended
+without an answer may have been applied, so the key is marked unknown and a repeat is answered
+``409 IDEMPOTENCY_OUTCOME_UNKNOWN``, never run again (no op of this release does;
+tests/test_idempotency.py holds every write op to it). A refusal that says "try again" (a 429
+or a contended write, both with ``Retry-After``) applied nothing and frees the key.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from app.errors import (
     ValidationFailed,
 )
 from app.registry import Call
+from app.store import keys
 from app.store.connection import UNAVAILABLE_ERRORS
 from app.store.idempotency import HeldKey, IdempotencyStore, KeyRecord
 
@@ -162,12 +170,14 @@ def run_once(call: Call, key: str, body: dict[str, Any],
     script's kept reply becomes that answer through the op's ``replay`` and ``completed``
     (what ``run`` adds to the handler's answer)."""
     identity = call.identity
-    record = KeyRecord(identity.org, identity.namespace, identity.user_id,
-                       call.principal.actor, call.op.name, checked_key(key))
+    tag = (call.op.keyed_in(call) if call.op.keyed_in is not None
+           else keys.user_tag(identity.org, identity.namespace, identity.user_id))
+    record = KeyRecord(tag, call.principal.actor, call.op.name, checked_key(key))
     store = call.services.store(IdempotencyStore)
     holder = uuid.uuid4().hex
     replay = call.op.replay
-    begun = store.begin(record, fingerprint(body), holder, LEASE_MS, recorded=replay is not None)
+    begun = store.begin(record, fingerprint(body), holder, LEASE_MS,
+                        recorded=replay is not None or call.op.reruns)
     if begun.state == "DONE":
         assert begun.answer is not None
         return _replay(begun.answer)
@@ -196,7 +206,7 @@ def run_once(call: Call, key: str, body: dict[str, Any],
         if refusal.status < 500 and "retry_after" not in refusal.details:
             _settle(store.finish, record, holder, json.dumps(
                 {"status": refusal.status, "error": refusal.to_dict()}, ensure_ascii=False))
-        elif refusal.status < 500 or held is not None:
+        elif refusal.status < 500 or held is not None or call.op.reruns:
             # Nothing applied, or (a write that keeps its answer) either the answer is kept
             # and the record refuses a release, or the write never ran: the key is free.
             _settle(store.release, record, holder)
@@ -204,7 +214,8 @@ def run_once(call: Call, key: str, body: dict[str, Any],
             _settle(store.abandon, record, holder)
         raise
     except BaseException:
-        _settle(store.release if held is not None else store.abandon, record, holder)
+        _settle(store.release if held is not None or call.op.reruns else store.abandon,
+                record, holder)
         raise
     finally:
         _renewer.drop(ticket)

@@ -97,6 +97,13 @@ class Op:
     # What one call costs against the caller's request budget, in requests, for an op whose
     # Redis work grows with its body (a search: app.search_cost); None costs one request.
     cost: Callable[[Call], int] | None = None
+    # The hash tag of the subject an Idempotency-Key's record of this op lives under, when it
+    # is not the caller's identity's user (an agent-state scope): the slot of the write's keys.
+    keyed_in: Callable[[Call], str] | None = None
+    # For a write whose effect is one by construction, so that a try cut without an answer
+    # is simply run again by its retry (user.erase starts, or finds, the user's one erasure,
+    # and enqueues its job in the queue's Redis, outside any step of the data's).
+    reruns: bool = False
     # The MCP tool's name where the seed gives one (memory.unified_search is ``loom_search``);
     # otherwise ``loom_<op with . as _>``.
     tool: str | None = None

@@ -1,20 +1,28 @@
-"""bench: what writers meet when Redis, a gunicorn worker and the gunicorn master are killed.
+"""bench: what writers meet when Redis, a gunicorn worker and the gunicorn master are killed
+and when Redis stalls.
 
-Starts the embedded server (append-only, as ``python -m app.local`` runs it) and the Procfile's
-web line on a free loopback port, then runs writers through HTTP for the whole run, half of
-them without an ``Idempotency-Key`` (one try each) and half with one (retried with the same key,
-honouring ``Retry-After``, until an answer settles: 200, or a refusal that is not "try again").
-Each write is a ``working_memory.append`` of a token of its own or a ``memory.set`` of a key of
-its own, in turn. Meanwhile it kills with SIGKILL, ``--kills`` times each and ``--gap`` seconds
-apart: Redis (restarted at once on the same port and data), a gunicorn worker (its master
-starts another) and the gunicorn master (a new one started at once, as a supervisor would).
+Starts the embedded server (append-only, every write fsynced: ``appendfsync always``) and the
+Procfile's web line on a free loopback port, then runs writers through HTTP for the whole run,
+half of them without an ``Idempotency-Key`` (one try each) and half with one (retried with the
+same key, honouring ``Retry-After``, until an answer settles: 200, or a refusal that is not "try
+again"). Each write goes to one of four planes in turn, each applied-count readable afterwards:
+a ``working_memory.append`` of a token of its own (working memory), a ``profile.append`` of a
+token of its own (profile sections), a ``memory.set`` of a key of its own (facts) and a
+``PUT /v1/agent-state`` (merge_by_key) to a conversation scope of its own (agent state).
+Meanwhile, ``--kills`` times each and ``--gap`` seconds apart: it kills with SIGKILL Redis
+(restarted at once on the same port and data), a gunicorn worker (its master starts another)
+and the gunicorn master (a new one started at once, as a supervisor would), and stalls Redis
+past the web's 2 s socket timeout (SIGSTOP for 3 to 6 s, then SIGCONT).
 
-After the run every write is looked up in Redis: a block's tokens (counted in its content), a
-fact's versions (one per applied ``memory.set``), and each user's recall index against the
-user's facts. It prints:
+After the run every write is looked up: a block's or a section's tokens (counted in its
+content), a fact's versions (one per applied ``memory.set``), a state's version (one per
+applied write), and each user's recall index against the user's facts. It prints:
 
-- acknowledged, lost (acknowledged, absent), duplicated (applied more than once) and
-  refused-but-present (never acknowledged, applied all the same), keyed and unkeyed apart;
+- acknowledged, lost (acknowledged, absent), duplicated (applied more than once),
+  refused-but-present (never acknowledged, applied all the same) and outcome-unknown (a keyed
+  write answered ``IDEMPOTENCY_OUTCOME_UNKNOWN``), keyed and unkeyed apart;
+- per plane: acknowledged, lost, applied twice, outcome-unknown, and the keyed writes' retry
+  wait (from the first failed try to the settled answer: p50, max);
 - index drift: facts without a recall entry plus entries without a fact;
 - per target, the keyed writes a kill made retry, their wait from the first failed try to the
   settled answer (p50, max), and the time each kill took to recover: for the master, from the
@@ -23,11 +31,12 @@ user's facts. It prints:
   for Redis and a worker, from the kill to the next ``/readyz`` 200.
 
 It also counts the workers of a killed master still running at the end (each holds a share of
-the port and answers none of it), and kills them. It exits 1 when a write was lost or applied
-twice or the index drifted, and with ``--strict`` also when a restart took longer than 3 s or
-a killed master's worker never stopped.
+the port and answers none of it), and kills them. It exits 1 when a write was lost, applied
+twice or answered outcome-unknown, or the index drifted, and with ``--strict`` also when a
+restart took longer than 3 s or a killed master's worker never stopped.
 
-    .venv/bin/python bench/faults.py [--kills 3] [--writers 4] [--keyed 4] [--gap 4] [--strict]
+    .venv/bin/python bench/faults.py [--kills 3] [--writers 4] [--keyed 4] [--gap 4]
+        [--targets redis,worker,master,stall] [--strict]
 """
 
 from __future__ import annotations
@@ -65,9 +74,18 @@ NAMESPACE = "faults"
 AGENT = "writer"
 RUN_ID = "r"
 TOKENS_PER_BLOCK = 300  # lines of up to 10 characters: well under a block's default cap
+TOKENS_PER_SECTION = 500  # well under a profile section's default cap (8192)
+# The write of each plane, in the order a writer takes them.
+PLANES = ("working_memory", "profile", "facts", "agent_state")
+STATE_TYPE = {
+    "type": "faults_state", "ownership": "agent", "fields": {"step": {"type": "string"}},
+    "agent_state": {"scope": "conversation", "max_bytes": 4096, "write": "both"},
+}
+STALL_SECONDS = (3.0, 6.0)  # past the web's 2 s socket timeout
 # Answers that say "nothing settled, ask again".
 RETRY_STATUSES = {409, 429, 500, 502, 503, 504}
-SETTLED_409 = {"IDEMPOTENCY_OUTCOME_UNKNOWN"}
+OUTCOME_UNKNOWN = "IDEMPOTENCY_OUTCOME_UNKNOWN"
+SETTLED_409 = {OUTCOME_UNKNOWN}
 # A write sent this long before a kill counts as that kill's (Redis's fsync window and more).
 WINDOW_BEFORE = 3.0
 RESTART_TARGET = 3.0  # seconds from a new master's start to its first /readyz 200
@@ -77,10 +95,10 @@ RESTART_TARGET = 3.0  # seconds from a new master's start to its first /readyz 2
 class Write:
     writer: int
     keyed: bool
-    kind: str  # "append" or "set"
-    name: str  # the token appended, or the fact's key
-    block: str = ""
-    outcome: str = "refused"  # "acknowledged", "refused" or "unsettled"
+    plane: str  # one of PLANES
+    name: str  # the token appended, the fact's key, or the state's conversation
+    block: str = ""  # the block or the section appended to
+    outcome: str = "refused"  # "acknowledged", "refused", "unknown" or "unsettled"
     sent_at: float = 0.0
     applied: int = 0  # times found in Redis after the run
     refusal: str = ""  # the status of a refusal, or "no answer"
@@ -133,20 +151,40 @@ def settled(answer: requests.Response) -> bool:
     return False
 
 
+def outcome_unknown(answer: requests.Response) -> bool:
+    try:
+        return answer.status_code == 409 and (answer.json().get("error") or {}).get(
+            "code") == OUTCOME_UNKNOWN
+    except ValueError:
+        return False
+
+
+# (HTTP method, path) of each plane's write.
+REQUESTS = {
+    "working_memory": ("POST", "/v1/working_memory.append"),
+    "profile": ("POST", "/v1/profile.append"),
+    "facts": ("POST", "/v1/memory.set"),
+    "agent_state": ("PUT", "/v1/agent-state"),
+}
+
+
 def send(run: Run, session: requests.Session, write: Write, body: dict[str, Any],
          settle_limit: float) -> None:
-    op = "working_memory.append" if write.kind == "append" else "memory.set"
+    method, path = REQUESTS[write.plane]
     headers = {"Idempotency-Key": str(uuid.uuid4())} if write.keyed else {}
     write.sent_at = time.monotonic()
     while True:
         write.tries += 1
         answer: requests.Response | None = None
         try:
-            answer = session.post(f"{run.url}/v1/{op}", json=body, headers=headers, timeout=5)
+            answer = session.request(method, f"{run.url}{path}", json=body, headers=headers,
+                                     timeout=5)
         except requests.RequestException:
             session.close()
         if answer is not None and answer.status_code == 200:
             write.outcome = "acknowledged"
+        elif answer is not None and outcome_unknown(answer):
+            write.outcome = "unknown"
         elif answer is not None and settled(answer):
             write.outcome = "refused"
             write.refusal = str(answer.status_code)
@@ -173,16 +211,26 @@ def writer(run: Run, number: int, keyed: bool, settle_limit: float) -> None:
     session = requests.Session()
     n = 0
     while not run.stopping.is_set():
-        if n % 2 == 0:
+        plane = PLANES[n % len(PLANES)]
+        if plane == "working_memory":
             # An append makes its block (default cap) when there is none.
-            block = f"b{n // (2 * TOKENS_PER_BLOCK)}"
-            write = Write(number, keyed, "append", f"|{number}-{n}", block=block)
+            block = f"b{n // (len(PLANES) * TOKENS_PER_BLOCK)}"
+            write = Write(number, keyed, plane, f"|{number}-{n}", block=block)
             body = {**identity(number), "run_id": RUN_ID, "block_key": block,
                     "addition": write.name}
-        else:
-            write = Write(number, keyed, "set", f"k{n}")
+        elif plane == "profile":
+            section = f"s{n // (len(PLANES) * TOKENS_PER_SECTION)}"
+            write = Write(number, keyed, plane, f"|{number}-{n}", block=section)
+            body = {**identity(number), "label": section, "addition": write.name}
+        elif plane == "facts":
+            write = Write(number, keyed, plane, f"k{n}")
             body = {**identity(number), "key": write.name,
                     "value": f"fact {n} of writer {number}"}
+        else:
+            write = Write(number, keyed, plane, f"c{number}-{n}")
+            body = {"namespace": NAMESPACE, "agent": AGENT, "mode": "merge_by_key",
+                    "scope": {"kind": "conversation", "id": write.name},
+                    "body": {"step": f"step {n}"}}
         send(run, session, write, body, settle_limit)
         run.record(write)
         n += 1
@@ -279,24 +327,42 @@ def wait_ready(port: int, since: float, master: int | None = None,
 
 # --- the checks ------------------------------------------------------------------------------
 
+def _post(session: requests.Session, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    for attempt in range(3):
+        try:
+            answer = session.post(url, json=body, timeout=10)
+            break
+        except requests.RequestException:
+            if attempt == 2:
+                raise
+    answer.raise_for_status()
+    found: dict[str, Any] = answer.json()
+    return found
+
+
 def look_up(run: Run, client: redis.Redis, writers: int) -> dict[str, Any]:
-    contents: dict[tuple[int, str], str] = {}
+    contents: dict[tuple[str, int, str], str] = {}
+    state_versions: dict[str, int] = {}
     with requests.Session() as session:
-        for number, block in sorted({(w.writer, w.block) for w in run.writes if w.block}):
-            body = {**identity(number), "run_id": RUN_ID, "block_key": block}
-            for attempt in range(3):
-                try:
-                    answer = session.post(f"{run.url}/v1/working_memory.get", json=body,
-                                          timeout=10)
-                    break
-                except requests.RequestException:
-                    if attempt == 2:
-                        raise
-            answer.raise_for_status()
-            contents[(number, block)] = answer.json().get("content", "")
+        for plane, number, block in sorted({(w.plane, w.writer, w.block)
+                                            for w in run.writes if w.block}):
+            if plane == "working_memory":
+                body = {**identity(number), "run_id": RUN_ID, "block_key": block}
+                found = _post(session, f"{run.url}/v1/working_memory.get", body)
+                contents[(plane, number, block)] = found.get("content", "")
+            else:
+                body = {**identity(number), "key": block}
+                found = _post(session, f"{run.url}/v1/memory.get", body)
+                contents[(plane, number, block)] = (found.get("memory") or {}).get("value", "")
+        for w in run.writes:
+            if w.plane == "agent_state":
+                found = _post(session, f"{run.url}/v1/agent-state/read", {
+                    "namespace": NAMESPACE, "agent": AGENT,
+                    "scope": {"kind": "conversation", "id": w.name}})
+                state_versions[w.name] = int(found.get("version", 0))
     lines = {block: Counter(content.split("\n")) for block, content in contents.items()}
     pipe = client.pipeline(transaction=False)
-    sets = [w for w in run.writes if w.kind == "set"]
+    sets = [w for w in run.writes if w.plane == "facts"]
     for w in sets:
         pipe.hlen(keys.memory_versions(ORG, NAMESPACE, user_of(w.writer), AGENT, "-", w.name))
     versions = dict(zip((id(w) for w in sets), pipe.execute(), strict=True))
@@ -306,11 +372,13 @@ def look_up(run: Run, client: redis.Redis, writers: int) -> dict[str, Any]:
         mine = [w for w in run.writes if w.keyed == keyed]
         applied = []
         for w in mine:
-            if w.kind == "append":
+            if w.plane in ("working_memory", "profile"):
                 # An append adds a line: a token applied twice is two lines.
-                applied.append(lines[(w.writer, w.block)].get(w.name, 0))
-            else:
+                applied.append(lines[(w.plane, w.writer, w.block)].get(w.name, 0))
+            elif w.plane == "facts":
                 applied.append(versions[id(w)])
+            else:
+                applied.append(state_versions[w.name])
         pairs = list(zip(mine, applied, strict=True))
         for w, n in pairs:
             w.applied = n
@@ -321,16 +389,22 @@ def look_up(run: Run, client: redis.Redis, writers: int) -> dict[str, Any]:
             "duplicated": sum(n > 1 for _, n in pairs),
             "refused_but_present": sum(w.outcome != "acknowledged" and n > 0 for w, n in pairs),
             "refused": sum(w.outcome == "refused" for w in mine),
+            "unknown": sum(w.outcome == "unknown" for w in mine),
             "unsettled": sum(w.outcome == "unsettled" for w in mine),
         }
-    drift = 0
+    drift = facts_count = 0
     for number in range(writers):
-        facts = set(client.hkeys(keys.memory_ids(ORG, NAMESPACE, user_of(number))))
-        entries = set(client.hkeys(keys.recall_docs(ORG, NAMESPACE, user_of(number))))
+        user = user_of(number)
+        # The user's facts: their rows but the profile sections, which recall does not index.
+        sections = {keys.memory_row(ORG, NAMESPACE, user, AGENT, "-", w.block)
+                    for w in run.writes if w.plane == "profile" and w.writer == number}
+        rows = client.hgetall(keys.memory_ids(ORG, NAMESPACE, user))
+        facts = {memory_id for memory_id, row in rows.items() if row.decode() not in sections}
+        entries = {entry for entry in client.hkeys(keys.recall_docs(ORG, NAMESPACE, user))}
         drift += len(facts ^ entries)
+        facts_count += len(facts)
     figures["index_drift"] = drift
-    figures["facts"] = sum(client.hlen(keys.memory_ids(ORG, NAMESPACE, user_of(n)))
-                           for n in range(writers))
+    figures["facts"] = facts_count
     return figures
 
 
@@ -343,11 +417,11 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers")
     parser.add_argument("--settle-limit", type=float, default=120.0,
                         help="seconds a keyed write is retried before it counts as unsettled")
-    parser.add_argument("--targets", default="redis,worker,master")
+    parser.add_argument("--targets", default="redis,worker,master,stall")
     parser.add_argument("--strict", action="store_true", help="exit 1 on a restart over 3 s")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="loom-faults-"))
-    server = RedisServerProcess(work / "redis", appendonly=True).start()
+    server = fsync_always(RedisServerProcess(work / "redis", appendonly=True).start())
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "REDIS_URL": server.url, "PORT": str(port),
            "LOOM_DATA_DIR": str(work), "LOOM_SECRET_KEY": "faults-bench-secret",
@@ -361,6 +435,7 @@ def main() -> int:
     cold_beside: list[float] = []
     try:
         cold_start = wait_ready(port, started)
+        enable_agent_state(run.url)
         total = args.writers + args.keyed
         threads = [threading.Thread(target=writer,
                                     args=(run, n, n >= args.writers, args.settle_limit),
@@ -375,7 +450,13 @@ def main() -> int:
                     assert server.process is not None
                     server.process.kill()
                     server.process.wait()
-                    server.start()
+                    fsync_always(server.start())
+                    recovery = wait_ready(port, at)
+                elif target == "stall":
+                    assert server.process is not None
+                    server.process.send_signal(signal.SIGSTOP)
+                    time.sleep(random.uniform(*STALL_SECONDS))
+                    server.process.send_signal(signal.SIGCONT)
                     recovery = wait_ready(port, at)
                 elif target == "worker":
                     os.kill(random.choice(children(master.pid)), signal.SIGKILL)
@@ -414,6 +495,26 @@ def main() -> int:
     return report(run, figures, (cold_start, cold_beside), in_use, args)
 
 
+def fsync_always(server: RedisServerProcess) -> RedisServerProcess:
+    """Every write fsynced before it is answered: a kill -9 loses nothing Redis acknowledged,
+    so what the bench counts is the service's own, not Redis's fsync window."""
+    client = redis.Redis.from_url(server.url)
+    try:
+        client.config_set("appendfsync", "always")
+    finally:
+        client.close()
+    return server
+
+
+def enable_agent_state(url: str) -> None:
+    """The agent-state plane's switch and type, set once before the load."""
+    for op_name, body in (("features.set", {"features": {"agent_state": True}}),
+                          ("object_types.set", {"types": [STATE_TYPE]})):
+        answer = requests.post(f"{url}/v1/{op_name}", json={"namespace": NAMESPACE, **body},
+                               timeout=10)
+        answer.raise_for_status()
+
+
 def cold_start_beside(env: dict[str, str], log: Path) -> float:
     """A cold start of the same command on another port, under the run's load: the baseline
     a restart is compared with on a machine whose speed the load and its neighbours set."""
@@ -441,14 +542,27 @@ def cold_start_beside(env: dict[str, str], log: Path) -> float:
 def report(run: Run, figures: dict[str, Any], cold_starts: tuple[float, list[float]],
            in_use: int, args: argparse.Namespace) -> int:
     print(f"{args.writers} writers without a key, {args.keyed} with one, {args.workers} "
-          f"gunicorn workers; {args.kills} kill(s) of each target, {args.gap:g} s apart")
+          f"gunicorn workers; {args.kills} fault(s) of each target ({args.targets}), "
+          f"{args.gap:g} s apart")
     print(f"{'':<10}{'writes':>8}{'acked':>8}{'lost':>6}{'dup':>6}{'refused':>9}"
-          f"{'refused but present':>21}{'unsettled':>11}")
+          f"{'refused but present':>21}{'unknown':>9}{'unsettled':>11}")
     for side in ("unkeyed", "keyed"):
         f = figures[side]
         print(f"{side:<10}{f['writes']:>8}{f['acknowledged']:>8}{f['lost']:>6}"
               f"{f['duplicated']:>6}{f['refused']:>9}{f['refused_but_present']:>21}"
-              f"{f['unsettled']:>11}")
+              f"{f['unknown']:>9}{f['unsettled']:>11}")
+    print(f"{'plane':<16}{'acked':>8}{'lost':>6}{'applied twice':>15}{'outcome unknown':>17}"
+          f"{'keyed retried':>15}{'wait p50 s':>12}{'wait max s':>12}")
+    for plane in PLANES:
+        mine = [w for w in run.writes if w.plane == plane]
+        waits = [w.settled_at - w.first_failure for w in mine
+                 if w.keyed and w.first_failure is not None and w.settled_at is not None]
+        print(f"{plane:<16}{sum(w.outcome == 'acknowledged' for w in mine):>8}"
+              f"{sum(w.outcome == 'acknowledged' and w.applied == 0 for w in mine):>6}"
+              f"{sum(w.applied > 1 for w in mine):>15}"
+              f"{sum(w.outcome == 'unknown' for w in mine):>17}{len(waits):>15}"
+              f"{statistics.median(waits) if waits else 0:>12.2f}"
+              f"{max(waits) if waits else 0:>12.2f}")
     print(f"index drift: {figures['index_drift']} ({figures['facts']} facts)")
     refusals = Counter(f"{'keyed' if w.keyed else 'unkeyed'} {w.refusal}" for w in run.writes
                        if w.outcome == "refused")
@@ -476,7 +590,7 @@ def report(run: Run, figures: dict[str, Any], cold_starts: tuple[float, list[flo
         worst = f"{max(waits):.2f}" if waits else "-"
         print(f"{target:<8}{each:<26}{lost:>6}{dup:>5}{present:>21}{len(waits):>15}{p50:>12}"
               f"{worst:>12}")
-    lost_kinds = Counter(f"{target_of(w.sent_at)} {'keyed' if w.keyed else 'unkeyed'} {w.kind}"
+    lost_kinds = Counter(f"{target_of(w.sent_at)} {'keyed' if w.keyed else 'unkeyed'} {w.plane}"
                          for w in run.writes if w.outcome == "acknowledged" and w.applied == 0)
     if lost_kinds:
         print("lost, by kill and write:", ", ".join(f"{k} {n}" for k, n in lost_kinds.items()))
@@ -492,6 +606,7 @@ def report(run: Run, figures: dict[str, Any], cold_starts: tuple[float, list[flo
               f"start beside it: {ratios}")
     keyed, unkeyed = figures["keyed"], figures["unkeyed"]
     bad = (unkeyed["lost"] + keyed["lost"] + keyed["duplicated"] + unkeyed["duplicated"]
+           + keyed["unknown"] + unkeyed["unknown"] + keyed["unsettled"]
            + figures["index_drift"])
     if figures["stuck"]:
         print(f"workers of a killed master still running at the end: {figures['stuck']} "

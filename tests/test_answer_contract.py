@@ -10,6 +10,7 @@ import pytest
 from marshmallow import fields as ma_fields
 
 from app.errors import HashMismatch
+from app.ops import working_memory as working_memory_ops
 from app.registry import REGISTRY
 from app.schemas import contract
 from app.schemas.common import is_version_field
@@ -27,7 +28,8 @@ def recorded():
 
 def test_an_answer_off_its_schema_is_a_500_naming_the_field(client, monkeypatch, recorded,
                                                              caplog):
-    monkeypatch.setattr(WorkingMemoryStore, "delete", lambda self, identity, key: "yes")
+    monkeypatch.setattr(working_memory_ops, "_deleted",
+                        lambda block_key, reply: {"deleted": "yes", "block_key": block_key})
     with caplog.at_level(logging.ERROR, logger="loom.contract"):
         answer = client.post("/v1/working_memory.delete", json=WHO)
     assert answer.status_code == 500
@@ -74,7 +76,8 @@ def test_documented_errors_pass_untouched(client):
 
 
 def test_with_the_setting_off_answers_are_not_checked(app_factory, monkeypatch):
-    monkeypatch.setattr(WorkingMemoryStore, "delete", lambda self, identity, key: "yes")
+    monkeypatch.setattr(working_memory_ops, "_deleted",
+                        lambda block_key, reply: {"deleted": "yes", "block_key": block_key})
     client = app_factory(validate_answers=False).test_client()
     answer = client.post("/v1/working_memory.delete", json=WHO)
     assert answer.status_code == 200 and answer.get_json()["deleted"] == "yes"

@@ -961,3 +961,32 @@ def test_the_erase_command_without_waiting_answers_running(world):
     assert "status:     running (attempt 0)" in result.stdout
     run_erasure_jobs(world.services)
     assert world.post("erasure.status", user_id=USER)["status"] == "done"
+
+
+def test_keyed_write_records_go_with_the_user(world, redis_url):
+    """Idempotency-Key records of the user's writes live in the user's slot, by key or by
+    memory_id with no user in the identity: the erasure takes them and counts them, and no key
+    or value holds the user's id or text after it."""
+    keyed = {"Idempotency-Key": "k-erase-1"}
+    fact = world.fact("name", "MARK-KEYED call me Sam", USER)
+    for op_name, body in (
+        ("memory.reinforce", {"user_id": "-", "memory_id": fact["memory_id"]}),
+        ("memory.restate", {"user_id": "-", "memory_id": fact["memory_id"]}),
+        ("working_memory.append", {"user_id": USER, "block_key": "log",
+                                   "addition": "MARK-KEYED step"}),
+        ("profile.append", {"user_id": USER, "label": "notes", "addition": "MARK-KEYED note"}),
+    ):
+        status, out = world.call(op_name, headers=keyed, **body)
+        assert status == 200, (op_name, out)
+    records = [key for key in world.services.redis.scan_iter(match="loom:idem:*")]
+    assert len(records) == 4 and all(USER in record for record in records)
+    before = everything(redis_url)
+    assert USER in before and "MARK-KEYED" in before
+
+    receipt = world.erase()
+
+    assert receipt["status"] == "done" and receipt["census"]["clean"] is True
+    assert receipt["counts"]["index_entries"] >= len(records)
+    assert not list(world.services.redis.scan_iter(match="loom:idem:*"))
+    after = everything(redis_url)
+    assert USER not in after and "MARK-KEYED" not in after

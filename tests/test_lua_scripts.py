@@ -3,6 +3,7 @@ compiled by a real server, and its refusals decoded in one table."""
 
 from __future__ import annotations
 
+import json
 import re
 import typing
 from importlib import resources
@@ -12,6 +13,7 @@ import pytest
 import redis
 
 from app.errors import (
+    IdempotencyInProgress,
     LoomError,
     MemoryLocked,
     MemoryNotFound,
@@ -19,6 +21,7 @@ from app.errors import (
     WorkingMemoryLimitExceeded,
 )
 from app.store import lua
+from app.store.idempotency import HeldKey, KeyedScript
 from app.store.idempotency import State as IdempotencyState
 from app.store.lua import STATUS_ERRORS, raise_for_status, script, source
 from app.store.recall_vectors import STORE_OUTCOMES
@@ -159,3 +162,48 @@ def test_a_built_wheel_carries_every_script(tmp_path: Path) -> None:
     (wheel,) = tmp_path.glob("loom_server-*.whl")
     shipped = set(zipfile.ZipFile(wheel).namelist())
     assert {f"app/store/lua/{name}.lua" for name in SCRIPT_NAMES} <= shipped
+
+
+SCOPE_KEYS = ["lua-test:{u}:scope", "lua-test:{u}:index", "lua-test:{u}:erasing"]
+
+
+def _keyed_append(client: redis.Redis, holder: str, try_holder: str
+                  ) -> tuple[str, KeyedScript, HeldKey]:
+    """A key's record held by ``holder``, the keyed append, and the key ``try_holder`` holds."""
+    record = "lua-test:{u}:idem"
+    client.hset(record, mapping={"state": "running", "holder": holder})
+    append = KeyedScript(client, "working_memory_append", "working_memory")
+    return record, append, HeldKey(record, try_holder)
+
+
+def test_a_keyed_script_keeps_its_reply_in_the_record_in_its_own_step(
+    redis_client: redis.Redis,
+) -> None:
+    record, append, held = _keyed_append(redis_client, "try-1", "try-1")
+    reply = append(SCOPE_KEYS, ["notes", 7, "hello", 5, "\n", 1, 100], held)
+    assert reply == ["OK", "7", 100, 5] and held.answered
+    assert redis_client.hget(record, "state") == "done"
+    assert json.loads(redis_client.hget(record, "reply") or "") == reply
+    # The key is answered now: a second run with the same holder writes nothing.
+    again = append(SCOPE_KEYS, ["notes", 8, "hello", 5, "\n", 1, 100], held)
+    assert again == ["LEASE_LOST"]
+    assert redis_client.hget("lua-test:{u}:scope", "notes") == "7:100:5:hello"
+
+
+def test_a_keyed_script_writes_nothing_for_a_try_that_lost_the_key(
+    redis_client: redis.Redis,
+) -> None:
+    record, append, held = _keyed_append(redis_client, "later-try", "first-try")
+    with pytest.raises(IdempotencyInProgress):
+        raise_for_status("working_memory", append(SCOPE_KEYS, ["notes", 7, "x", 1, "\n", 1, 9],
+                                                  held))
+    assert not held.answered and not redis_client.exists("lua-test:{u}:scope")
+    assert redis_client.hget(record, "state") == "running"
+
+
+def test_a_keyed_script_keeps_no_refusal(redis_client: redis.Redis) -> None:
+    record, append, held = _keyed_append(redis_client, "try-1", "try-1")
+    # Over the cap: refused, nothing applied, so the key stays the try's to settle.
+    assert append(SCOPE_KEYS, ["notes", 7, "too long", 8, "\n", 1, 4], held) == ["LIMIT", 8, 4]
+    assert not held.answered and redis_client.hget(record, "state") == "running"
+    assert not redis_client.hexists(record, "reply")

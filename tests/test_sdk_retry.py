@@ -25,7 +25,7 @@ from werkzeug.serving import make_server
 
 from app.clock import FrozenClock
 from app.local import free_port
-from app.store.lua import source
+from app.store.lua import keyed_source
 from loom import Agent, AsyncAgent, Retry, errors
 from loom.errors import LoomConnectionError, RateLimited, ServerError
 from loom.retry import KEYED, retriable
@@ -330,16 +330,18 @@ def test_retries_switched_off_raise_and_keyed_writes_wait_out_a_rate_limit(
 def test_a_keyed_write_waits_out_its_running_first_try_past_the_attempts(
     form: str, redis_url: str, tmp_path: Any,
 ):
-    """The first try's append reached the store and its reply is held there (the worker still
-    runs it, renewing its lease), so the client's first try times out and every retry is
-    answered 409 IDEMPOTENCY_IN_PROGRESS, more times than ``attempts``; once the held reply
-    comes back, the next retry gets the first try's answer, applied once."""
+    """The first try's append is held on its way to the store (the worker still runs it,
+    renewing its lease), so the client's first try times out and every retry is answered 409
+    IDEMPOTENCY_IN_PROGRESS, more times than ``attempts``; once the worker's store call times
+    out (the write never ran, the key is let go), the next retry runs it, applied once. (A
+    held reply would not do: the append keeps its answer in its own step, so a retry after it
+    ran gets that answer at once.)"""
     if ON_CLUSTER:
         pytest.skip("one server behind the relay")
     upstream = urlparse(redis_url)
     relay = HoldingProxy(upstream.port or 6379).start()
     app = make_app(urlunparse(upstream._replace(netloc=f"127.0.0.1:{relay.port}")), tmp_path,
-                   redis_socket_timeout_seconds=30)
+                   redis_socket_timeout_seconds=3)
     server = make_server("127.0.0.1", 0, app, threaded=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_port}"
@@ -347,15 +349,18 @@ def test_a_keyed_write_waits_out_its_running_first_try_past_the_attempts(
 
     def let_the_first_try_end(waits: int) -> None:
         if waits == 5:
-            relay.release()
-            wait_for(lambda: any(data.hget(key, "state") == "done"
-                                 for key in data.scan_iter("loom:idem:*")), 10, "its answer")
+            relay.disarm()
+            # The held call times out in the worker, which lets the key go: nothing ran.
+            wait_for(lambda: not any(data.hget(key, "state") == "running"
+                                     for key in data.scan_iter("loom:idem:*")), 10,
+                     "the first try to let its key go")
 
     try:
         act("sync", lambda bot: bot.working_memory.set("a", block_key="state", run_id="r"),
             base_url=url)
-        relay.arm(hashlib.sha1(source("working_memory_append").encode()).hexdigest().encode(),
-                  "reply")
+        relay.arm(hashlib.sha1(keyed_source("working_memory_append", "working_memory").encode())
+                  .hexdigest().encode(),
+                  "request")
         policy = RecordedRetry(attempts=3, backoff=0.05)
         answer = act(form, lambda bot: bot.working_memory.append("b", block_key="state",
                                                                   run_id="r"),

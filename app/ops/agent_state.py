@@ -29,7 +29,9 @@ from app.scope_ids import (
     canonical_scope,
     handle_pattern,
 )
+from app.store import keys
 from app.store.agent_state import AgentStateStore
+from app.store.idempotency import kept_reply
 from app.store.namespace_config import AuditLog
 
 SCOPE = "agent_state"
@@ -196,9 +198,19 @@ def _require_scope(call: Call) -> None:
         )
 
 
+def _scope_slot(call: Call) -> str:
+    """The hash tag of the scope a call writes: where its Idempotency-Key's record lives."""
+    identity = call.identity
+    kind, canonical_id = canonical_scope(call.args["scope"], identity.namespace)
+    digest = _store(call).scope_digest(identity.org, identity.namespace, kind, canonical_id)
+    return keys.agent_state_tag(identity.org, identity.namespace, digest)
+
+
 @op("agent_state.put", role="writer", kind="write", args=AgentStatePutArgs,
     raises=("FEATURE_DISABLED", "agent_state_conflict", "WRITE_CONFLICT", "USER_BEING_ERASED"),
     answer=AgentStateWritten, http_method="PUT", path="/v1/agent-state", mcp=False,
+    keyed_in=_scope_slot,
+    replay=lambda _call, kept: AgentStateStore.written_of(kept_reply(kept)).as_answer(),
     example={**_WHO, "mode": "merge_by_key", "body": {"step": "sizes", "offer": "familia-plus"}})
 def agent_state_put(call: Call) -> dict[str, Any]:
     """Write an agent's typed state by compare-and-swap or merge by key."""
@@ -216,6 +228,7 @@ def agent_state_put(call: Call) -> dict[str, Any]:
         body=a["body"],
         subject=a["subject"],
         reach=_reach(call),
+        held=call.held_key,
     )
     return result.as_answer()
 
@@ -261,7 +274,8 @@ def agent_state_of_profile(call: Call) -> dict[str, Any]:
 
 @op("agent_state.erase", role="admin", kind="idempotent", args=AgentStateEraseArgs,
     raises=("FEATURE_DISABLED", "USER_BEING_ERASED"),
-    answer=AgentStateErased, mcp=False, needs_agent=False,
+    answer=AgentStateErased, mcp=False, needs_agent=False, keyed_in=_scope_slot,
+    replay=lambda _call, kept: {"erased": int(kept_reply(kept))},
     example={"namespace": "shop", "scope": {"kind": "conversation", "id": "conv-8c1e"}})
 def agent_state_erase(call: Call) -> dict[str, Any]:
     """Erase one scope's states, for every agent; audited (kind and count, never the id)."""
@@ -274,7 +288,8 @@ def agent_state_erase(call: Call) -> dict[str, Any]:
         # Other scopes hold states of many customers; a pinned token erases only its own.
         raise AuthInsufficient("a token pinned to a user erases only that user's subject "
                                "scope", field="scope")
-    erased = _store(call).erase_scope(identity.org, identity.namespace, kind, canonical_id)
+    erased = _store(call).erase_scope(identity.org, identity.namespace, kind, canonical_id,
+                                      held=call.held_key)
     call.services.store(AuditLog).record(
         identity.org, identity.namespace, call.principal.actor,
         "agent_state.erase", scope_kind=kind, erased=erased,

@@ -16,6 +16,7 @@ from marshmallow import Schema, fields, validate
 from app.clock import iso_from_ns
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, StrictInt
+from app.store import keys
 from app.store.budget import ORG, BudgetStore, Window
 from app.store.namespace_config import AuditLog
 
@@ -98,13 +99,17 @@ def _answer(call: Call, window: Window) -> dict[str, Any]:
 
 @op("budget.set", role="admin", kind="idempotent", listed=False, mcp=False,
     args=BudgetSetArgs, answer=BudgetAnswer, needs_agent=False,
+    keyed_in=lambda call: keys.org_tag(call.identity.org),
+    # The caps a keyed set wrote are kept with its key; the answer reads the window again.
+    replay=lambda call, _kept: _answer(call, call.services.store(BudgetStore).get(
+        call.identity.org, call.identity.namespace)),
     example={"namespace": "support", "calls": 2000, "tokens": 1_000_000})
 def budget_set(call: Call) -> dict[str, Any]:
     """Cap a namespace's (or, with namespace "*", the org's) model calls and tokens; audited."""
     ident = call.identity
     store = call.services.store(BudgetStore)
     old, new = store.set(ident.org, ident.namespace, call.args["calls"], call.args["tokens"],
-                         call.principal.actor)
+                         call.principal.actor, held=call.held_key)
     call.services.store(AuditLog).record(
         ident.org, ident.namespace, call.principal.actor, "budget.set",
         scope="org" if ident.namespace == ORG else "namespace",

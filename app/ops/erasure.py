@@ -156,7 +156,8 @@ def _named_user(call: Call) -> str:
 
 @op("user.erase", role="admin", kind="idempotent", listed=False, mcp=False,
     raises=("ERASURE_RUNNING",),
-    args=UserEraseArgs, answer=ErasureReceipt, needs_agent=False, needs_user=True, example=_WHO)
+    args=UserEraseArgs, answer=ErasureReceipt, needs_agent=False, needs_user=True, example=_WHO,
+    reruns=True)
 def user_erase(call: Call) -> dict[str, Any]:
     """Erase everything of one user of a namespace in the background; answers at once (running).
 

@@ -45,7 +45,9 @@ from app.schemas.common import (
     no_control_characters,
 )
 from app.schemas.rules import after, length_within
+from app.store import keys
 from app.store.activity import ActivityStore
+from app.store.idempotency import kept_reply
 from app.store.memory import (
     DEFAULT_PROFILE_CHAR_LIMIT,
     DELETE_VERSION_TRACE,
@@ -58,6 +60,7 @@ from app.store.memory import (
     Written,
     redact_row,
 )
+from app.store.memory_row import Redacted
 
 KEY_MAX = 512
 TAGS_MAX = 64
@@ -558,6 +561,21 @@ def write_answer(written: Written) -> dict[str, Any]:
 # Ops
 
 
+def _row_slot(call: Call) -> str:
+    """The hash tag of the user whose row a keyed write touches: where its Idempotency-Key
+    record lives, in the slot of the row's keys, and goes with that user's erasure. A row by
+    ``memory_id`` is looked up (one GET); one not found leaves the caller's user (the write
+    then answers 404 and keeps nothing)."""
+    identity = call.identity
+    memory_id = call.args.get("memory_id")
+    user_id = identity.user_id
+    if memory_id:
+        location = memory_store(call).locate(identity.org, identity.namespace, memory_id)
+        if location is not None:
+            user_id = location.user_id
+    return keys.user_tag(identity.org, identity.namespace, user_id)
+
+
 def _replayed(answer_of: Callable[[Call, Written], dict[str, Any]]
               ) -> Callable[[Call, str], dict[str, Any]]:
     """An op's ``replay``: its answer again from the reply its write script kept with the
@@ -771,6 +789,7 @@ def _delete_answer(_call: Call, written: Written) -> dict[str, Any]:
 @op("memory.delete", role="writer", kind="idempotent", listed=False,
     raises=MEMORY_WRITE_ERRORS,
     args=MemoryDeleteArgs, answer=MemoryDeleteAnswer, replay=_replayed(_delete_answer),
+    keyed_in=_row_slot,
     example={**_WHO, "key": "invoice_currency"})
 def memory_delete(call: Call) -> dict[str, Any]:
     """Delete a row: a tombstone version; its history stays readable."""
@@ -818,6 +837,7 @@ def _delete_version_answer(call: Call, written: Written) -> dict[str, Any]:
     raises=MEMORY_WRITE_ERRORS,
     args=MemoryDeleteVersionArgs, answer=MemoryDeleteVersionAnswer,
     replay=_replayed(_delete_version_answer),
+    keyed_in=_row_slot,
     example={**_WHO, "key": "invoice_currency", "version_text": "1800000000000000000"})
 def memory_delete_version(call: Call) -> dict[str, Any]:
     """Remove one version of a row (by version or version_text); the row records the removal."""
@@ -866,6 +886,7 @@ def _flag_answer(_call: Call, written: Written) -> dict[str, Any]:
 @op("memory.lock", role="writer", kind="idempotent", listed=False,
     raises=MEMORY_WRITE_ERRORS,
     args=MemoryTargetArgs, answer=MemoryFlagAnswer, replay=_replayed(_flag_answer),
+    keyed_in=_row_slot,
     example={**_WHO, "key": "invoice_currency"})
 def memory_lock(call: Call) -> dict[str, Any]:
     """Lock a row: a new version with the same content; every write but unlock is refused."""
@@ -875,6 +896,7 @@ def memory_lock(call: Call) -> dict[str, Any]:
 @op("memory.unlock", role="writer", kind="idempotent", listed=False,
     raises=MEMORY_WRITE_ERRORS,
     args=MemoryTargetArgs, answer=MemoryFlagAnswer, replay=_replayed(_flag_answer),
+    keyed_in=_row_slot,
     example={**_WHO, "key": "invoice_currency"})
 def memory_unlock(call: Call) -> dict[str, Any]:
     """Unlock a row: a new version with the same content."""
@@ -884,6 +906,7 @@ def memory_unlock(call: Call) -> dict[str, Any]:
 @op("memory.pin", role="writer", kind="idempotent", listed=False,
     raises=MEMORY_WRITE_ERRORS,
     args=MemoryTargetArgs, answer=MemoryFlagAnswer, replay=_replayed(_flag_answer),
+    keyed_in=_row_slot,
     example={**_WHO, "key": "invoice_currency"})
 def memory_pin(call: Call) -> dict[str, Any]:
     """Pin a row: no worker rebuilds it; a new version with the same content."""
@@ -893,28 +916,36 @@ def memory_pin(call: Call) -> dict[str, Any]:
 @op("memory.unpin", role="writer", kind="idempotent", listed=False,
     raises=MEMORY_WRITE_ERRORS,
     args=MemoryTargetArgs, answer=MemoryFlagAnswer, replay=_replayed(_flag_answer),
+    keyed_in=_row_slot,
     example={**_WHO, "key": "invoice_currency"})
 def memory_unpin(call: Call) -> dict[str, Any]:
     """Unpin a row: workers may rebuild it again; a new version with the same content."""
     return _flag(call, "pinned", False)
 
 
-@op("memory.redact", role="admin", kind="idempotent", listed=False,
-    raises=MEMORY_WRITE_ERRORS,
-    args=MemoryTargetArgs, answer=MemoryRedactAnswer,
-    example={**_WHO, "key": "invoice_currency"})
-def memory_redact(call: Call) -> dict[str, Any]:
-    """Scrub every version of a row and the profile versions whose trace names it."""
-    location, memory_id = _write_target(call)
-    redacted = redact_row(
-        memory_store(call), location, written_by=call.identity.agent, memory_id=memory_id
-    )
+def _redact_answer(redacted: Redacted) -> dict[str, Any]:
     return {
         "memory_id": redacted.written.row.memory_id,
         "key": redacted.written.row.key,
         "redacted": True,
         "versions_redacted": redacted.versions,
     }
+
+
+@op("memory.redact", role="admin", kind="idempotent", listed=False,
+    raises=MEMORY_WRITE_ERRORS,
+    args=MemoryTargetArgs, answer=MemoryRedactAnswer,
+    keyed_in=_row_slot,
+    replay=lambda _call, kept: _redact_answer(MemoryStore.redacted_of(kept_reply(kept))),
+    example={**_WHO, "key": "invoice_currency"})
+def memory_redact(call: Call) -> dict[str, Any]:
+    """Scrub every version of a row and the profile versions whose trace names it."""
+    location, memory_id = _write_target(call)
+    redacted = redact_row(
+        memory_store(call), location, written_by=call.identity.agent, memory_id=memory_id,
+        held=call.held_key,
+    )
+    return _redact_answer(redacted)
 
 
 # --------------------------------------------------------------------------------------------
@@ -945,6 +976,7 @@ def _revision_answer(_call: Call, written: Written) -> dict[str, Any]:
 @op("memory.revert", role="writer", kind="write", listed=False,
     raises=MEMORY_WRITE_ERRORS,
     args=MemoryRevertArgs, answer=MemoryRevisionAnswer, replay=_replayed(_revision_answer),
+    keyed_in=_row_slot,
     example={**_WHO, "key": "invoice_currency", "version_text": "1800000000000000000"})
 def memory_revert(call: Call) -> dict[str, Any]:
     """Bring back a stored version's content (by version or version_text) as a new version."""
@@ -960,6 +992,7 @@ def memory_revert(call: Call) -> dict[str, Any]:
 @op("memory.restore", role="writer", kind="write", listed=False,
     raises=(*MEMORY_WRITE_ERRORS, "MEMORY_NOT_DELETED"),
     args=MemoryTargetArgs, answer=MemoryRevisionAnswer, replay=_replayed(_revision_answer),
+    keyed_in=_row_slot,
     example={**_WHO, "key": "invoice_currency"})
 def memory_restore(call: Call) -> dict[str, Any]:
     """Bring a deleted row back with its last content before the delete, as a new version."""
@@ -983,6 +1016,7 @@ def _touch(call: Call, change: str, confidence: float | None = None) -> dict[str
 @op("memory.restate", role="writer", kind="write", listed=False,
     raises=MEMORY_WRITE_ERRORS,
     args=MemoryTargetArgs, answer=MemoryRevisionAnswer, replay=_replayed(_revision_answer),
+    keyed_in=_row_slot,
     example={**_WHO, "key": "invoice_currency"})
 def memory_restate(call: Call) -> dict[str, Any]:
     """The fact was stated again: a new version with the same content, dated now."""
@@ -992,6 +1026,7 @@ def memory_restate(call: Call) -> dict[str, Any]:
 @op("memory.reinforce", role="writer", kind="write", listed=False,
     raises=MEMORY_WRITE_ERRORS,
     args=MemoryReinforceArgs, answer=MemoryRevisionAnswer, replay=_replayed(_revision_answer),
+    keyed_in=_row_slot,
     example={**_WHO, "key": "invoice_currency", "confidence": 0.9})
 def memory_reinforce(call: Call) -> dict[str, Any]:
     """The fact was confirmed: counted, confidence raised if given, a new version dated now."""
@@ -1001,6 +1036,7 @@ def memory_reinforce(call: Call) -> dict[str, Any]:
 @op("memory.recall", role="writer", kind="write", listed=False,
     raises=MEMORY_WRITE_ERRORS,
     args=MemoryTargetArgs, answer=MemoryRevisionAnswer, replay=_replayed(_revision_answer),
+    keyed_in=_row_slot,
     example={**_WHO, "key": "invoice_currency"})
 def memory_recall(call: Call) -> dict[str, Any]:
     """The fact was used: counted and timed in a new version that keeps its last change."""
@@ -1010,6 +1046,7 @@ def memory_recall(call: Call) -> dict[str, Any]:
 @op("memory.backfill", role="writer", kind="idempotent", listed=False,
     raises=MEMORY_WRITE_ERRORS,
     args=MemoryTargetArgs, answer=MemoryRevisionAnswer, replay=_replayed(_revision_answer),
+    keyed_in=_row_slot,
     example={**_WHO, "key": "invoice_currency"})
 def memory_backfill(call: Call) -> dict[str, Any]:
     """Bring a row's recall index entry up to date, keeping its content and last change."""

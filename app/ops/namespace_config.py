@@ -13,17 +13,20 @@ from typing import Any, ClassVar, Literal, TypedDict
 from marshmallow import fields, validate
 
 from app.clock import iso_from_ns
-from app.object_types import types_json_schema
+from app.object_types import types_json_schema, validate_object_types
 from app.pii import BUILTIN_MASKS, MAX_MASK_LENGTH, MAX_PATTERN_LENGTH, MAX_RULES
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, StrictInt
 from app.schemas.rules import re2_pattern, retention_within_state, unique_by
+from app.store import keys
+from app.store.idempotency import kept_reply
 from app.store.namespace_config import (
     AUDIT_DEFAULT_LIMIT,
     AUDIT_MAX_LIMIT,
     Features,
     NamespaceConfigStore,
     document_sha256,
+    validate_features,
 )
 
 _NS = {"namespace": "shop"}
@@ -147,19 +150,40 @@ class _AdminOp(TypedDict):
 _ADMIN: _AdminOp = {"role": "admin", "needs_agent": False, "mcp": False}
 
 
+def _features_answer(call: Call, sha: str, at: int) -> dict[str, Any]:
+    features = validate_features(call.args["features"])
+    return {"features": features.to_dict(), "sha256": sha, "updated_at": iso_from_ns(at)}
+
+
+def _types_answer(call: Call, sha: str, at: int) -> dict[str, Any]:
+    types = validate_object_types(call.args["types"])
+    return {
+        "types": [t.to_dict() for t in types],
+        "count": len(types),
+        "sha256": sha,
+        "updated_at": iso_from_ns(at),
+    }
+
+
+def _namespace_slot(call: Call) -> str:
+    """Where a namespace document's Idempotency-Key record lives: the namespace's slot."""
+    return keys.namespace_tag(call.identity.org, call.identity.namespace)
+
+
 @op("features.set", kind="idempotent", args=FeaturesSetArgs, answer=FeaturesAnswer,
     raises=("SCHEMA_INVALID",),
+    keyed_in=_namespace_slot, replay=lambda call, kept: _features_answer(call, *kept_reply(kept)),
     example={**_NS, "features": {"agent_state": True, "pii_rules": [
         {"name": "order_ref", "pattern": "ORD-[0-9]{6}", "mask": "[order]"}]}},
     **_ADMIN)
 def features_set(call: Call) -> dict[str, Any]:
     """Replace the namespace's features document (agent_state, pii_rules); audited."""
     identity = call.identity
-    features, sha, at = _store(call).set_features(
+    _features, sha, at = _store(call).set_features(
         identity.org, identity.namespace, call.args["features"],
-        call.principal.actor,
+        call.principal.actor, held=call.held_key,
     )
-    return {"features": features.to_dict(), "sha256": sha, "updated_at": iso_from_ns(at)}
+    return _features_answer(call, sha, at)
 
 
 @op("features.get", kind="read", args=NamespaceArgs, answer=FeaturesAnswer,
@@ -177,20 +201,16 @@ def features_get(call: Call) -> dict[str, Any]:
 
 @op("object_types.set", kind="idempotent", args=ObjectTypesSetArgs, answer=ObjectTypesAnswer,
     raises=("SCHEMA_INVALID",),
+    keyed_in=_namespace_slot, replay=lambda call, kept: _types_answer(call, *kept_reply(kept)),
     example={**_NS, "types": [EXAMPLE_TYPE]}, **_ADMIN)
 def object_types_set(call: Call) -> dict[str, Any]:
     """Replace the namespace's object-types registry; audited."""
     identity = call.identity
-    types, sha, at = _store(call).set_object_types(
+    _types, sha, at = _store(call).set_object_types(
         identity.org, identity.namespace, call.args["types"],
-        call.principal.actor,
+        call.principal.actor, held=call.held_key,
     )
-    return {
-        "types": [t.to_dict() for t in types],
-        "count": len(types),
-        "sha256": sha,
-        "updated_at": iso_from_ns(at),
-    }
+    return _types_answer(call, sha, at)
 
 
 @op("object_types.get", kind="read", args=NamespaceArgs, answer=ObjectTypesAnswer,

@@ -32,12 +32,14 @@ from app.schemas.common import Answer, IdentityArgs, StrictInt
 from app.schemas.fastload import fast_load
 from app.schemas.rules import length_within
 from app.store.activity import RETENTION_DAYS, ActivityStore
+from app.store.idempotency import kept_reply
 from app.store.memory import (
     DEFAULT_PROFILE_CHAR_LIMIT,
     MAX_CHAR_LIMIT,
     PROFILE_TYPE,
     Content,
     MemoryRow,
+    MemoryStore,
     SectionReach,
     Written,
     canonical_json,
@@ -178,9 +180,14 @@ PROFILE_WRITE_ERRORS = ("CHAR_LIMIT_EXCEEDED", "HASH_MISMATCH", "MEMORY_LOCKED",
                         "MEMORY_TYPE_MISMATCH", "USER_BEING_ERASED", "WRITE_CONFLICT")
 
 
+def _replayed(call: Call, kept: str) -> dict[str, Any]:
+    """A keyed write's answer again from the reply its script kept with the Idempotency-Key."""
+    return _answer(call, MemoryStore.written_of(kept_reply(kept)))
+
+
 @op("profile.set", role="writer", kind="idempotent", listed=False,
     raises=PROFILE_WRITE_ERRORS,
-    args=ProfileSetArgs, answer=ProfileWrite,
+    args=ProfileSetArgs, answer=ProfileWrite, replay=_replayed,
     example={**_WHO, "label": "persona", "value": "Terse. Cite ticket ids."})
 def profile_set(call: Call) -> dict[str, Any]:
     """Create or replace a profile section at label."""
@@ -199,13 +206,14 @@ def profile_set(call: Call) -> dict[str, Any]:
         default_char_limit=DEFAULT_PROFILE_CHAR_LIMIT,
         if_match_sha256=a["if_match_sha256"],
         required_type=PROFILE_TYPE,
+        held=call.held_key,
     )
     return _answer(call, written)
 
 
 @op("profile.append", role="writer", kind="write", listed=False,
     raises=PROFILE_WRITE_ERRORS,
-    args=ProfileAppendArgs, answer=ProfileWrite,
+    args=ProfileAppendArgs, answer=ProfileWrite, replay=_replayed,
     example={**_WHO, "label": "preferences", "addition": "Prefers EUR invoices."})
 def profile_append(call: Call) -> dict[str, Any]:
     """Append to a profile section, creating it when missing; no append is lost to a race."""
@@ -215,19 +223,21 @@ def profile_append(call: Call) -> dict[str, Any]:
         a["addition"],
         a["separator"],
         written_by=call.identity.agent,
+        held=call.held_key,
     )
     return _answer(call, written)
 
 
 @op("profile.replace", role="writer", kind="idempotent", listed=False,
     raises=(*PROFILE_WRITE_ERRORS, "PROFILE_SECTION_NOT_FOUND", "SUBSTRING_NOT_FOUND"),
-    args=ProfileReplaceArgs, answer=ProfileWrite,
+    args=ProfileReplaceArgs, answer=ProfileWrite, replay=_replayed,
     example={**_WHO, "label": "preferences", "old": "EUR", "new": "CHF"})
 def profile_replace(call: Call) -> dict[str, Any]:
     """Rewrite every occurrence of a substring inside a profile section."""
     a = call.args
     written = memory_store(call).replace_text(
-        writable_location(call, a["label"]), a["old"], a["new"], written_by=call.identity.agent
+        writable_location(call, a["label"]), a["old"], a["new"], written_by=call.identity.agent,
+        held=call.held_key,
     )
     return _answer(call, written)
 

@@ -11,13 +11,15 @@ from app.profile_schema import (
     MAX_OUTPUT_CAP_TOKENS,
     MAX_SCHEMA_BYTES,
     profile_schema_json_schema,
+    schema_sha256,
     validate_profile_schema,
 )
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs
 from app.schemas.rules import answer_fits, length_within, ordered, pattern_compiles
-from app.store.namespace_config import AuditLog
-from app.store.profile_schema import ProfileSchemaStore
+from app.store import keys
+from app.store.idempotency import kept_reply
+from app.store.profile_schema import ProfileSchemaStore, StoredSchema
 
 SEED_EXAMPLE_SCHEMA = {
     "type": "object",
@@ -76,27 +78,36 @@ class ProfileSchemaCleared(Answer):
     schema_sha256 = fields.String(metadata={"description": "The hash of the schema removed."})
 
 
-def _audit(call: Call, action: str, old_sha: str, new_sha: str) -> None:
-    call.services.store(AuditLog).record(
-        call.identity.org, call.identity.namespace, call.principal.actor, action,
-        old_schema_sha256=old_sha, new_schema_sha256=new_sha,
-    )
+def _namespace_slot(call: Call) -> str:
+    """Where a schema write's Idempotency-Key record lives: the namespace's slot."""
+    return keys.namespace_tag(call.identity.org, call.identity.namespace)
+
+
+def _set_answer(call: Call, set_at: int) -> dict[str, Any]:
+    doc = call.args["json_schema"]
+    stored = StoredSchema(doc, schema_sha256(doc), call.principal.actor, set_at)
+    return {"namespace": call.identity.namespace, **stored.as_answer()}
+
+
+def _cleared_answer(call: Call, old_sha: str | None) -> dict[str, Any]:
+    return {"namespace": call.identity.namespace, "cleared": old_sha is not None,
+            "schema_sha256": old_sha or ""}
 
 
 @op("profile_schema.set", role="admin", kind="idempotent", listed=False,
     raises=("SCHEMA_INVALID",),
     args=ProfileSchemaSetArgs, answer=ProfileSchemaAnswer, needs_agent=False,
+    keyed_in=_namespace_slot, replay=lambda call, kept: _set_answer(call, kept_reply(kept)[1]),
     example={"namespace": "support", "json_schema": SEED_EXAMPLE_SCHEMA})
 def profile_schema_set(call: Call) -> dict[str, Any]:
     """Set the namespace's structured-profile schema (audited); it replaces the old one."""
     doc = call.args["json_schema"]
     validate_profile_schema(doc)
     ident = call.identity
-    old, new = call.services.store(ProfileSchemaStore).set(
-        ident.org, ident.namespace, doc, call.principal.actor
+    _old_sha, new = call.services.store(ProfileSchemaStore).set(
+        ident.org, ident.namespace, doc, call.principal.actor, held=call.held_key
     )
-    _audit(call, "profile_schema.set", old.sha if old else "", new.sha)
-    return {"namespace": ident.namespace, **new.as_answer()}
+    return _set_answer(call, new.set_at)
 
 
 @op("profile_schema.get", role="viewer", kind="read", listed=False,
@@ -114,12 +125,11 @@ def profile_schema_get(call: Call) -> dict[str, Any]:
 
 @op("profile_schema.clear", role="admin", kind="idempotent", listed=False,
     args=ProfileSchemaClearArgs, answer=ProfileSchemaCleared, needs_agent=False,
+    keyed_in=_namespace_slot, replay=lambda call, kept: _cleared_answer(call, kept_reply(kept)),
     example={"namespace": "support"})
 def profile_schema_clear(call: Call) -> dict[str, Any]:
     """Remove the schema (audited); built profiles stay as memory rows."""
     ident = call.identity
-    old = call.services.store(ProfileSchemaStore).clear(ident.org, ident.namespace)
-    if old is not None:
-        _audit(call, "profile_schema.clear", old.sha, "")
-    return {"namespace": ident.namespace, "cleared": old is not None,
-            "schema_sha256": old.sha if old else ""}
+    old_sha = call.services.store(ProfileSchemaStore).clear(
+        ident.org, ident.namespace, call.principal.actor, held=call.held_key)
+    return _cleared_answer(call, old_sha)

@@ -16,7 +16,9 @@ from app.errors import AuthInsufficient, IdentityIncomplete
 from app.keyed import keyed_digest
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs
+from app.store import keys
 from app.store.activity import ActivityStore
+from app.store.idempotency import kept_reply
 from app.store.structured import Snapshot, StructuredStore
 
 # Versioned purpose of the user digest an audit entry names a blacklisted user by.
@@ -125,7 +127,10 @@ class StructuredBlacklisted(Answer):
     raises=("USER_BEING_ERASED",),
     args=StructuredBlacklistArgs, answer=StructuredBlacklisted, needs_agent=False,
     needs_user=True,
-    example={"namespace": "support", "user_id": "u-42", "blacklisted": True})
+    example={"namespace": "support", "user_id": "u-42", "blacklisted": True},
+    keyed_in=lambda call: keys.namespace_tag(call.identity.org, call.identity.namespace),
+    replay=lambda call, kept: _blacklisted_answer(
+        call, *StructuredStore.blacklisted_of(kept_reply(kept))))
 def structured_blacklist(call: Call) -> dict[str, Any]:
     """Blacklist a user from structured-profile builds, or lift it (audited)."""
     identity = call.identity
@@ -133,12 +138,21 @@ def structured_blacklist(call: Call) -> dict[str, Any]:
         raise IdentityIncomplete("structured.blacklist names one user: user_id is required",
                                  field="user_id")
     on = bool(call.args["blacklisted"])
-    # The audit list outlives an erasure of the user: it names them by a keyed hash only.
-    user_digest = keyed_digest(call.services.settings.secret_key.encode("utf-8"),
-                               _AUDIT_USER_PURPOSE, identity.org, identity.namespace,
-                               identity.user_id)
     changed, since = call.services.store(StructuredStore).set_blacklisted(
-        identity, on, call.principal.actor, {"blacklisted": on, "user_digest": user_digest})
-    return {"user_id": identity.user_id, "blacklisted": on,
+        identity, on, call.principal.actor,
+        {"blacklisted": on, "user_digest": _audit_digest(call)}, held=call.held_key)
+    return _blacklisted_answer(call, changed, since)
+
+
+def _audit_digest(call: Call) -> str:
+    # The audit list outlives an erasure of the user: it names them by a keyed hash only.
+    identity = call.identity
+    return keyed_digest(call.services.settings.secret_key.encode("utf-8"),
+                        _AUDIT_USER_PURPOSE, identity.org, identity.namespace, identity.user_id)
+
+
+def _blacklisted_answer(call: Call, changed: bool, since: int | None) -> dict[str, Any]:
+    on, user_digest = bool(call.args["blacklisted"]), _audit_digest(call)
+    return {"user_id": call.identity.user_id, "blacklisted": on,
             "blacklisted_at": iso_from_ns(since) if since is not None else None,
             "changed": changed, "user_digest": user_digest}

@@ -22,7 +22,9 @@ from app.principal import ROLE_RANK
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, IdentityText
 from app.schemas.rules import future
-from app.store.tokens import TokenStore
+from app.store import keys
+from app.store.idempotency import kept_reply
+from app.store.tokens import TokenRow, TokenStore
 
 KNOWN_SCOPES = ("agent_state",)
 
@@ -155,19 +157,34 @@ def _in_reach(principal: Principal, claims: dict[str, Any]) -> bool:
     return all(bound is None or claims.get(claim) == bound for claim, bound in bindings)
 
 
+def _created(call: Call, secret: str, row: TokenRow) -> dict[str, Any]:
+    return {"token": secret, **row.as_answer()}
+
+
+def _recreated(call: Call, kept: str) -> dict[str, Any]:
+    """A keyed create's answer again: the same token, from the id and nonce its record kept."""
+    store = call.services.store(TokenStore)
+    return _created(call, *store.recreate(claims_for(call), call.principal.actor,
+                                          kept_reply(kept)))
+
+
 @op("token.create", role="admin", kind="write", listed=False,
     args=TokenCreateArgs, answer=TokenCreated, needs_agent=False, needs_namespace=False, mcp=False,
+    keyed_in=lambda call: keys.org_tag(call.identity.org), replay=_recreated,
     example={"namespace": "support", "role": "writer", "label": "triage service"})
 def token_create(call: Call) -> dict[str, Any]:
     """Mint a token; its secret is answered once and only its keyed hash is kept."""
     claims = claims_for(call)
-    secret, row = call.services.store(TokenStore).create(claims, call.principal.actor)
-    return {"token": secret, **row.as_answer()}
+    secret, row = call.services.store(TokenStore).create(claims, call.principal.actor,
+                                                         held=call.held_key)
+    return _created(call, secret, row)
 
 
 @op("token.revoke", role="admin", kind="idempotent", listed=False,
     raises=("TOKEN_NOT_FOUND",),
     args=TokenIdArgs, answer=TokenRevoked, needs_agent=False, needs_namespace=False, mcp=False,
+    keyed_in=lambda call: keys.token_tag(call.args["token_id"]),
+    replay=lambda call, _kept: {"token_id": call.args["token_id"], "revoked": True},
     example={"token_id": "0123456789abcdef"})
 def token_revoke(call: Call) -> dict[str, Any]:
     """Revoke a token; it fails on its next use."""
@@ -177,7 +194,7 @@ def token_revoke(call: Call) -> dict[str, Any]:
         call.principal, row.claims
     ):
         raise TokenNotFound("no such token in this org", token_id=call.args["token_id"])
-    store.revoke(row.token_id)
+    store.revoke(row.token_id, held=call.held_key)
     return {"token_id": row.token_id, "revoked": True}
 
 

@@ -9,6 +9,7 @@ from marshmallow import Schema, fields
 
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, StrictBool
+from app.store import keys
 from app.store.recall_vectors import RecallVectorStore
 from app.store.usage import UsageStore
 
@@ -78,9 +79,15 @@ def usage_get(call: Call) -> dict[str, Any]:
 
 @op("org.set_model_calls", role="admin", kind="idempotent", listed=False,
     args=ModelCallsArgs, answer=ModelCalls, needs_agent=False, needs_namespace=False,
-    org_wide=True, example={"enabled": False})
+    org_wide=True, example={"enabled": False},
+    keyed_in=lambda call: keys.org_tag(call.identity.org),
+    replay=lambda call, _kept: _model_calls_answer(call))
 def org_set_model_calls(call: Call) -> dict[str, Any]:
     """Switch the org's model calls on or off; off, the workers never call a model for it."""
     store = call.services.store(UsageStore)
-    store.set_model_calls(call.identity.org, call.args["enabled"])
+    store.set_model_calls(call.identity.org, call.args["enabled"], held=call.held_key)
+    return _model_calls_answer(call)
+
+
+def _model_calls_answer(call: Call) -> dict[str, Any]:
     return {"org": call.identity.org, "model_calls_enabled": call.args["enabled"]}

@@ -11,6 +11,7 @@ from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, StrictInt, no_control_characters
 from app.schemas.fastload import fast_load
 from app.schemas.rules import length_within
+from app.store.idempotency import kept_reply
 from app.store.working_memory import (
     DEFAULT_BLOCK_KEY,
     DEFAULT_CHAR_LIMIT,
@@ -156,47 +157,60 @@ def _store(call: Call) -> WorkingMemoryStore:
     return call.services.store(WorkingMemoryStore)
 
 
+def _replayed_write(call: Call, kept: str) -> dict[str, Any]:
+    """A keyed write's answer again from the script reply its Idempotency-Key's record kept."""
+    return WorkingMemoryStore.write_of(call.args["block_key"], kept_reply(kept)).as_answer()
+
+
+def _deleted(block_key: str, reply: Any) -> dict[str, Any]:
+    return {"deleted": bool(reply), "block_key": block_key}
+
+
 @op("working_memory.set", role="writer", kind="idempotent",
     raises=("WORKING_MEMORY_LIMIT_EXCEEDED", "USER_BEING_ERASED"),
-    args=WorkingMemorySetArgs, answer=WorkingMemoryWrite,
+    args=WorkingMemorySetArgs, answer=WorkingMemoryWrite, replay=_replayed_write,
     example={**_WHO, "block_key": "state", "content": "cursor: ticket 4812"})
 def working_memory_set(call: Call) -> dict[str, Any]:
     """Overwrite one working-memory block."""
     a = call.args
-    written = _store(call).set(call.identity, a["block_key"], a["content"], a["char_limit"])
+    written = _store(call).set(call.identity, a["block_key"], a["content"], a["char_limit"],
+                               held=call.held_key)
     return written.as_answer()
 
 
 @op("working_memory.append", role="writer", kind="write",
     raises=("WORKING_MEMORY_LIMIT_EXCEEDED", "USER_BEING_ERASED"),
-    args=WorkingMemoryAppendArgs, answer=WorkingMemoryWrite,
+    args=WorkingMemoryAppendArgs, answer=WorkingMemoryWrite, replay=_replayed_write,
     example={**_WHO, "block_key": "state", "addition": "step 3 done"})
 def working_memory_append(call: Call) -> dict[str, Any]:
     """Append text to a working-memory block, creating it when missing."""
     a = call.args
-    written = _store(call).append(call.identity, a["block_key"], a["addition"], a["separator"])
+    written = _store(call).append(call.identity, a["block_key"], a["addition"], a["separator"],
+                                  held=call.held_key)
     return written.as_answer()
 
 
 @op("working_memory.replace", role="writer", kind="idempotent", listed=False,
     raises=("WORKING_MEMORY_BLOCK_NOT_FOUND", "SUBSTRING_NOT_FOUND",
             "WORKING_MEMORY_LIMIT_EXCEEDED", "USER_BEING_ERASED"),
-    args=WorkingMemoryReplaceArgs, answer=WorkingMemoryWrite,
+    args=WorkingMemoryReplaceArgs, answer=WorkingMemoryWrite, replay=_replayed_write,
     example={**_WHO, "block_key": "state", "old": "4812", "new": "4813"})
 def working_memory_replace(call: Call) -> dict[str, Any]:
     """Replace exact text inside a working-memory block."""
     a = call.args
-    return _store(call).replace(call.identity, a["block_key"], a["old"], a["new"]).as_answer()
+    return _store(call).replace(call.identity, a["block_key"], a["old"], a["new"],
+                                held=call.held_key).as_answer()
 
 
 @op("working_memory.delete", role="writer", kind="idempotent", listed=False,
     raises=("USER_BEING_ERASED",),
     args=WorkingMemoryDeleteArgs, answer=WorkingMemoryDeleted,
+    replay=lambda call, kept: _deleted(call.args["block_key"], kept_reply(kept)),
     example={**_WHO, "block_key": "state"})
 def working_memory_delete(call: Call) -> dict[str, Any]:
     """Delete one working-memory block."""
     block_key = call.args["block_key"]
-    return {"deleted": _store(call).delete(call.identity, block_key), "block_key": block_key}
+    return _deleted(block_key, _store(call).delete(call.identity, block_key, held=call.held_key))
 
 
 @op("working_memory.get", role="viewer", kind="read", listed=False,

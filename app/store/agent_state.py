@@ -68,7 +68,8 @@ from app.pii import mask_value
 from app.scope_ids import canonical_scope_id, scope_digest, subject_digest
 from app.store import keys
 from app.store.batching import batches, pairs
-from app.store.lua import STATUS_ERRORS, raise_for_status, script
+from app.store.idempotency import HeldKey, KeyedScript
+from app.store.lua import LEASE_LOST, STATUS_ERRORS, raise_for_status, script
 from app.store.namespace_config import NamespaceConfig, NamespaceConfigStore
 
 if TYPE_CHECKING:
@@ -184,9 +185,9 @@ class AgentStateStore:
         self.secret = services.settings.secret_key.encode("utf-8")
         # Built directly: services.store() holds its lock while building this store.
         self.config = NamespaceConfigStore(services)
-        self._write = script(self.redis, "agent_state_write")
+        self._write = KeyedScript(self.redis, "agent_state_write", "agent_state")
         self._delete_if = script(self.redis, "agent_state_delete_if")
-        self._erase = script(self.redis, "agent_state_erase")
+        self._erase = KeyedScript(self.redis, "agent_state_erase", "agent_state")
         self._unindex = script(self.redis, "agent_state_unindex")
         # A cluster pipeline runs no scripts (and its batches go to several primaries): each
         # script is then its own call, in the one slot its keys share.
@@ -258,9 +259,12 @@ class AgentStateStore:
         body: Mapping[str, Any],
         subject: str | None = None,
         reach: str | None = None,
+        held: HeldKey | None = None,
     ) -> PutResult:
         """One write. Check order (seed 002): version (412), declared fields (stored: false,
         not_declared_field), cap (stored: false, over_cap). Malformed input is a 422 first.
+        With ``held`` (a call's Idempotency-Key, in the scope's slot) the write script keeps
+        its reply as the key's answer in its own step (``written_of`` reads it back).
 
         With ``reach`` (the subject digest of the caller's pinned user), the write must be
         about that user: their subject scope, or a state naming them (left out, ``subject``
@@ -322,10 +326,12 @@ class AgentStateStore:
                 "size": size,
             }
             reply = self._store(org, namespace, digest, agent, current.etag, state,
-                                marker if kind == "subject" else None)
+                                marker if kind == "subject" else None, held)
             if reply[0] == "ERASING":
                 self._unindex_entries(org, namespace, [
                     (state_key, str(expires_ms), named_subject or "", True)])
+                raise_for_status("agent_state", reply)
+            if reply[0] == LEASE_LOST:
                 raise_for_status("agent_state", reply)
             if reply[0] == "OK":
                 if marker is not None and kind != "subject" and self.redis.exists(marker):
@@ -333,13 +339,19 @@ class AgentStateStore:
                     # slot than this state's: what was just written names them, so it goes.
                     self._erase_states(org, namespace, self._hashes([state_key]))
                     raise _being_erased()
-                return PutResult(True, version)
+                return self.written_of(reply)
             # Another write (or the sweep) got in between: start again from what it stored.
             raw = pairs(reply[1])
         raise WriteContended(
             f"the state kept changing under {MAX_ATTEMPTS} attempts; try again",
             retry_after=1,
         )
+
+    @staticmethod
+    def written_of(reply: list[Any]) -> PutResult:
+        """The answer of a stored write from its script's reply (or the copy an
+        Idempotency-Key's record kept): ``{'OK', version}``."""
+        return PutResult(True, int(reply[1]))
 
     def _named_subject(
         self, org: str, namespace: str, kind: str, digest: str, subject: str | None
@@ -408,9 +420,11 @@ class AgentStateStore:
         expected_etag: str,
         state: Mapping[str, Any],
         erasing_marker: str | None = None,
+        held: HeldKey | None = None,
     ) -> list[Any]:
         """The write round trip: index entries first (a live state is always indexed), then
-        the compare-and-set script (which refuses while ``erasing_marker`` exists)."""
+        the compare-and-set script (which refuses while ``erasing_marker`` exists, and keeps
+        its reply as ``held``'s answer in its own step)."""
         state_key = keys.agent_state(org, namespace, digest, agent)
         expires = state["expires_at"]
         script_keys = [state_key, keys.agent_state_agents(org, namespace, digest)]
@@ -419,6 +433,11 @@ class AgentStateStore:
         script_args: list[Any] = [expected_etag, expires, agent]
         for name, value in state.items():
             script_args += [name, value]
+        write = self._write.plain
+        if held is not None:
+            write = self._write.keyed
+            script_keys.append(held.redis_key)
+            script_args.append(held.holder)
         for _ in range(2):
             pipe = self.redis.pipeline(transaction=False)
             pipe.sadd(keys.agent_state_namespaces(), json.dumps([org, namespace]))
@@ -436,17 +455,19 @@ class AgentStateStore:
                 # The namespace-slot index writes first, through the cluster pipeline, then the
                 # script in the scope's slot: the same order as on one server.
                 pipe.execute()
-                reply = self._write(keys=script_keys, args=script_args)
-                return list(reply)
-            pipe.evalsha(self._write.sha, len(script_keys), *script_keys, *script_args)
-            reply = pipe.execute(raise_on_error=False)[-1]
-            if isinstance(reply, NoScriptError):
-                # A restarted or flushed Redis forgot the script: load it and send again (the
-                # index writes are idempotent).
-                self._write.sha = self.redis.script_load(self._write.script)
-                continue
-            if isinstance(reply, Exception):
-                raise reply
+                reply = write(keys=script_keys, args=script_args)
+            else:
+                pipe.evalsha(write.sha, len(script_keys), *script_keys, *script_args)
+                reply = pipe.execute(raise_on_error=False)[-1]
+                if isinstance(reply, NoScriptError):
+                    # A restarted or flushed Redis forgot the script: load it and send again
+                    # (the index writes are idempotent).
+                    write.sha = self.redis.script_load(write.script)
+                    continue
+                if isinstance(reply, Exception):
+                    raise reply
+            if held is not None:
+                self._write.note(reply, held)
             return list(reply)
         raise RuntimeError("the agent-state write script could not be loaded")
 
@@ -570,16 +591,20 @@ class AgentStateStore:
             )
         return erased
 
-    def erase_scope(self, org: str, namespace: str, kind: str, scope_id: Any) -> int:
-        """Delete every agent's state of one scope; the count deleted."""
+    def erase_scope(self, org: str, namespace: str, kind: str, scope_id: Any,
+                    held: HeldKey | None = None) -> int:
+        """Delete every agent's state of one scope; the count deleted. With ``held`` (a call's
+        Idempotency-Key, in the scope's slot) the count is kept as the key's answer in the
+        deleting script's step."""
         canonical = canonical_scope_id(kind, scope_id, namespace)
         digest = self.scope_digest(org, namespace, kind, canonical)
         agents = cast(list[str], self.redis.hkeys(keys.agent_state_agents(org, namespace, digest)))
         state_keys = [keys.agent_state(org, namespace, digest, agent) for agent in agents]
-        return self._erase_states(org, namespace, self._hashes(state_keys))
+        return self._erase_states(org, namespace, self._hashes(state_keys), held)
 
     def _erase_states(
-        self, org: str, namespace: str, found: Iterable[tuple[str, Mapping[str, str]]]
+        self, org: str, namespace: str, found: Iterable[tuple[str, Mapping[str, str]]],
+        held: HeldKey | None = None,
     ) -> int:
         """Delete states (one script per scope, atomic with its agents hash), then their index
         entries."""
@@ -596,13 +621,19 @@ class AgentStateStore:
             )
             for digest, states in by_scope.items()
         ]
-        if self._clustered:
+        if held is not None:
+            # One scope's erasure answering a key, in that scope's slot.
+            [(script_keys, script_args)] = calls
+            reply = self._erase(script_keys, script_args, held)
+            raise_for_status("agent_state", reply)
+            erased = int(reply)
+        elif self._clustered:
             # Scopes live in different slots: one script call per scope.
             erased = sum(int(self._erase(keys=k, args=a)) for k, a in calls)
         else:
             pipe = self.redis.pipeline(transaction=False)
             for script_keys, script_args in calls:
-                self._erase(keys=script_keys, args=script_args, client=pipe)
+                self._erase(script_keys, script_args, client=pipe)
             erased = sum(int(n) for n in pipe.execute())
         self._unindex_entries(
             org,

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from app.store import keys
-from app.store.lua import script
+from app.store.idempotency import HeldKey, KeyedScript
+from app.store.lua import raise_for_status, script
 
 if TYPE_CHECKING:
     from app.store.services import StoreServices
@@ -96,7 +97,7 @@ class BudgetStore:
         self._reserve = script(self.redis, "budget_reserve")
         self._settle = script(self.redis, "budget_settle")
         self._read = script(self.redis, "budget_read")
-        self._set = script(self.redis, "budget_set")
+        self._set = KeyedScript(self.redis, "budget_set", "budget")
         self._timeline = script(self.redis, "budget_timeline")
 
     @staticmethod
@@ -111,14 +112,19 @@ class BudgetStore:
     # --- the caps ------------------------------------------------------------------------------
 
     def set(
-        self, org: str, namespace: str, calls: int | None, tokens: int | None, actor: str
+        self, org: str, namespace: str, calls: int | None, tokens: int | None, actor: str,
+        held: HeldKey | None = None,
     ) -> tuple[Limits, Limits]:
-        """Replace the budget's caps (``namespace "*"``: the org's); answers (old, new)."""
+        """Replace the budget's caps (``namespace "*"``: the org's); answers (old, new). With
+        ``held`` (an Idempotency-Key in the org's slot) the script keeps its reply there."""
         now = self.clock.now_ns()
-        old_calls, old_tokens = self._set(
-            keys=[self._limits_key(org, namespace)],
-            args=["" if calls is None else calls, "" if tokens is None else tokens, actor, now],
+        reply = self._set(
+            [self._limits_key(org, namespace)],
+            ["" if calls is None else calls, "" if tokens is None else tokens, actor, now],
+            held,
         )
+        raise_for_status("budget", reply)
+        old_calls, old_tokens = reply
         return Limits(_cap(old_calls), _cap(old_tokens)), Limits(calls, tokens, actor, now)
 
     def get(self, org: str, namespace: str) -> Window:

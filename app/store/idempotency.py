@@ -7,19 +7,35 @@ key came with a different body. A try holds the key for a short lease that ``ren
 while it runs, so a try whose process died lets go within the lease. For an op whose one write
 script keeps its answer in the record in the same step (``HeldKey``, the memory writes), a
 lapsed lease proves the write never ran, and ``begin`` hands the key to the next try.
+``KeyedScript`` is how a store's write script becomes such a step (``app.store.lua.keyed_script``).
+
+A record lives under the hash tag of the subject its write touches (``KeyRecord.tag``: the
+user's, an agent-state scope's, a namespace's), so on Redis Cluster it sits in the slot of the
+write's keys, and an erasure of the user takes it with the user's other keys.
 ``settle`` stores the answer, marks the outcome unknown, or gives the key up; only the try
 holding the reservation can settle it.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import redis
 
 from app.store import keys
-from app.store.lua import script
+from app.store.lua import (
+    COMPARE_AND_SWAP_LOST,
+    FENCE_LOST,
+    LEASE_LOST,
+    STATUS_ERRORS,
+    keyed_script,
+    raise_for_status,
+    script,
+)
+from app.store.replies import optional_text as text_or_none
 from app.store.replies import text
 
 if TYPE_CHECKING:
@@ -42,19 +58,17 @@ class Begun:
 
 @dataclass(frozen=True, slots=True)
 class KeyRecord:
-    """Where one call's key is kept: the identity's slot, the caller, the op, the key."""
+    """Where one call's key is kept: the subject's hash tag (``keys.user_tag`` and kin), the
+    caller, the op, the key."""
 
-    org: str
-    namespace: str
-    user_id: str
+    tag: str
     caller: str
     op: str
     key: str
 
     @property
     def redis_key(self) -> str:
-        return keys.idempotency(self.org, self.namespace, self.user_id, self.caller, self.op,
-                                self.key)
+        return keys.idempotency(self.tag, self.caller, self.op, self.key)
 
 
 @dataclass(slots=True)
@@ -66,6 +80,67 @@ class HeldKey:
     redis_key: str
     holder: str
     answered: bool = False
+
+
+class KeyedScript:
+    """A store's write script that, called with the ``HeldKey`` of a try, keeps its reply as
+    the key's answer in its own step (and writes nothing once another try holds the key);
+    without one it is the plain script. ``family`` names its refusals
+    (``app.store.lua.STATUS_ERRORS``), which applied nothing and are not kept."""
+
+    def __init__(self, client: redis.Redis, name: str, family: str) -> None:
+        self.plain = script(client, name)
+        self.keyed = keyed_script(client, name, family)
+        self._refusals = {*STATUS_ERRORS.get(family, {}), COMPARE_AND_SWAP_LOST, FENCE_LOST,
+                          LEASE_LOST}
+
+    def __call__(self, keys: list[str], args: list[Any], held: HeldKey | None = None,
+                 client: Any = None) -> Any:
+        if held is None:
+            return self.plain(keys=keys, args=args, client=client)
+        reply = self.keyed(keys=[*keys, held.redis_key], args=[*args, held.holder],
+                           client=client)
+        self.note(reply, held)
+        return reply
+
+    def note(self, reply: Any, held: HeldKey) -> None:
+        """Mark ``held`` answered when ``reply`` (of the keyed script) was kept."""
+        if not (isinstance(reply, list) and reply and reply[0] in self._refusals):
+            held.answered = True
+
+
+def transact(client: Any, held: HeldKey | None, watched: list[str],
+             write: Callable[[Any], Any]) -> Any:
+    """``write(pipe)``'s reply, its writes made in one MULTI: ``write`` reads what it needs
+    from the WATCHed keys, calls ``pipe.multi()``, queues its writes and returns its reply.
+    With ``held`` (in the same slot) the record is WATCHed too, the try must hold it, and the
+    reply is kept there in the same MULTI: the write-and-answer step of a store that writes
+    by MULTI rather than by script. A WATCHed key that moved (a renewal of the lease, another
+    writer) runs ``write`` again."""
+    with client.pipeline(transaction=True) as pipe:
+        while True:
+            try:
+                if held is not None or watched:
+                    pipe.watch(*watched, *([held.redis_key] if held is not None else []))
+                if held is not None:
+                    holder, state = pipe.hmget(held.redis_key, "holder", "state")
+                    if text_or_none(holder) != held.holder or text_or_none(state) != "running":
+                        raise_for_status("memory", [LEASE_LOST])
+                reply = write(pipe)
+                if held is not None:
+                    pipe.hset(held.redis_key, mapping={
+                        "state": "done", "reply": json.dumps(reply, ensure_ascii=False)})
+                pipe.execute()
+            except redis.WatchError:
+                continue
+            if held is not None:
+                held.answered = True
+            return reply
+
+
+def kept_reply(kept: str) -> Any:
+    """A keyed script's reply as its record keeps it (JSON), as Redis would have answered it."""
+    return json.loads(kept)
 
 
 class IdempotencyStore:

@@ -73,9 +73,14 @@ def working_memory_scopes(org: str, namespace: str, user_id: str) -> str:
 # --- tokens and request budgets ---------------------------------------------------------------
 
 
+def token_tag(token_id: str) -> str:
+    """One token's hash tag: its row, and an Idempotency-Key record of a write to it."""
+    return "{" + escape(token_id) + "}"
+
+
 def token(token_id: str) -> str:
     """A token's row: claims and the keyed hash of the secret."""
-    return f"{PREFIX}:token:{{{escape(token_id)}}}"
+    return f"{PREFIX}:token:{token_tag(token_id)}"
 
 
 def org_tokens(org: str) -> str:
@@ -98,13 +103,13 @@ def rate_window(caller: str, window: int) -> str:
     return f"{PREFIX}:rate:{{{escape(caller)}}}:{window}"
 
 
-def idempotency(org: str, namespace: str, user_id: str, caller: str, op: str, key: str) -> str:
+def idempotency(tag: str, caller: str, op: str, key: str) -> str:
     """One write's Idempotency-Key record: its reservation, then its first answer, for a day.
 
-    Under the identity's user tag, so it lives in the slot of the data the write touches and
-    an erasure's sweep takes it with the rest of the user."""
-    return (f"{PREFIX}:idem:{user_tag(org, namespace, user_id)}:"
-            f"{escape(caller)}:{escape(op)}:{escape(key)}")
+    Under the hash tag of the subject the write touches (a user's ``user_tag``, an agent-state
+    scope's, a namespace's), so it lives in the slot of the write's keys and an erasure's sweep
+    of the user takes it with the rest of the user."""
+    return f"{PREFIX}:idem:{tag}:{escape(caller)}:{escape(op)}:{escape(key)}"
 
 
 # --- worker lease, cost ledger, org switches ---------------------------------------------------

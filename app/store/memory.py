@@ -616,32 +616,44 @@ class MemoryStore:
         written_by: str,
         memory_id: str = "",
         derived: Sequence[Location] = (),
+        held: HeldKey | None = None,
     ) -> Redacted:
         """Scrub the value of every version of the row, and of every profile version of the
-        ``derived`` rows whose trace names it; all or nothing."""
+        ``derived`` rows whose trace names it; all or nothing. With ``held`` (a call's
+        Idempotency-Key) the script keeps its reply there in the same step
+        (``redacted_of`` reads it back)."""
         derived_keys: list[str] = []
         for derived_location in derived:
             derived_keys += [derived_location.row_key(),
                              keys.memory_versions(*derived_location.parts())]
         reply = self._redact(
-            keys=self._keys(location, derived_keys),
+            keys=self._keys(location, derived_keys, held),
             args=[self.clock.now_ns(), written_by, memory_id, len(derived),
-                  self._tail(location, request_vectors=False)],
+                  self._tail(location, held, request_vectors=False)],
         )
         if reply[0] != "OK":
             self._refuse(location, reply)
-        fields = pairs(reply[REPLY_FIELDS:])
-        count = int(fields.pop("versions_redacted"))
-        derived_versions = int(fields.pop("derived_versions_redacted"))
-        derived_rows = int(fields.pop("derived_rows_redacted"))
-        row = MemoryRow.from_fields(fields)
-        written = Written(row, created=False, changed=True, sources_moved=reply[1] == "1")
+        if held is not None:
+            held.answered = True
+        redacted = self.redacted_of(reply)
+        written, row = redacted.written, redacted.written.row
         # A scrubbed section's vector goes now (what it was made from is gone), the row's and
         # those of the sections derived from it; the next refresh embeds what they hold now.
         scrubbed = [row.memory_id, *(other.memory_id for other in
                                      self.read_row_keys([d.row_key() for d in derived]))]
         self._section_vectors.drop(location.org, location.namespace, location.user_id, scrubbed)
         self._after_write(location, written, reply[2])
+        return redacted
+
+    @staticmethod
+    def redacted_of(reply: list[Any]) -> Redacted:
+        """What a redact script's reply (or the copy it kept for an Idempotency-Key) says."""
+        fields = pairs(reply[REPLY_FIELDS:])
+        count = int(fields.pop("versions_redacted"))
+        derived_versions = int(fields.pop("derived_versions_redacted"))
+        derived_rows = int(fields.pop("derived_rows_redacted"))
+        row = MemoryRow.from_fields(fields)
+        written = Written(row, created=False, changed=True, sources_moved=reply[1] == "1")
         return Redacted(written, count, derived_rows, derived_versions)
 
     def derived_rows(
@@ -687,8 +699,10 @@ class MemoryStore:
         written_by: str,
         memory_type: str = PROFILE_TYPE,
         default_char_limit: int | None = DEFAULT_PROFILE_CHAR_LIMIT,
+        held: HeldKey | None = None,
     ) -> Written:
-        """Append text to a text row, creating it when missing; compare-and-swap, retried."""
+        """Append text to a text row, creating it when missing; compare-and-swap, retried
+        (``held``: as ``set``, on the try that lands)."""
 
         def attempt() -> Written:
             row = self.read(location)
@@ -710,15 +724,17 @@ class MemoryStore:
                 default_char_limit=default_char_limit,
                 expected_version=expected,
                 required_type=memory_type,
+                held=held,
             )
 
         return self._with_retries(attempt)
 
     def replace_text(
         self, location: Location, old: str, new: str, *, written_by: str,
-        memory_type: str = PROFILE_TYPE,
+        memory_type: str = PROFILE_TYPE, held: HeldKey | None = None,
     ) -> Written:
-        """Replace every occurrence of ``old`` in a text row; compare-and-swap, retried."""
+        """Replace every occurrence of ``old`` in a text row; compare-and-swap, retried
+        (``held``: as ``set``, on the try that lands)."""
 
         def attempt() -> Written:
             # While the user's erasure runs no write lands (409), whatever the section holds:
@@ -747,6 +763,7 @@ class MemoryStore:
                 written_by=written_by,
                 expected_version=str(row.version),
                 required_type=memory_type,
+                held=held,
             )
 
         return self._with_retries(attempt)
@@ -900,7 +917,8 @@ def _text_of(row: MemoryRow) -> str | None:
 
 
 def redact_row(
-    store: MemoryStore, location: Location, *, written_by: str, memory_id: str = ""
+    store: MemoryStore, location: Location, *, written_by: str, memory_id: str = "",
+    held: HeldKey | None = None,
 ) -> Redacted:
     """Scrub every version of one row, and every profile version of the user whose
     source_trace names it (seed 000, Erasure): the derived text goes with its source.
@@ -913,7 +931,8 @@ def redact_row(
     row = store.read(location)
     target = memory_id or (row.memory_id if row is not None else "")
     derived = store.derived_rows(location, target) if target else []
-    result = store.redact(location, written_by=written_by, memory_id=memory_id, derived=derived)
+    result = store.redact(location, written_by=written_by, memory_id=memory_id, derived=derived,
+                          held=held)
     # A profile row first written between the scan and the script (a build that read the row
     # before the redact) is not among ``derived``. The row is no source now, so no later build
     # names it: one more scan reaches what the first missed.

@@ -21,13 +21,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from app.clock import iso_from_ns
 from app.errors import SchemaRuleViolation
 from app.object_types import ObjectType, validate_object_types
 from app.pii import CompiledRule, validate_pii_rules
 from app.store import keys
+from app.store.idempotency import HeldKey, transact
 from app.store.replies import optional_texts
 
 if TYPE_CHECKING:
@@ -211,24 +210,26 @@ class NamespaceConfigStore:
     # Writes: each replaces one whole document and audits it in the same transaction.
 
     def set_features(
-        self, org: str, namespace: str, raw: Any, actor: str
+        self, org: str, namespace: str, raw: Any, actor: str, held: HeldKey | None = None,
     ) -> tuple[Features, str, int]:
         features = validate_features(raw)
         document = features.to_dict()
         sha, at = self._replace(
             org, namespace, FEATURES, FEATURES_AT, document, actor, "features.set",
             lambda doc: {"agent_state": doc["agent_state"], "pii_rules": len(doc["pii_rules"])},
+            held,
         )
         return features, sha, at
 
     def set_object_types(
-        self, org: str, namespace: str, raw: Any, actor: str
+        self, org: str, namespace: str, raw: Any, actor: str, held: HeldKey | None = None,
     ) -> tuple[tuple[ObjectType, ...], str, int]:
         types = validate_object_types(raw)
         document = [t.to_dict() for t in types]
         sha, at = self._replace(
             org, namespace, OBJECT_TYPES, OBJECT_TYPES_AT, document, actor, "object_types.set",
             lambda doc: {"types": [t["type"] for t in doc]},
+            held,
         )
         return types, sha, at
 
@@ -242,27 +243,27 @@ class NamespaceConfigStore:
         actor: str,
         action: str,
         summary: Callable[[Any], dict[str, Any]],
+        held: HeldKey | None = None,
     ) -> tuple[str, int]:
+        """Replace one document and audit it in one MULTI (with ``held``, the reply is kept
+        as the Idempotency-Key's answer there too): (sha256, written at)."""
         key = keys.namespace_config(org, namespace)
         text = canonical_json(document)
         new_sha = document_sha256(document)
-        with self.redis.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    # WATCH so the audit entry's old_sha256 is the document this write replaced.
-                    pipe.watch(key)  # type: ignore[no-untyped-call]  # untyped in redis-py
-                    old = pipe.hget(key, field)
-                    old_sha = None if old is None else document_sha256(json.loads(old))
-                    now = self.clock.now_ns()
-                    pipe.multi()
-                    pipe.hset(key, mapping={field: text, at_field: now})
-                    self.audit.record(
-                        org, namespace, actor, action, pipeline=pipe,
-                        old_sha256=old_sha, new_sha256=new_sha, **summary(document),
-                    )
-                    pipe.execute()
-                    return new_sha, now
-                except redis.WatchError:
-                    # Another admin changed the row between the read and EXEC: read it again so
-                    # the audit chain stays exact.
-                    continue
+
+        def write(pipe: Pipeline) -> list[Any]:
+            # WATCHed (transact), so the audit entry's old_sha256 is the document this write
+            # replaced: another admin's write between the read and EXEC reads again.
+            old = pipe.hget(key, field)
+            old_sha = None if old is None else document_sha256(json.loads(old))
+            now = self.clock.now_ns()
+            pipe.multi()
+            pipe.hset(key, mapping={field: text, at_field: now})
+            self.audit.record(
+                org, namespace, actor, action, pipeline=pipe,
+                old_sha256=old_sha, new_sha256=new_sha, **summary(document),
+            )
+            return [new_sha, now]
+
+        sha, at = transact(self.redis, held, [key], write)
+        return str(sha), int(at)

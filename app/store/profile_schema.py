@@ -2,7 +2,8 @@
 
 A schema is stored with its ``schema_sha256`` computed once at set, so a structured read
 compares hashes without hashing. The set ``structured-namespaces`` lists (org, namespace)
-pairs as JSON so any id round-trips; the pass job rotates over it.
+pairs as JSON so any id round-trips; the pass job rotates over it. A set or clear replaces the
+schema and appends its audit entry in one MULTI, which keeps an Idempotency-Key's answer too.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 from app.clock import iso_from_ns
 from app.profile_schema import schema_sha256
 from app.store import keys
+from app.store.idempotency import HeldKey, transact
+from app.store.namespace_config import AuditLog
 from app.store.replies import text_map, texts
 
 if TYPE_CHECKING:
@@ -78,43 +81,63 @@ class ProfileSchemaStore:
     def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self.clock = services.clock
+        self.audit = AuditLog(services)
 
     def get(self, org: str, namespace: str) -> StoredSchema | None:
         return parse_stored(text_map(self.redis.hgetall(keys.profile_schema(org, namespace))))
 
     def set(
-        self, org: str, namespace: str, doc: dict[str, Any], actor: str
-    ) -> tuple[StoredSchema | None, StoredSchema]:
-        """Replace the schema; answers (old, new)."""
+        self, org: str, namespace: str, doc: dict[str, Any], actor: str,
+        held: HeldKey | None = None,
+    ) -> tuple[str, StoredSchema]:
+        """Replace the schema, audited; answers (the old one's sha256, '' none, and the new).
+        With ``held`` the reply is kept as the Idempotency-Key's answer in the same MULTI."""
         key = keys.profile_schema(org, namespace)
         new = StoredSchema(doc, schema_sha256(doc), actor, self.clock.now_ns())
         # The namespaces index lives in another slot than the schema, so it cannot share the
         # transaction on Redis Cluster: listed first, a crash leaves a listed namespace with
         # no schema, which a pass skips, never a schema the passes cannot find.
         self.redis.sadd(keys.structured_namespaces(), namespace_member(org, namespace))
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hgetall(key)
-        pipe.delete(key)
         # Kept in the admin's order, not canonical: profile.structured answers the properties
         # in the schema's order (the sha ignores the order, so a reorder rebuilds nobody).
         ordered = json.dumps(doc, ensure_ascii=False, separators=(",", ":"))
-        pipe.hset(key, mapping={"doc": ordered, "sha": new.sha, "set_by": actor,
-                                "set_at": new.set_at})
-        old_row, *_ = pipe.execute()
+
+        def write(pipe: Any) -> list[Any]:
+            old = parse_stored(text_map(pipe.hgetall(key)))
+            old_sha = old.sha if old else ""
+            pipe.multi()
+            pipe.delete(key)
+            pipe.hset(key, mapping={"doc": ordered, "sha": new.sha, "set_by": actor,
+                                    "set_at": new.set_at})
+            self.audit.record(org, namespace, actor, "profile_schema.set", pipeline=pipe,
+                              old_schema_sha256=old_sha, new_schema_sha256=new.sha)
+            return [old_sha, new.set_at]
+
+        old_sha, _set_at = transact(self.redis, held, [key], write)
         # After the schema is stored, so the pass it wakes reads it (seed 000: a schema change
         # is rebuilt from the next pass on, an idle wait or not).
         wake_passes(self.redis, org, namespace)
-        return parse_stored(old_row), new
+        return old_sha, new
 
-    def clear(self, org: str, namespace: str) -> StoredSchema | None:
+    def clear(self, org: str, namespace: str, actor: str,
+              held: HeldKey | None = None) -> str | None:
+        """Remove the schema, audited; the sha256 of the one removed (None: there was none).
+        With ``held`` the reply is kept as the Idempotency-Key's answer in the same MULTI."""
         key = keys.profile_schema(org, namespace)
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.hgetall(key)
-        pipe.delete(key)
-        old_row, *_ = pipe.execute()
+
+        def write(pipe: Any) -> str | None:
+            old = parse_stored(text_map(pipe.hgetall(key)))
+            pipe.multi()
+            if old is not None:
+                pipe.delete(key)
+                self.audit.record(org, namespace, actor, "profile_schema.clear", pipeline=pipe,
+                                  old_schema_sha256=old.sha, new_schema_sha256="")
+            return None if old is None else old.sha
+
+        old_sha: str | None = transact(self.redis, held, [key], write)
         # Unlisted after the schema is gone, for the same reason as in ``set``.
         self.redis.srem(keys.structured_namespaces(), namespace_member(org, namespace))
-        return parse_stored(old_row)
+        return old_sha
 
     def namespaces(self) -> list[tuple[str, str]]:
         members = texts(self.redis.smembers(keys.structured_namespaces()))

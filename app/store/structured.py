@@ -27,9 +27,10 @@ from app.clock import iso_from_ns
 from app.errors import UserBeingErased
 from app.profile_schema import null_profile
 from app.store import keys
+from app.store.idempotency import HeldKey, KeyedScript
 from app.store.identity import Identity
 from app.store.lease import STRUCTURED_PROFILE_LEASE, NextPass
-from app.store.lua import script
+from app.store.lua import raise_for_status, script
 from app.store.memory import (
     STRUCTURED_PROFILE_KEY,
     STRUCTURED_WORKER,
@@ -217,7 +218,7 @@ class StructuredStore:
         self._park = script(self.redis, "structured_park")
         self._unpark = script(self.redis, "structured_unpark_due")
         self._forget = script(self.redis, "clear_unless_changed_since")
-        self._blacklist = script(self.redis, "structured_blacklist")
+        self._blacklist = KeyedScript(self.redis, "structured_blacklist", "structured")
         self._clustered = isinstance(self.redis, redis.RedisCluster)
 
     def snapshot(self, identity: Identity, *, for_build: bool = True) -> Snapshot:
@@ -340,12 +341,15 @@ class StructuredStore:
         return found
 
     def set_blacklisted(
-        self, identity: Identity, on: bool, actor: str, audit: dict[str, Any]
+        self, identity: Identity, on: bool, actor: str, audit: dict[str, Any],
+        held: HeldKey | None = None,
     ) -> tuple[bool, int | None]:
         """Blacklist the user from structured-profile builds, or lift it, and append the audit
         entry ``{"at", "at_ns", "actor", "action", **audit}`` in the same step when that
         changed anything. Answers whether it did and since when the user is blacklisted (None:
         not). Refused while the user's erasure runs (a blacklist entry is the user's data).
+        With ``held`` (an Idempotency-Key in the namespace's slot) the script keeps its reply
+        there (``blacklisted_of`` reads it back).
         """
         org, namespace, user_id = identity.org, identity.namespace, identity.user_id
         if self.redis.exists(keys.user_erasing(org, namespace, user_id)):
@@ -355,11 +359,17 @@ class StructuredStore:
         entry = {"at": iso_from_ns(now), "at_ns": now, "actor": actor,
                  "action": "structured.blacklist", **audit}
         reply = self._blacklist(
-            keys=[keys.structured_blacklist(org, namespace), keys.namespace_audit(org, namespace),
-                  keys.structured_parked(org, namespace),
-                  keys.profile_changed_users(org, namespace)],
-            args=[user_id, "1" if on else "0", now, canonical_json(entry), AUDIT_MAX_ENTRIES],
+            [keys.structured_blacklist(org, namespace), keys.namespace_audit(org, namespace),
+             keys.structured_parked(org, namespace), keys.profile_changed_users(org, namespace)],
+            [user_id, "1" if on else "0", now, canonical_json(entry), AUDIT_MAX_ENTRIES],
+            held,
         )
+        raise_for_status("structured", reply)
+        return self.blacklisted_of(reply)
+
+    @staticmethod
+    def blacklisted_of(reply: list[Any]) -> tuple[bool, int | None]:
+        """(changed, blacklisted since) from the script's reply or the copy a key kept."""
         return int(reply[1]) == 1, _since(reply[2])
 
     def park(self, org: str, namespace: str, user_id: str, until_ns: int, read_at: int) -> None:

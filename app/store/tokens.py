@@ -3,10 +3,15 @@
 A token reads ``loom_<token_id>_<secret>``. The id finds the row in one HGETALL; the row keeps
 an HMAC-SHA256 of the whole token under ``LOOM_SECRET_KEY``, compared in constant time. A
 revoked or expired row fails on its next use: nothing is cached between requests.
+
+A token created under an Idempotency-Key has a secret derived from ``LOOM_SECRET_KEY``, its id
+and a random nonce (``_derived_secret``): the key's record keeps the id and the nonce, never the
+secret, so a retry answers the same token and a copy of the data without the key yields none.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -16,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.principal import ANY, Principal
 from app.store import keys
+from app.store.idempotency import HeldKey, transact
 from app.store.replies import text_map, text_set
 
 if TYPE_CHECKING:
@@ -68,10 +74,24 @@ class TokenStore:
     def _digest(self, token: str) -> str:
         return hmac.new(self._key, token.encode(), hashlib.sha256).hexdigest()
 
-    def create(self, claims: dict[str, Any], created_by: str) -> tuple[str, TokenRow]:
+    def create(self, claims: dict[str, Any], created_by: str,
+               held: HeldKey | None = None) -> tuple[str, TokenRow]:
+        """Mint a token: (the token, its row). With ``held`` (an Idempotency-Key in the org's
+        slot) the org's list takes the id in the same MULTI as the key keeps ``[id, nonce,
+        created_at]``, then ``recreate`` writes the row from them, as a retry does."""
         token_id = secrets.token_hex(8)
-        token = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
         now = self.clock.now_ns()
+        if held is not None:
+            kept = [token_id, secrets.token_hex(16), now]
+
+            def write(pipe: Any) -> list[Any]:
+                pipe.multi()
+                pipe.sadd(keys.org_tokens(claims["org"]), token_id)
+                return kept
+
+            transact(self.redis, held, [], write)
+            return self.recreate(claims, created_by, kept)
+        token = f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(keys.token(token_id), mapping={
             "hash": self._digest(token),
@@ -82,6 +102,27 @@ class TokenStore:
         pipe.sadd(keys.org_tokens(claims["org"]), token_id)
         pipe.execute()
         return token, TokenRow(token_id, claims, now, created_by, None)
+
+    def recreate(self, claims: dict[str, Any], created_by: str,
+                 kept: list[Any]) -> tuple[str, TokenRow]:
+        """The token a keyed ``create`` kept ``[id, nonce, created_at]`` for, its row written
+        when missing (a try cut after the org's list took the id): the same token every time."""
+        token_id, nonce, created_at = str(kept[0]), str(kept[1]), int(kept[2])
+        token = f"{TOKEN_PREFIX}{token_id}_{self._derived_secret(token_id, nonce)}"
+        key = keys.token(token_id)
+        if not self.redis.exists(key):
+            self.redis.hset(key, mapping={
+                "hash": self._digest(token),
+                "claims": json.dumps(claims, sort_keys=True),
+                "created_at": created_at,
+                "created_by": created_by,
+            })
+        return token, TokenRow(token_id, claims, created_at, created_by, None)
+
+    def _derived_secret(self, token_id: str, nonce: str) -> str:
+        mac = hmac.new(self._key, f"token-secret\0{token_id}\0{nonce}".encode(),
+                       hashlib.sha256).digest()
+        return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
 
     def principal_for(self, token: str, default_org: str) -> Principal | None:
         """The token's principal, or None when unknown, revoked or expired."""
@@ -127,10 +168,19 @@ class TokenStore:
         row = text_map(self.redis.hgetall(keys.token(token_id)))
         return _row(token_id, row) if row else None
 
-    def revoke(self, token_id: str) -> bool:
-        """Mark the row revoked; the hash stays so a revoked token is told apart from a typo."""
-        revoked = self.redis.hsetnx(keys.token(token_id), "revoked_at", self.clock.now_ns())
-        return bool(revoked)
+    def revoke(self, token_id: str, held: HeldKey | None = None) -> bool:
+        """Mark the row revoked; the hash stays so a revoked token is told apart from a typo.
+        With ``held`` (an Idempotency-Key in the token's slot) the key keeps the reply in the
+        same MULTI."""
+        key = keys.token(token_id)
+
+        def write(pipe: Any) -> bool:
+            revoked = not pipe.hexists(key, "revoked_at")
+            pipe.multi()
+            pipe.hsetnx(key, "revoked_at", self.clock.now_ns())
+            return revoked
+
+        return bool(transact(self.redis, held, [key], write))
 
     def revoke_pinned_to(self, org: str, namespace: str, user_id: str, user_digest: str) -> int:
         """Revoke every token of the org pinned to the user (in this namespace or all of them),

@@ -7,9 +7,10 @@ the job metrics that ``/metrics`` shows.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from app.store import keys
+from app.store.idempotency import HeldKey, transact
 from app.store.metrics import JobMetricsStore
 
 if TYPE_CHECKING:
@@ -81,5 +82,13 @@ class UsageStore:
     def model_calls_enabled(self, org: str) -> bool:
         return self.redis.hget(keys.org_settings(org), "model_calls") != "off"
 
-    def set_model_calls(self, org: str, enabled: bool) -> None:
-        self.redis.hset(keys.org_settings(org), "model_calls", "on" if enabled else "off")
+    def set_model_calls(self, org: str, enabled: bool, held: HeldKey | None = None) -> None:
+        """Switch the org's model calls; with ``held`` (an Idempotency-Key in the org's slot)
+        the key keeps the reply in the same MULTI."""
+
+        def write(pipe: Any) -> bool:
+            pipe.multi()
+            pipe.hset(keys.org_settings(org), "model_calls", "on" if enabled else "off")
+            return enabled
+
+        transact(self.redis, held, [], write)

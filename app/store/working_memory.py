@@ -6,7 +6,9 @@ single Lua script (``app/store/lua/working_memory_*.lua``): the read, the cap ch
 version ``max(now_ns, last + 1)`` and the write happen in one round trip and cannot interleave
 with another writer, so eight clients appending to one block never retry and never lose an
 addition (docs/decisions.md, "Working-memory writes run as Lua"). Reads are one HGET or one
-HGETALL/HMGET. Blocks have no TTL.
+HGETALL/HMGET. Blocks have no TTL. A write answering an Idempotency-Key keeps its reply as
+the key's answer in the same script step (``KeyedScript``), and ``write_of`` reads the answer
+back from that reply.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from app.clock import iso_from_ns
 from app.store import keys
+from app.store.idempotency import HeldKey, KeyedScript
 from app.store.identity import Identity
-from app.store.lua import raise_for_status, script
+from app.store.lua import raise_for_status
 from app.store.replies import optional_text, optional_texts, text_map, text_set
 
 if TYPE_CHECKING:
@@ -27,6 +30,8 @@ if TYPE_CHECKING:
 DEFAULT_CHAR_LIMIT = 4096
 MAX_CHAR_LIMIT = 16384
 DEFAULT_BLOCK_KEY = "scratchpad"
+# The scripts' refusal words (app/store/lua STATUS_ERRORS).
+FAMILY = "working_memory"
 
 @dataclass(frozen=True, slots=True)
 class Block:
@@ -94,10 +99,10 @@ class WorkingMemoryStore:
     def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
         self.clock = services.clock
-        self._set = script(self.redis, "working_memory_set")
-        self._append = script(self.redis, "working_memory_append")
-        self._replace = script(self.redis, "working_memory_replace")
-        self._delete = script(self.redis, "working_memory_delete")
+        self._set = KeyedScript(self.redis, "working_memory_set", FAMILY)
+        self._append = KeyedScript(self.redis, "working_memory_append", FAMILY)
+        self._replace = KeyedScript(self.redis, "working_memory_replace", FAMILY)
+        self._delete = KeyedScript(self.redis, "working_memory_delete", FAMILY)
 
     @staticmethod
     def scope_key(identity: Identity) -> str:
@@ -121,12 +126,15 @@ class WorkingMemoryStore:
             keys.user_erasing(identity.org, identity.namespace, identity.user_id),
         ]
 
-    def _written(self, block_key: str, reply: list[Any]) -> BlockWrite:
-        raise_for_status("working_memory", reply, block_key=block_key)
+    @staticmethod
+    def write_of(block_key: str, reply: list[Any]) -> BlockWrite:
+        """What a write script's reply (or the copy kept for an Idempotency-Key) says."""
+        raise_for_status(FAMILY, reply, block_key=block_key)
         return BlockWrite(block_key, int(reply[1]), int(reply[2]), int(reply[3]))
 
     def set(
-        self, identity: Identity, block_key: str, content: str, char_limit: int | None
+        self, identity: Identity, block_key: str, content: str, char_limit: int | None,
+        held: HeldKey | None = None,
     ) -> BlockWrite:
         """Replace the block. ``char_limit`` None keeps the block's cap (the default when new)."""
         reply = self._set(
@@ -139,11 +147,13 @@ class WorkingMemoryStore:
                 len(content),
                 DEFAULT_CHAR_LIMIT,
             ],
+            held=held,
         )
-        return self._written(block_key, reply)
+        return self.write_of(block_key, reply)
 
     def append(
-        self, identity: Identity, block_key: str, addition: str, separator: str
+        self, identity: Identity, block_key: str, addition: str, separator: str,
+        held: HeldKey | None = None,
     ) -> BlockWrite:
         reply = self._append(
             keys=self._keys(identity),
@@ -156,18 +166,23 @@ class WorkingMemoryStore:
                 len(separator),
                 DEFAULT_CHAR_LIMIT,
             ],
+            held=held,
         )
-        return self._written(block_key, reply)
+        return self.write_of(block_key, reply)
 
-    def replace(self, identity: Identity, block_key: str, old: str, new: str) -> BlockWrite:
+    def replace(self, identity: Identity, block_key: str, old: str, new: str,
+                held: HeldKey | None = None) -> BlockWrite:
         reply = self._replace(
             keys=self._keys(identity),
             args=[block_key, self.clock.now_ns(), old, len(old), new, len(new)],
+            held=held,
         )
-        return self._written(block_key, reply)
+        return self.write_of(block_key, reply)
 
-    def delete(self, identity: Identity, block_key: str) -> bool:
-        return bool(self._delete(keys=self._keys(identity), args=[block_key]))
+    def delete(self, identity: Identity, block_key: str, held: HeldKey | None = None) -> bool:
+        reply = self._delete(keys=self._keys(identity), args=[block_key], held=held)
+        raise_for_status(FAMILY, reply)
+        return bool(reply)
 
     def get(self, identity: Identity, block_key: str) -> Block | None:
         raw = optional_text(self.redis.hget(self.scope_key(identity), block_key))

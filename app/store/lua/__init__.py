@@ -10,6 +10,12 @@ A script refuses a write by answering ``{'<STATUS WORD>', ...}``; ``STATUS_ERROR
 such word, per script family, to the ``LoomError`` the caller raises, so no store decodes
 status words of its own. Two words are no refusal: ``COMPARE_AND_SWAP_LOST`` tells a store to
 read again and retry, and ``FENCE_LOST`` that a worker's lease no longer covers the write.
+
+``keyed_script(client, name, family)`` is the same script made one step with an
+Idempotency-Key's answer (app/idempotency.py): called with the key's record as its last key and
+the try's holder as its last argument, it writes only while that try holds the key, and keeps
+its reply in the record in the same step unless the reply is one of ``family``'s refusals
+(which applied nothing, so a retry may run it again).
 """
 
 from __future__ import annotations
@@ -70,6 +76,33 @@ def script(client: redis.Redis, name: str) -> Script:
         return found
 
 
+# What a keyed script (below) answers when its try no longer holds the key: it wrote nothing.
+LEASE_LOST = "LEASE_LOST"
+
+
+
+def keyed_script(client: redis.Redis, name: str, family: str) -> Script:
+    """``name``'s script as one step with a held Idempotency-Key's answer (see the module's
+    docstring); refusals are ``family``'s status words (none for a family without any), which
+    it does not keep."""
+    keyed_name = f"{name}+keyed:{family}"
+    with _registering:
+        scripts = _registered.setdefault(client, {})
+        found = scripts.get(keyed_name)
+        if found is None:
+            found = scripts[keyed_name] = client.register_script(keyed_source(name, family))
+        return found
+
+
+@cache
+def keyed_source(name: str, family: str) -> str:
+    words = sorted({*STATUS_ERRORS.get(family, {}), COMPARE_AND_SWAP_LOST, FENCE_LOST,
+                    LEASE_LOST})
+    refusals = ", ".join(f"[{word!r}] = true" for word in words)
+    wrapper = source("keyed_answer").replace("--[[keyed refusals]]", refusals)
+    return wrapper.replace("--#keyed body", source(name))
+
+
 # A factory gets the script's whole reply (status word first) and the caller's context.
 ErrorFactory = Callable[[list[Any], Mapping[str, Any]], LoomError]
 
@@ -90,6 +123,15 @@ def _memory_erasing(_reply: list[Any], context: Mapping[str, Any]) -> LoomError:
     return UserBeingErased(
         f"user {user_id!r} is being erased; writes are refused", user_id=user_id
     )
+
+
+def _lease_lost() -> LoomError:
+    # The try answering an Idempotency-Key lost its lease on the key to a later try
+    # (app/idempotency.py), checked in the write's own step: it wrote nothing, and the try
+    # holding the key now answers for it.
+    return IdempotencyInProgress(
+        "a later try with this Idempotency-Key holds it now; this one wrote nothing",
+        retry_after=1)
 
 
 # Not a refusal: a compare-and-swap write found the row moved since it read it. The store
@@ -165,12 +207,7 @@ STATUS_ERRORS: dict[str, dict[str, ErrorFactory]] = {
             {"version": [f"version {context['version']} of row {context['key']!r} holds no "
                          "content (a deletion or a redacted version)"]},
         ),
-        # The try answering an Idempotency-Key lost its lease on the key to a later try
-        # (app/idempotency.py), checked in the write's own step: it wrote nothing, and the try
-        # holding the key now answers for it.
-        "LEASE_LOST": lambda _reply, _context: IdempotencyInProgress(
-            "a later try with this Idempotency-Key holds it now; this one wrote nothing",
-            retry_after=1),
+        LEASE_LOST: lambda _reply, _context: _lease_lost(),
         "DERIVED_LOCKED": lambda reply, _: MemoryLocked(
             f"profile row {reply[1]!r}, built from this row, is locked: unlock it, then "
             "redact again",
@@ -185,6 +222,8 @@ def raise_for_status(family: str, reply: Any, **context: Any) -> None:
     """Raise the error a refusal of ``family``'s scripts stands for; return on any other reply."""
     if not isinstance(reply, list) or not reply or not isinstance(reply[0], str):
         return
-    factory = STATUS_ERRORS[family].get(reply[0])
+    if reply[0] == LEASE_LOST:
+        raise _lease_lost()
+    factory = STATUS_ERRORS.get(family, {}).get(reply[0])
     if factory is not None:
         raise factory(reply, context)

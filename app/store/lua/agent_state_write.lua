@@ -19,4 +19,4 @@ for _, at in ipairs(redis.call('HVALS', KEYS[2])) do
   if n and n > latest_n then latest, latest_n = at, n end
 end
 redis.call('PEXPIREAT', KEYS[2], latest)
-return {'OK'}
+return {'OK', redis.call('HGET', KEYS[1], 'version')}

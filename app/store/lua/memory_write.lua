@@ -311,11 +311,18 @@ end
 
 -- The reply, kept as the Idempotency-Key's answer in the same step when the write answers one
 -- (without the commands left to the caller or the job to enqueue, which a repeat does not
--- run again).
+-- run again, and without the row's text: an answer names the row, never holds what it says,
+-- so no record keeps what a redact scrubs or outlives it).
+local UNKEPT = {value = true, tags = true, source_trace = true, duplicate_of = true}
 local function answered(reply)
   if OUTCOME then
     local kept = {reply[1], reply[2], {}, ''}
-    for i = 5, #reply do kept[i] = reply[i] end
+    for i = 5, #reply - 1, 2 do
+      if not UNKEPT[reply[i]] then
+        kept[#kept + 1] = reply[i]
+        kept[#kept + 1] = reply[i + 1]
+      end
+    end
     redis.call('HSET', OUTCOME, 'state', 'done', 'reply', cjson.encode(kept))
   end
   return reply

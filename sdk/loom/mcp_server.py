@@ -477,13 +477,17 @@ class LoomMCP:
             timeout=timeout,
         )
 
+    def new_transport(self) -> Transport:
+        """The SDK transport a thread's calls go through (the web process mounts an
+        in-process adapter on its session)."""
+        return Transport(
+            self._api_url, self._api_key, timeout=self._timeout, client_name=CLIENT_NAME
+        )
+
     def _transport(self) -> Transport:
         transport = getattr(self._local, "transport", None)
         if transport is None:
-            transport = Transport(
-                self._api_url, self._api_key, timeout=self._timeout, client_name=CLIENT_NAME
-            )
-            self._local.transport = transport
+            transport = self._local.transport = self.new_transport()
         return transport
 
     def call(

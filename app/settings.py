@@ -316,10 +316,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("LOOM_MCP_NAMESPACE", "", _text,
             "Namespace the MCP server fills in when a call names none."),
     Setting("LOOM_MCP_AGENT", "", _text, "Agent the MCP server fills in when a call names none."),
-    Setting("MCP_PORT", "8001", _int_range(1, 65535),
-            "Port of the MCP server's Streamable HTTP endpoint (the Procfile's mcp line)."),
     Setting("LOOM_API_URL", "http://127.0.0.1:8000", _text,
-            "Where the MCP server sends its calls."),
+            "Where the separate MCP server (loom-mcp) sends its calls; the web process serves "
+            "MCP at /mcp itself."),
     Setting("LOOM_API_KEY", "", _text,
             "Token the MCP server sends on stdio; over HTTP only with LOOM_MCP_HTTP_SERVER_KEY."),
     Setting("LOOM_MCP_HTTP_SERVER_KEY", "false", _bool,

@@ -243,6 +243,9 @@ def mount_dashboard(app: Flask, services: Services) -> None:
     # rq-dashboard keeps its connection on the app object.
     if services.settings.queue_redis_url:
         setup_rq_connection(app)
+        # Loom's own client for the queue's Redis, with its TLS options (rq-dashboard's
+        # would check an add-on's certificate whatever LOOM_REDIS_TLS_VERIFY says).
+        app.redis_conn = services.queue_redis  # type: ignore[attr-defined]
     app.register_blueprint(rq_dashboard.blueprint, url_prefix=DASHBOARD_PREFIX)
 
     def guard_dashboard() -> Response | None:

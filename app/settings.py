@@ -38,6 +38,13 @@ def _redis_url(value: str) -> str:
     return value
 
 
+def _readable_file(value: str) -> str:
+    value = value.strip()
+    if value and not os.access(value, os.R_OK):
+        raise ValueError("must name a readable file")
+    return value
+
+
 def _bool(value: str) -> bool:
     lowered = value.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -179,6 +186,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("LOOM_REDIS_CLUSTER", "off", _choice("off", "on"),
             "on: REDIS_URL names a node of a Redis Cluster and the data plane uses redis-py's "
             "cluster client."),
+    Setting("LOOM_REDIS_TLS_VERIFY", "on", _choice("on", "off"),
+            "For a rediss:// URL: on checks the server's certificate (against "
+            "LOOM_REDIS_TLS_CA_CERTS, else the system's CAs) and name; off takes it unchecked "
+            "(an add-on with a self-signed certificate), apart from REDIS_URL, which the add-on "
+            "owns."),
+    Setting("LOOM_REDIS_TLS_CA_CERTS", "", _readable_file,
+            "For a rediss:// URL: a PEM file of the CAs that sign the server's certificate. "
+            "Empty: the system's CAs."),
     Setting("LOOM_REDIS_SOCKET_TIMEOUT_SECONDS", "2", _positive_float,
             "Longest wait for one Redis reply; past it a call answers 503 STORE_UNAVAILABLE."),
     Setting("LOOM_REDIS_CONNECT_TIMEOUT_SECONDS", "2", _positive_float,
@@ -357,6 +372,8 @@ class Settings:
     local_redis_port: int | None = None
     local_embeddings: bool = True
     redis_cluster: str = 'off'
+    redis_tls_verify: str = 'on'
+    redis_tls_ca_certs: str = ''
     redis_socket_timeout_seconds: float = 2.0
     redis_connect_timeout_seconds: float = 2.0
     port: int = 8000
@@ -419,7 +436,6 @@ class Settings:
     mcp_org: str = ''
     mcp_namespace: str = ''
     mcp_agent: str = ''
-    mcp_port: int = 8001
     api_url: str = 'http://127.0.0.1:8000'
     api_key: str = ''
     mcp_http_server_key: bool = False

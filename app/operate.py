@@ -45,6 +45,7 @@ _ROUTE_LABELS = {
     "api-docs": "openapi",
     "rq_dashboard": "rq",
     "console": "console",
+    "mcp": "mcp",
 }
 
 

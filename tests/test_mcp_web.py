@@ -6,6 +6,7 @@ and on; and the transport's refusals through the Flask app.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import requests
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from app import logs
 from loom.mcp_server import select_tools
 from tests.conftest import TEST_SECRET
 from tests.support.live_server import LiveServer
@@ -186,3 +188,32 @@ def test_an_unknown_tool_and_an_open_object_as_json_text_answer_as_on_the_mcp_pr
         "name": "loom_memory_set",
         "arguments": {**WHO, "value_json": "{not json"}}}).json
     assert bad_json["result"]["structuredContent"]["error"]["code"] == "VALIDATION_ERROR"
+
+
+class BoundFields(logging.Handler):
+    """Each access line with the log fields bound when it was written."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[tuple[str, object]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((record.getMessage(), logs.bound().get("request_id")))
+
+
+def test_an_op_called_through_mcp_logs_under_the_mcp_requests_id(client):
+    access = logging.getLogger("loom.access")
+    handler = BoundFields()
+    access.addHandler(handler)
+    try:
+        answer = post(client, {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+            "name": "loom_working_memory_render", "arguments": WHO}},
+            **{"X-Request-Id": "mcp-call-7"})
+    finally:
+        access.removeHandler(handler)
+    assert answer.json["result"]["isError"] is False
+    assert answer.headers["X-Request-Id"] == "mcp-call-7"
+    lines = handler.lines
+    # The op's own line, then the /mcp request's: one id, and each its own label.
+    assert lines == [("POST working_memory.render 200", "mcp-call-7"),
+                     ("POST mcp 200", "mcp-call-7")]

@@ -22,7 +22,8 @@ when a call leaves them out, so a desktop client need not repeat them on every c
 
 Run ``loom-mcp stdio`` (or ``python -m loom.mcp_server stdio``) for a desktop client, or
 ``loom-mcp http --host 0.0.0.0 --port 8001`` for Streamable HTTP at ``/mcp`` (stateless,
-JSON answers).
+JSON answers) on another machine than the API. The web process serves the same tools at its
+own ``/mcp`` (``app.mcp_web``, through ``LoomMCP`` with an in-process transport).
 
 Over HTTP, whoever reaches the port is a caller: each call carries the caller's own token.
 ``LOOM_API_KEY`` is sent for a caller without one only when ``LOOM_MCP_HTTP_SERVER_KEY`` is on

@@ -6,7 +6,13 @@ master, before any worker imports prometheus_client (a fresh temporary one when 
 environment names none), emptied before the first fork, and a dead worker's files are marked
 in ``child_exit``, as prometheus_client's multiprocess mode asks.
 
-Logs: gunicorn's own lines take Loom's format (``LOOM_LOG_FORMAT``).
+Logs: gunicorn's own lines take Loom's format (``LOOM_LOG_FORMAT``); the probes
+(``/healthz``, ``/readyz``) write no access line; the "Listening at:" line names the addresses
+(with ``SO_REUSEPORT`` the master holds no socket, and gunicorn's own line named none).
+
+Platform: with ``DYNO`` set and auth off (and no ``HOST``), the web would listen on loopback,
+which the platform's router never reaches: the master says what to set, in one line, and
+exits 1 before it binds (``app.settings.platform_bind_refusal``).
 
 Control socket: off. gunicorn's default is one path per machine user
 (``~/.gunicorn/gunicorn.ctl``), shared by every instance and outside the data folder, and
@@ -43,14 +49,22 @@ else:
 from gunicorn.glogging import Logger as _GunicornLogger
 
 from app.local import die_with_parent as _die_with_parent
+from app.logs import PROBE_PATHS as _PROBE_PATHS
 from app.logs import make_formatter as _make_formatter
 from app.settings import listen_host as _listen_host
+from app.settings import platform_bind_refusal as _platform_bind_refusal
 
 control_socket_disable = True
 # gunicorn's largest request line (its default is 4094): the one GET op carries its profile
 # id in the path and org and namespace in the query, each up to 256 characters, which
 # percent-encoded can take 12 bytes a character.
 limit_request_line = 8190
+
+_refusal = _platform_bind_refusal()
+if _refusal:
+    # Before gunicorn binds anything or logs a line: the platform shows this as the boot's end.
+    print(_refusal, file=_sys.stderr, flush=True)
+    _sys.exit(1)
 
 bind = [f"{_listen_host()}:{_os.environ.get('PORT', '8000').strip() or '8000'}"]
 # Linux only: elsewhere SO_REUSEPORT does not spread connections, and there is no abstract
@@ -69,6 +83,32 @@ class _LoomGunicornLogger(_GunicornLogger):
         for log in (self.error_log, self.access_log):
             for handler in log.handlers:
                 handler.setFormatter(formatter)
+
+
+    def access(self, resp, req, environ, request_time):
+        if environ.get("PATH_INFO") in _PROBE_PATHS:
+            return
+        super().access(resp, req, environ, request_time)
+
+    def info(self, msg, *args, **kwargs):
+        # With SO_REUSEPORT each worker opens its own socket and the master none, so
+        # gunicorn's "Listening at:" line names no address: it names the bound ones here.
+        if msg.startswith("Listening at:") and args and not args[0]:
+            args = (_addresses(self.cfg.address), *args[1:])
+        super().info(msg, *args, **kwargs)
+
+
+def _addresses(addresses) -> str:
+    """The addresses as gunicorn names its sockets (``http://0.0.0.0:5000``)."""
+    named = []
+    for address in addresses:
+        if isinstance(address, str | bytes):
+            named.append(f"unix:{address.decode() if isinstance(address, bytes) else address}")
+        elif ":" in address[0]:
+            named.append(f"http://[{address[0]}]:{address[1]}")
+        else:
+            named.append(f"http://{address[0]}:{address[1]}")
+    return ",".join(named)
 
 
 logger_class = _LoomGunicornLogger

@@ -18,6 +18,7 @@ from werkzeug.middleware.proxy_fix import ProxyFix
 from app import bad_tokens, error_catalogue, host_guard, log_ids
 from app.api import register_error_handlers, register_ops
 from app.console import register_console
+from app.mcp_web import register_mcp
 from app.operate import register_operations
 from app.ops import load_ops
 from app.schemas import contract, openapi
@@ -188,6 +189,7 @@ def create_app(test_config: Mapping[str, Any] | None = None) -> Flask:
         contract.install(app, api)
     register_console(app)
     register_operations(app, services)
+    register_mcp(app, services)
     # The Host check, then the refused-token budget, after every app-level hook and before any
     # blueprint's or view (LoomFlask.add_request_guard); and no-store on every answer.
     host_guard.install(app, settings)

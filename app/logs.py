@@ -28,6 +28,9 @@ from typing import Any
 from app.keyed import keyed_digest
 
 LOG_FORMATS = ("auto", "json", "text")
+# The probes a load balancer or a platform polls every few seconds: no access line, neither
+# Loom's nor gunicorn's, or they would drown the rest.
+PROBE_PATHS = frozenset(("/healthz", "/readyz"))
 
 # The fields that ``bind`` and ``extra=`` may set, in the order a JSON line lists them.
 CONTEXT_FIELDS = (
@@ -218,6 +221,12 @@ def info_line(logger: logging.Logger, message: str, **fields: Any) -> None:
     except Exception:  # as the handler would: a line that cannot be written stops no request
         handler.handleError(logger.makeRecord(logger.name, logging.INFO, "(unknown file)", 0,
                                               message, (), None, extra=fields))
+
+
+def pass_level(did_something: bool | int) -> int:
+    """The level of a periodic pass's summary line: INFO when the pass did something, DEBUG
+    when it had nothing to do (a worker's log holds what happened, not that a clock ticked)."""
+    return logging.INFO if did_something else logging.DEBUG
 
 
 def resolve_format(value: str, stream: Any = None) -> str:

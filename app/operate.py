@@ -54,6 +54,7 @@ _ROUTE_LABELS = {
     "api-docs": "openapi",
     "rq_dashboard": "rq",
     "console": "console",
+    "mcp": "mcp",
 }
 
 
@@ -99,7 +100,8 @@ def request_id_of(environ: dict[str, Any]) -> str:
 # so this one is as per-thread and per-greenlet as Flask's.
 _STATE: ContextVar[tuple[float, str, str, str, Token[Any]] | None] = ContextVar(
     "loom_request_state", default=None)
-# Polled every second by a load balancer: a line each would drown the rest.
+# Polled every second by a load balancer: a line each would drown the rest (gunicorn's access
+# log skips the same, app.logs.PROBE_PATHS).
 _NO_ACCESS_LINE = frozenset(("healthz", "readyz"))
 
 
@@ -243,6 +245,9 @@ def mount_dashboard(app: Flask, services: Services) -> None:
     # rq-dashboard keeps its connection on the app object.
     if services.settings.queue_redis_url:
         setup_rq_connection(app)
+        # Loom's own client for the queue's Redis, with its TLS options (rq-dashboard's
+        # would check an add-on's certificate whatever LOOM_REDIS_TLS_VERIFY says).
+        app.redis_conn = services.queue_redis  # type: ignore[attr-defined]
     app.register_blueprint(rq_dashboard.blueprint, url_prefix=DASHBOARD_PREFIX)
 
     def guard_dashboard() -> Response | None:

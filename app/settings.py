@@ -38,6 +38,13 @@ def _redis_url(value: str) -> str:
     return value
 
 
+def _readable_file(value: str) -> str:
+    value = value.strip()
+    if value and not os.access(value, os.R_OK):
+        raise ValueError("must name a readable file")
+    return value
+
+
 def _bool(value: str) -> bool:
     lowered = value.strip().lower()
     if lowered in ("1", "true", "yes", "on"):
@@ -199,6 +206,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("LOOM_REDIS_CLUSTER", "off", _choice("off", "on"),
             "on: REDIS_URL names a node of a Redis Cluster and the data plane uses redis-py's "
             "cluster client."),
+    Setting("LOOM_REDIS_TLS_VERIFY", "on", _choice("on", "off"),
+            "For a rediss:// URL: on checks the server's certificate (against "
+            "LOOM_REDIS_TLS_CA_CERTS, else the system's CAs) and name; off takes it unchecked "
+            "(an add-on with a self-signed certificate), apart from REDIS_URL, which the add-on "
+            "owns."),
+    Setting("LOOM_REDIS_TLS_CA_CERTS", "", _readable_file,
+            "For a rediss:// URL: a PEM file of the CAs that sign the server's certificate. "
+            "Empty: the system's CAs."),
     Setting("LOOM_REDIS_SOCKET_TIMEOUT_SECONDS", "2", _positive_float,
             "Longest wait for one Redis reply; past it a call answers 503 STORE_UNAVAILABLE."),
     Setting("LOOM_REDIS_CONNECT_TIMEOUT_SECONDS", "2", _positive_float,
@@ -339,10 +354,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("LOOM_MCP_NAMESPACE", "", _text,
             "Namespace the MCP server fills in when a call names none."),
     Setting("LOOM_MCP_AGENT", "", _text, "Agent the MCP server fills in when a call names none."),
-    Setting("MCP_PORT", "8001", _int_range(1, 65535),
-            "Port of the MCP server's Streamable HTTP endpoint (the Procfile's mcp line)."),
     Setting("LOOM_API_URL", "http://127.0.0.1:8000", _text,
-            "Where the MCP server sends its calls."),
+            "Where the separate MCP server (loom-mcp) sends its calls; the web process serves "
+            "MCP at /mcp itself."),
     Setting("LOOM_API_KEY", "", _text,
             "Token the MCP server sends on stdio; over HTTP only with LOOM_MCP_HTTP_SERVER_KEY."),
     Setting("LOOM_MCP_HTTP_SERVER_KEY", "false", _bool,
@@ -381,6 +395,8 @@ class Settings:
     local_redis_port: int | None = None
     local_embeddings: bool = True
     redis_cluster: str = 'off'
+    redis_tls_verify: str = 'on'
+    redis_tls_ca_certs: str = ''
     redis_socket_timeout_seconds: float = 2.0
     redis_connect_timeout_seconds: float = 2.0
     port: int = 8000
@@ -443,7 +459,6 @@ class Settings:
     mcp_org: str = ''
     mcp_namespace: str = ''
     mcp_agent: str = ''
-    mcp_port: int = 8001
     api_url: str = 'http://127.0.0.1:8000'
     api_key: str = ''
     mcp_http_server_key: bool = False
@@ -532,6 +547,24 @@ def listen_host(environ: Mapping[str, str] | None = None) -> str:
         return host
     auth = environ.get("LOOM_AUTH", "off").strip().lower()
     return "0.0.0.0" if auth == "on" else "127.0.0.1"
+
+
+def platform_bind_refusal(environ: Mapping[str, str] | None = None) -> str | None:
+    """The one line a web process on a platform (``DYNO`` set) gives before it exits when it
+    would listen on loopback, which the platform's router never reaches; None otherwise.
+
+    A ``git push`` deploy does not apply app.json's settings, so auth is off unless it was
+    set: without this the dyno bound 127.0.0.1 and failed its boot with no line saying why.
+    """
+    environ = os.environ if environ is None else environ
+    if not environ.get("DYNO", "").strip() or environ.get("HOST", "").strip():
+        return None
+    if environ.get("LOOM_AUTH", "off").strip().lower() == "on":
+        return None
+    return ("loom: DYNO is set (a platform runs this web process) and LOOM_AUTH is off, so it "
+            "would listen on 127.0.0.1, which the platform's router cannot reach: set "
+            "LOOM_AUTH=on with LOOM_SECRET_KEY and LOOM_ADMIN_TOKEN, or HOST=0.0.0.0 to serve "
+            "without auth")
 
 
 def load_settings(

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from app.logs import pass_level
 from app.store.agent_state import AgentStateStore
 from jobs.context import services
 from jobs.periodic import Periodic
@@ -38,7 +39,9 @@ def sweep(org: str | None = None, namespace: str | None = None) -> dict[str, Any
         totals["namespaces"] += 1
         for name, count in counts.items():
             totals[name] += count
-    log.info(
+    log.log(
+        pass_level(totals["states_removed"] or totals["fields_removed"]
+                   or totals["index_entries_removed"]),
         "agent-state sweep: %(namespaces)d namespaces, %(states_removed)d states, "
         "%(fields_removed)d fields, %(index_entries_removed)d index entries removed",
         totals,

@@ -7,6 +7,7 @@ from rq import Queue
 
 from app.queue_names import ALL_QUEUES, BUILDS, MAINTENANCE, PASSES
 from app.settings import Settings
+from app.store.connection import tls_options
 
 __all__ = ["ALL_QUEUES", "BUILDS", "MAINTENANCE", "PASSES", "queue", "queue_connection"]
 
@@ -15,7 +16,7 @@ def queue_connection(settings: Settings) -> redis.Redis:
     url = settings.queue_redis_url
     if not url:
         raise RuntimeError("REDIS_URL (or LOOM_QUEUE_URL) is not set")
-    return redis.Redis.from_url(url)
+    return redis.Redis.from_url(url, **tls_options(settings, url))
 
 
 def queue(name: str, connection: redis.Redis) -> Queue:

@@ -40,6 +40,7 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from app.logs import pass_level
 from app.model.budget import USAGE_WORKER, EmbeddingsOutOfBudget, embed_within_budget
 from app.model.embeddings import DOCUMENT, embedder_for
 from app.model.errors import ModelCallFailed
@@ -184,9 +185,10 @@ def sweep_due(svc: Services) -> dict[str, Any]:
     if totals.reached:
         vectors.set_sweep_position(totals.reached)
     counts = totals.counts()
-    log.info("recall_embeddings sweep: %(users_due)d users with rows due, %(requested)d jobs "
-             "requested, %(already_queued)d already queued, %(model_off)d with model calls off",
-             counts)
+    log.log(pass_level(counts["users_due"]),
+            "recall_embeddings sweep: %(users_due)d users with rows due, %(requested)d jobs "
+            "requested, %(already_queued)d already queued, %(model_off)d with model calls off",
+            counts)
     return {**counts, "stopped": ""}
 
 

@@ -31,6 +31,7 @@ from rq import Queue, get_current_job
 from rq.job import Dependency, Job
 from rq.results import Result
 
+from app.logs import pass_level
 from app.services import Services
 from app.store.job_queues import waited_seconds
 from app.store.lease import STRUCTURED_PROFILE_LEASE, LeaseLost, LeaseStore
@@ -497,9 +498,10 @@ def run_pass(
                     [result.metric_outcome for result in results],
                     full=planner.budget_left <= 0)
         calls = sum(result.model_calls for result in results)
-        log.info("structured_profile: pass built %d of %d users in %.3f s with %d model calls",
-                 sum(1 for r in results if r.outcome == Outcome.BUILT), len(results),
-                 time.monotonic() - started_monotonic, calls)
+        log.log(pass_level(len(results)),
+                "structured_profile: pass built %d of %d users in %.3f s with %d model calls",
+                sum(1 for r in results if r.outcome == Outcome.BUILT), len(results),
+                time.monotonic() - started_monotonic, calls)
         return {
             "namespaces": len(infos),
             "built": [(step.namespace, step.user_id, str(r.outcome))

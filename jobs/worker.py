@@ -26,11 +26,31 @@ from app import logs
 from app.settings import load_settings
 from app.store.connection import UNAVAILABLE_ERRORS
 from jobs.outage import ride_out
+from jobs.periodic import JOB_ID_PREFIX
 from jobs.queues import ALL_QUEUES, queue, queue_connection
 
 log = logging.getLogger("loom.jobs.worker")
 
 PRELOADED = ("jobs.agent_state_sweep", "jobs.consolidation", "jobs.structured_profile")
+
+
+class QuietPeriodicJobs(logging.Filter):
+    """RQ's INFO lines about Loom's periodic jobs (dequeued, completed, OK, result kept: four a
+    job, every interval) as DEBUG lines. The pass itself says what it did, at INFO when it did
+    something (``app.logs.pass_level``), so at INFO a pass with nothing to do writes no line;
+    RQ's warnings and errors about those jobs stay as they are."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO:
+            return True
+        try:
+            message = record.getMessage()
+        except Exception:  # a record that cannot be formatted is the handler's to report
+            return True
+        if JOB_ID_PREFIX not in message:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
 
 def job_function(job: Job) -> str:
@@ -167,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = load_settings()
     preload_jobs()
     logs.configure_logging(settings.log_format)
+    logging.getLogger("rq.worker").addFilter(QuietPeriodicJobs())
     connection = queue_connection(settings)
     resume_erasures()
 

@@ -33,9 +33,18 @@ ADMIN_TOKEN = "deploy-admin-token-0123456789abcdef"
 SECRET_KEY = "deploy-secret-key-0123456789abcdef"
 
 
+# The one-off step a platform runs before each release serves; every other line is a process.
+RELEASE = "release"
+PROCESSES = {name: line for name, line in PROCFILE.items() if name != RELEASE}
+
+
 def test_app_json_declares_every_process_the_redis_add_on_and_the_protected_settings():
     manifest = json.loads((ROOT / "app.json").read_text())
-    assert set(manifest["formation"]) == set(PROCFILE) == {"web", "worker", "scheduler", "mcp"}
+    # Only processes a platform can reach or that reach the store: MCP is the web's /mcp.
+    assert set(manifest["formation"]) == set(PROCESSES) == {"web", "worker", "scheduler"}
+    assert PROCFILE[RELEASE] == "python -m app.release"
+    # honcho gives the first line PORT itself: the web must be it.
+    assert next(iter(PROCFILE)) == "web"
     assert all(entry["quantity"] >= 1 for entry in manifest["formation"].values())
     assert any(addon["plan"].startswith("heroku-redis") for addon in manifest["addons"])
     env = manifest["env"]
@@ -61,7 +70,7 @@ def _until(check, seconds: float, what: str):
 
 
 async def _mcp_tool_names(url: str, token: str) -> set[str]:
-    # With auth on, the MCP server over HTTP acts only with the caller's own token.
+    # With auth on, MCP on the web port acts only with the caller's own token.
     headers = {"Authorization": f"Bearer {token}"}
     async with httpx2.AsyncClient(headers=headers) as http:
         async with Client(streamable_http_client(url, http_client=http)) as client:
@@ -78,21 +87,25 @@ def test_a_fresh_install_from_requirements_runs_every_procfile_line(tmp_path, re
     )
     assert install.returncode == 0, install.stderr[-3000:]
 
-    web_port, mcp_port = free_port(), free_port()
+    web_port = free_port()
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("LOOM_", "REDIS_", "PYTHONPATH"))}
     env.update(
         PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
         # What app.json and the Redis add-on give the processes; HOST keeps the test on loopback.
-        REDIS_URL=redis_url, PORT=str(web_port), MCP_PORT=str(mcp_port), HOST="127.0.0.1",
+        REDIS_URL=redis_url, PORT=str(web_port), HOST="127.0.0.1",
         LOOM_AUTH="on", LOOM_SECRET_KEY=SECRET_KEY, LOOM_ADMIN_TOKEN=ADMIN_TOKEN,
         LOOM_DATA_DIR=str(tmp_path / "data"),
-        LOOM_API_URL=f"http://127.0.0.1:{web_port}", LOOM_API_KEY=ADMIN_TOKEN,
     )
+    # The release phase first, as the platform runs it: it must end, and well.
+    released = subprocess.run(PROCFILE[RELEASE], shell=True, cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+    assert released.returncode == 0, released.stderr[-3000:]
+    assert "release: recall:" in released.stdout
     processes = {
         name: subprocess.Popen(line, shell=True, cwd=ROOT, env=env, start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        for name, line in PROCFILE.items()
+        for name, line in PROCESSES.items()
     }
     connection = redis.Redis.from_url(redis_url)
     try:
@@ -114,13 +127,12 @@ def test_a_fresh_install_from_requirements_runs_every_procfile_line(tmp_path, re
                           60, "the scheduler registering its jobs")
         assert periodic
 
-        names = _until(lambda: anyio.run(_mcp_tool_names, f"http://127.0.0.1:{mcp_port}/mcp",
-                                 ADMIN_TOKEN),
-                       60, "the MCP server listing its tools")
+        names = _until(lambda: anyio.run(_mcp_tool_names, web + "/mcp", ADMIN_TOKEN),
+                       60, "the web's /mcp listing its tools")
         assert "loom_working_memory_set" in names
         assert all(re.fullmatch(r"loom_[a-z_]+", name) for name in names)
-        anonymous = requests.post(f"http://127.0.0.1:{mcp_port}/mcp", json={}, timeout=5)
-        assert anonymous.status_code == 401  # the server's own key is lent to no caller
+        anonymous = requests.post(web + "/mcp", json={}, timeout=5)
+        assert anonymous.status_code == 401
         for name, process in processes.items():
             assert process.poll() is None, f"{name} exited"
     finally:
@@ -134,3 +146,26 @@ def test_a_fresh_install_from_requirements_runs_every_procfile_line(tmp_path, re
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
         connection.close()
+
+
+def test_the_env_example_is_settings_honcho_reads_and_they_load_once_the_secrets_are_filled(
+        tmp_path):
+    from honcho.environ import parse
+
+    from app.settings import SETTINGS, load_settings
+
+    text = (ROOT / ".env.example").read_text()
+    # Filled in as its comments ask; honcho's own parser, as honcho and heroku local read it.
+    filled = text.replace("LOOM_SECRET_KEY=\n", f"LOOM_SECRET_KEY={SECRET_KEY}\n").replace(
+        "LOOM_ADMIN_TOKEN=\n", f"LOOM_ADMIN_TOKEN={ADMIN_TOKEN}\n")
+    env = parse(filled)
+    declared = {setting.name for setting in SETTINGS}
+    assert set(env) <= declared, set(env) - declared
+    commented = set(re.findall(r"^# ([A-Z_]+)=", text, flags=re.M))
+    assert commented <= declared, commented - declared
+    assert {"REDIS_URL", "LOOM_SECRET_KEY", "LOOM_ADMIN_TOKEN"} <= set(env)
+    settings = load_settings({**env, "LOOM_DATA_DIR": str(tmp_path)})
+    assert settings.auth == "on" and settings.admin_token == ADMIN_TOKEN
+    assert settings.secret_key == SECRET_KEY
+    # .env holds the secrets: git never takes it.
+    assert ".env" in (ROOT / ".gitignore").read_text().split()

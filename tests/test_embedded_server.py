@@ -59,7 +59,7 @@ def test_the_run_command_stops_with_the_servers_message_when_it_cannot_start(tmp
     with _taken_port() as holder:
         port = holder.getsockname()[1]
         env = {**os.environ, "LOOM_DATA_DIR": str(tmp_path), "LOOM_LOCAL_REDIS_PORT": str(port),
-               "PORT": str(free_port()), "MCP_PORT": str(free_port())}
+               "PORT": str(free_port())}
         env.pop("REDIS_URL", None)
         run = subprocess.run([sys.executable, "-m", "app.local"], cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=30)

@@ -117,7 +117,7 @@ def test_a_fresh_machine_runs_the_readme_command_and_keeps_its_data(tmp_path):
     port = free_port()
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("LOOM_", "REDIS_", "HOST"))}
-    env.update(PATH=bin_dir, TMPDIR=str(tmpdir), PORT=str(port), MCP_PORT=str(free_port()),
+    env.update(PATH=bin_dir, TMPDIR=str(tmpdir), PORT=str(port),
                LOOM_LOCAL_REDIS_PORT=str(free_port()))
     url = f"http://127.0.0.1:{port}"
     path, headers, body = readme_curl_example()
@@ -168,7 +168,7 @@ def _run_env(tmp_path: Path, name: str, **settings: str) -> tuple[dict[str, str]
            if not key.startswith(("LOOM_", "REDIS_", "HOST", "XDG_", "WEB_CONCURRENCY"))}
     env.update(PATH=os.path.dirname(sys.executable), HOME=str(base / "home"),
                TMPDIR=str(base / "tmp"), LOOM_DATA_DIR=str(base / "data"),
-               PORT=str(free_port()), MCP_PORT=str(free_port()), **settings)
+               PORT=str(free_port()), **settings)
     return env, base
 
 
@@ -202,13 +202,15 @@ def _running(pid: int) -> bool:
 
 
 def _wait_serving(env: dict[str, str], process: subprocess.Popen[bytes]) -> None:
-    """Until the API answers and the MCP server listens (every child started)."""
-    _wait(f"http://127.0.0.1:{env['PORT']}", process)
-    deadline = time.monotonic() + 60
-    while not listening_addresses(int(env["MCP_PORT"])):
-        assert process.poll() is None, "the run stopped"
-        assert time.monotonic() < deadline, "the MCP server did not start"
-        time.sleep(0.3)
+    """Until the API answers, and MCP on the same port (the web serves /mcp)."""
+    url = f"http://127.0.0.1:{env['PORT']}"
+    _wait(url, process)
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "probe", "version": "1"}}}
+    answer = requests.post(url + "/mcp", json=initialize, timeout=10,
+                           headers={"Accept": "application/json, text/event-stream"})
+    assert answer.status_code == 200 and answer.json()["result"]["serverInfo"]["name"] == "loom"
 
 
 def _terminate(process: subprocess.Popen[bytes]) -> set[int]:
@@ -228,7 +230,6 @@ def _terminate(process: subprocess.Popen[bytes]) -> set[int]:
 
 @pytest.mark.slow
 def test_two_runs_at_once_each_serve_their_own_data_and_stop_on_sigterm(tmp_path):
-    # WEB_CONCURRENCY is a documented setting: the MCP process must not take it as its own.
     first_env, first = _run_env(tmp_path, "first", WEB_CONCURRENCY="2")
     second_env, second = _run_env(tmp_path, "second")
     runs = [_start(tmp_path, first_env), _start(tmp_path, second_env)]
@@ -258,7 +259,7 @@ def test_two_runs_at_once_each_serve_their_own_data_and_stop_on_sigterm(tmp_path
         # So is a second run on a data folder in use.
         again = subprocess.run(
             [sys.executable, "-m", "app.local"], cwd=tmp_path, capture_output=True, timeout=60,
-            env={**first_env, "PORT": str(free_port()), "MCP_PORT": str(free_port())})
+            env={**first_env, "PORT": str(free_port())})
         assert again.returncode == 2
         assert "another run is using the data folder" in again.stderr.decode()
         assert all(process.poll() is None for process in runs)

@@ -437,7 +437,7 @@ def test_http_lends_the_env_key_only_when_the_operator_opts_in(recording_api):
     assert [call["authorization"] for call in seen] == ["Bearer caller-token", "Bearer env-key"]
 
 
-# --- the Procfile's mcp line with auth on: who may call, by which Host and Origin --------------
+# --- loom-mcp http on a wide bind with auth on: who may call, by which Host and Origin ----------
 
 INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
     "protocolVersion": "2025-06-18", "capabilities": {},
@@ -446,14 +446,13 @@ MCP_HEADERS = {"Content-Type": "application/json", "Accept": "application/json, 
 
 
 class ProcfileMCP:
-    """The Procfile's ``mcp`` line, through a shell as a platform runs it, with auth on and no
-    ``HOST`` (so on 0.0.0.0), reached here through loopback."""
+    """The separate MCP server's command line (``loom-mcp http``; the web serves ``/mcp`` itself,
+    so the Procfile has no line for it), through a shell, with auth on and no ``HOST`` (so on
+    0.0.0.0), reached here through loopback."""
 
     def __init__(self, api_url: str, **env: str) -> None:
         self.port = free_port()
-        procfile = dict(line.split(": ", 1) for line in
-                        (ROOT / "Procfile").read_text().splitlines() if line.strip())
-        self.command = procfile["mcp"]
+        self.command = "python -m loom.mcp_server http --port ${MCP_PORT}"
         self.env = {key: value for key, value in os.environ.items()
                     if key not in ("HOST", "LOOM_ALLOWED_HOSTS", "LOOM_MCP_HTTP_SERVER_KEY")}
         self.env.update(PYTHONPATH=PYTHONPATH, LOOM_API_URL=api_url, LOOM_AUTH="on",
@@ -496,7 +495,7 @@ class ProcfileMCP:
 
 
 @pytest.mark.slow
-def test_auth_on_the_procfile_mcp_line_refuses_a_call_without_a_caller_token(recording_api):
+def test_auth_on_the_mcp_command_refuses_a_call_without_a_caller_token(recording_api):
     api_url, seen = recording_api
     with ProcfileMCP(api_url) as mcp_http:
         refused = mcp_http.post()
@@ -518,7 +517,7 @@ def test_auth_on_the_procfile_mcp_line_refuses_a_call_without_a_caller_token(rec
 
 
 @pytest.mark.slow
-def test_the_procfile_mcp_line_checks_host_and_origin_on_a_wide_bind(recording_api):
+def test_the_mcp_command_checks_host_and_origin_on_a_wide_bind(recording_api):
     api_url, _ = recording_api
     token = {"Authorization": "Bearer caller-token"}
     with ProcfileMCP(api_url) as mcp_http:
@@ -554,17 +553,16 @@ def test_stdio_sends_the_env_key(recording_api):
 # --- entry points -----------------------------------------------------------------------------
 
 
-def test_console_script_and_procfile_run_this_module(capsys: pytest.CaptureFixture[str]):
+def test_the_console_script_runs_this_module_and_no_procfile_line_does(
+        capsys: pytest.CaptureFixture[str]):
     from loom import mcp_server
 
     pyproject = (ROOT / "sdk" / "pyproject.toml").read_text()
     assert 'loom-mcp = "loom.mcp_server:main"' in pyproject
-    procfile = (ROOT / "Procfile").read_text().splitlines()
-    line = next(line for line in procfile if line.startswith("mcp:"))
-    command = line.split(":", 1)[1].split()
-    assert command[:4] == ["python", "-m", "loom.mcp_server", "http"]
-    # No --host: the address follows HOST and LOOM_AUTH (tests/test_listen.py).
-    assert "--port" in command and "--host" not in command
+    # The web serves MCP at /mcp (tests/test_mcp_web.py): a platform routes only its port, so
+    # a Procfile line for this server would be a process nobody reaches.
+    procfile = (ROOT / "Procfile").read_text()
+    assert "loom.mcp_server" not in procfile and "mcp:" not in procfile
     with pytest.raises(SystemExit) as done:
         mcp_server.main(["http", "--help"])
     assert done.value.code == 0 and "--port" in capsys.readouterr().out

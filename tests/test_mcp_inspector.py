@@ -1,5 +1,6 @@
 """The MCP project's reference client, the MCP Inspector (``@modelcontextprotocol/inspector``,
-``--cli`` mode), against ``loom-mcp`` over stdio and Streamable HTTP in front of a live API.
+``--cli`` mode), against ``loom-mcp`` over stdio and Streamable HTTP in front of a live API,
+and against the web process's own ``/mcp``.
 
 Its ``--strict`` portability check must report nothing for every listing (``all``, ``full``,
 each plane), and a write, a read and a refused write (422) must come back through it, with
@@ -135,3 +136,25 @@ def test_calls_and_strict_listing_over_streamable_http(inspector: Path, api: Liv
         assert "Warning" not in listed.stderr and "Error" not in listed.stderr, listed.stderr
         assert len(json.loads(listed.stdout)["tools"]) == len(select_tools(["all"]))
         check(calls(inspector, [server.url], None))
+
+
+@pytest.fixture(scope="module")
+def web(redis_server_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """The web process alone, serving MCP at /mcp with the identity defaults set."""
+    from tests.conftest import TEST_SECRET
+
+    env = {"REDIS_URL": redis_server_url, "LOOM_SECRET_KEY": TEST_SECRET,
+           "LOOM_DATA_DIR": str(tmp_path_factory.mktemp("web")), **IDENTITY}
+    with LiveServer(env, workers=1) as server:
+        yield server
+
+
+def test_calls_and_strict_listing_on_the_web_port(inspector: Path, web: LiveServer,
+                                                  redis_url: str):
+    url = web.url + "/mcp"
+    listed = inspect_cli(inspector, [url], "--method", "tools/list", "--strict")
+    assert listed.returncode == 0, listed.stderr
+    assert "Warning" not in listed.stderr and "Error" not in listed.stderr, listed.stderr
+    assert sorted(tool["name"] for tool in json.loads(listed.stdout)["tools"]) == sorted(
+        select_tools(["all"]))
+    check(calls(inspector, [url], None))

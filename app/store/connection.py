@@ -12,6 +12,7 @@ Redis is back.
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis
 from redis.backoff import NoBackoff
@@ -34,6 +35,21 @@ RETRY_AFTER_SECONDS = 2
 # The base of every failure a Redis call raises, those above and the refusals (a script's
 # error, a wrong type): what the processes count as Redis errors.
 STORE_ERROR = redis.RedisError
+
+
+def tls_options(settings: Settings, url: str) -> dict[str, Any]:
+    """redis-py's certificate options for a ``rediss://`` URL (none for any other: a plain
+    connection takes no ssl option). A platform's add-on owns REDIS_URL, so how its
+    certificate is checked is set apart from it (``LOOM_REDIS_TLS_VERIFY``,
+    ``LOOM_REDIS_TLS_CA_CERTS``); an ``ssl_*`` option in the URL itself still wins."""
+    if urlsplit(url).scheme != "rediss":
+        return {}
+    if settings.redis_tls_verify == "off":
+        return {"ssl_cert_reqs": "none", "ssl_check_hostname": False}
+    options: dict[str, Any] = {"ssl_cert_reqs": "required"}
+    if settings.redis_tls_ca_certs:
+        options["ssl_ca_certs"] = settings.redis_tls_ca_certs
+    return options
 
 
 def client_options(settings: Settings) -> dict[str, Any]:
@@ -59,8 +75,10 @@ def connect(settings: Settings, url: str | None = None, *, decode: bool = True) 
         return redis.RedisCluster.from_url(  # type: ignore[return-value]
             url, decode_responses=decode,
             socket_timeout=settings.redis_socket_timeout_seconds,
-            socket_connect_timeout=settings.redis_connect_timeout_seconds)
-    return redis.Redis.from_url(url, decode_responses=decode, **client_options(settings))
+            socket_connect_timeout=settings.redis_connect_timeout_seconds,
+            **tls_options(settings, url))
+    return redis.Redis.from_url(url, decode_responses=decode, **client_options(settings),
+                                **tls_options(settings, url))
 
 
 def store_unavailable(error: Exception) -> StoreUnavailable:

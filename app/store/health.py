@@ -13,6 +13,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from app.store.connection import tls_options
+
 if TYPE_CHECKING:
     from app.store.services import StoreServices
 
@@ -29,7 +31,7 @@ class Check:
 
 class ReadinessProbe:
     def __init__(self, services: StoreServices) -> None:
-        settings = services.settings
+        settings = self._settings = services.settings
         self.deadline = float(settings.ready_timeout_seconds)
         self._targets = {DATA: settings.redis_url, QUEUE: settings.queue_redis_url}
         self._clients: dict[str, redis.Redis] = {}
@@ -46,6 +48,7 @@ class ReadinessProbe:
             socket_timeout=self.deadline,
             socket_connect_timeout=self.deadline,
             retry=Retry(NoBackoff(), 0),
+            **tls_options(self._settings, url),
         )
 
     def check(self) -> list[Check]:

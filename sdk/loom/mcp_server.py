@@ -22,7 +22,8 @@ when a call leaves them out, so a desktop client need not repeat them on every c
 
 Run ``loom-mcp stdio`` (or ``python -m loom.mcp_server stdio``) for a desktop client, or
 ``loom-mcp http --host 0.0.0.0 --port 8001`` for Streamable HTTP at ``/mcp`` (stateless,
-JSON answers).
+JSON answers) on another machine than the API. The web process serves the same tools at its
+own ``/mcp`` (``app.mcp_web``, through ``LoomMCP`` with an in-process transport).
 
 Over HTTP, whoever reaches the port is a caller: each call carries the caller's own token.
 ``LOOM_API_KEY`` is sent for a caller without one only when ``LOOM_MCP_HTTP_SERVER_KEY`` is on
@@ -477,13 +478,17 @@ class LoomMCP:
             timeout=timeout,
         )
 
+    def new_transport(self) -> Transport:
+        """The SDK transport a thread's calls go through (the web process mounts an
+        in-process adapter on its session)."""
+        return Transport(
+            self._api_url, self._api_key, timeout=self._timeout, client_name=CLIENT_NAME
+        )
+
     def _transport(self) -> Transport:
         transport = getattr(self._local, "transport", None)
         if transport is None:
-            transport = Transport(
-                self._api_url, self._api_key, timeout=self._timeout, client_name=CLIENT_NAME
-            )
-            self._local.transport = transport
+            transport = self._local.transport = self.new_transport()
         return transport
 
     def call(

@@ -30,7 +30,9 @@ class LiveServer:
         # and block the workers once they log a line per request.
         self.output = output or Path(tempfile.mkstemp(prefix="loom-gunicorn-", suffix=".log")[1])
         self.extra_args = extra_args
-        self.env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+        # The SDK of this checkout, ahead of any copy pip installed: the web serves its MCP tools.
+        self.env = {**os.environ, **env,
+                    "PYTHONPATH": os.pathsep.join([str(ROOT / "sdk"), str(ROOT)])}
         self.workers = workers
         if worker_class is not None:
             self.env["LOOM_WEB_WORKER_CLASS"] = worker_class

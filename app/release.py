@@ -1,0 +1,89 @@
+"""The release step: every upgrade a store written by an earlier Loom version needs, in order,
+run once per deploy before the new version serves (the Procfile's ``release:`` line,
+``python -m app.release``; also ``flask loom release``).
+
+Each step is idempotent and works in bounded pieces beside live traffic, so the step may run
+twice, be interrupted and run again, and run while the old version still serves (a platform's
+release phase runs before the new processes start). A second run finds nothing to do and says
+so. A failure (a bad setting, the store unreachable) exits non-zero, which stops a platform's
+deploy before the new version replaces the one serving.
+
+Steps, in order:
+
+- ``recall``: each user's lexical index onto the current posting layout, and every live fact's
+  recall entry up to this version's terms (``app.recall_backfill.backfill_all``; the
+  facts waiting for a vector are left to the periodic embeddings sweep, which requests them at
+  its pace).
+
+A version that changes a stored format adds its step here, after the ones before it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import redis
+
+if TYPE_CHECKING:
+    from app.services import Services
+
+
+@dataclass(frozen=True)
+class StepResult:
+    name: str
+    changed: int  # what the step wrote: 0 when the store was already up to date
+    summary: str
+
+
+def recall_step(services: Services, say: Callable[[str], None]) -> StepResult:
+    from app.recall_backfill import backfill_all
+
+    done = backfill_all(services, written_by="loom-release", vectors=False, progress=say)
+    return StepResult(
+        "recall", done.moved_to_layout + done.changed,
+        f"{done.moved_to_layout} facts moved to the current index layout, {done.changed} "
+        f"recall entries brought up to date ({done.rows} live facts of {done.users} users)")
+
+
+STEPS: tuple[Callable[[Services, Callable[[str], None]], StepResult], ...] = (recall_step,)
+
+
+def run_release(services: Services, say: Callable[[str], None] = print) -> list[StepResult]:
+    """Every step, in order; what each did."""
+    results = []
+    for step in STEPS:
+        result = step(services, lambda line: say(f"release: {line}"))
+        say(f"release: {result.name}: {result.summary}")
+        results.append(result)
+    if not any(result.changed for result in results):
+        say("release: the store was up to date; nothing written")
+    return results
+
+
+def main() -> int:
+    from app import create_app
+    from app.logs import configure_logging
+    from app.settings import SettingsError
+
+    configure_logging()
+    try:
+        app = create_app()
+    except SettingsError as exc:
+        print(f"release: {exc}", file=sys.stderr)
+        return 2
+    try:
+        run_release(app.extensions["loom"], lambda line: print(line, flush=True))
+    except redis.RedisError as exc:
+        # The deploy stops here, and the version serving goes on: nothing half-done is lost,
+        # since every step resumes where it stopped.
+        print(f"release: the store failed ({type(exc).__name__}: {exc}); nothing after this "
+              "point ran: run the release again once the store answers", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -13,7 +13,9 @@ import datetime
 import json
 import os
 import platform
+import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -50,6 +52,28 @@ def server_name(info: dict[str, object]) -> str:
     if "valkey_version" in info:
         return f"Valkey {info['valkey_version']} (redis_version {info.get('redis_version')})"
     return f"Redis {info.get('redis_version')}"
+
+
+def server_at(url: str) -> str:
+    """``server_name`` of the server answering at ``url`` (a plain server or a cluster node)."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return server_name(client.info("server"))
+    finally:
+        client.close()
+
+
+def embedded_server() -> str:
+    """The embedded server's name and version from its ``--version``: for a run whose server
+    is stopped, or restarted, before its figures are printed."""
+    from app.local import embedded_server_binary
+
+    out = subprocess.run([embedded_server_binary(), "--version"], capture_output=True,
+                         text=True, check=True).stdout
+    found = re.search(r"^(\w+) server v=(\S+)", out)
+    return f"{found[1]} {found[2]} (embedded)" if found else out.strip()
 
 
 def machine(redis: str) -> dict[str, object]:

@@ -152,6 +152,12 @@ def test_a_bench_run_rewrites_its_result_file_and_the_benchmarks_page(tmp_path, 
     assert page == docs_reference.benchmarks_page()
     assert "| fact, first version | 5,104 B |" in page
     assert f"on {saved['date']}" in page and "Valkey 9.1.2" in page
+    assert "at the start." in page and "at the end." not in page
+    # Recorded without the machine read before the run: the page says whose load it shows.
+    results.record("recall", "Search latency.", {"p50": "3 ms"}, "Valkey 9.1.2")
+    page = (tmp_path / "benchmarks.md").read_text()
+    assert page == docs_reference.benchmarks_page()
+    assert page.count("at the start.") == 1 and page.count("at the end.") == 1
 
 
 # Modules under bench/ that are not a bench run: the baseline app, the straight WSGI call and

@@ -504,6 +504,8 @@ def report(run: Run, figures: dict[str, Any], cold_starts: tuple[float, list[flo
     recorded["index drift"] = f"{figures['index_drift']} ({figures['facts']} facts)"
     recorded.update({f"recovery after kill -9 of {t}": " ".join(f"{k[2]:.2f}" for k in kills
                      if k[0] == t) + " s" for t in dict.fromkeys(k[0] for k in kills)})
+    if restarts:
+        recorded["master restart / cold start beside it"] = ratios
     results.record("faults", f"Writers through HTTP ({args.writers} without an Idempotency-Key, "
                    f"{args.keyed} with one) while Redis, a gunicorn worker and the master are "
                    f"killed {args.kills} time(s) each, {args.gap:g} s apart; every write looked "

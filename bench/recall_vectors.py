@@ -141,7 +141,8 @@ def run(engine: str, args: argparse.Namespace, workdir: Path, figures: dict[str,
                                                                range(args.users)]]).values())
         print(f"[{engine}] {vectors.engine}: seeded and embedded {stored:,} facts in "
               f"{time.perf_counter() - begun:.0f} s", flush=True)
-        figures[f"{engine}: scoring"] = f"{vectors.engine} ({redis_name})"
+        figures[f"{engine}: scored by"] = ("the server's vector sets (VSIM)" if vectors.on_engine
+                                           else "exact cosine in the app") + f", {redis_name}"
         client = app.test_client()
         embedder = embedder_for(services.settings)
         assert embedder is not None

@@ -276,7 +276,7 @@ def benchmarks_page() -> str:
             f"`{result['command']}` on {result['date']}: {_cell(machine['cpu'])}, "
             f"{machine['cores']} cores, {machine['memory_gib']} GiB, Python "
             f"{machine['python']}, {_cell(machine['redis'])}, load average "
-            f"{machine['load_average']} at the start.", "",
+            f"{machine['load_average']} {machine.get('load_average_read', 'at the start')}.", "",
             "| Figure | Value |", "|---|---|",
         ]
         lines += [f"| {_cell(label)} | {_cell(value)} |"

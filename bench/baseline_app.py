@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import os
 import time
-from types import SimpleNamespace
 
 import redis
 from flask import Flask, jsonify, request
 
 from app.clock import Clock
+from app.settings import load_settings
 from app.store.activity import ActivityStore
 from app.store.identity import Identity
 from app.store.keys import user_erasing, working_memory_scope, working_memory_scopes
@@ -54,12 +54,21 @@ append_script = r.register_script(source("working_memory_append"))
 
 
 class _Services:
-    """What the stores take from Loom's services: the client, the clock, and settings with no
-    embeddings endpoint (Loom's bench deploy has none either, so no vector job is queued)."""
+    """What the stores take from Loom's services (``app.store.services.StoreServices``): the
+    client, the clock, settings with no embeddings endpoint (Loom's bench deploy has none
+    either, so no vector job is queued) and one instance of each store another store asks for
+    (a memory write asks the vector store whether embeddings are on)."""
 
     redis = r
+    queue_redis = r
     clock = Clock()
-    settings = SimpleNamespace(embed_base_url="", embed_model="")
+    settings = load_settings(environ={}, overrides={"redis_url": os.environ["REDIS_URL"]})
+    _stores: dict[type, object] = {}
+
+    def store(self, store_class: type) -> object:
+        if store_class not in self._stores:
+            self._stores[store_class] = store_class(self)
+        return self._stores[store_class]
 
 
 memory = MemoryStore(_Services())  # type: ignore[arg-type]

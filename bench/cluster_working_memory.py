@@ -44,6 +44,7 @@ import redis  # noqa: E402
 
 from app.local import RedisServerProcess  # noqa: E402
 from app.store import keys  # noqa: E402
+from bench import results  # noqa: E402
 from bench.working_memory import (  # noqa: E402
     AGENT,
     LOOM_PATHS,
@@ -129,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         queue = RedisServerProcess(work / "queue", appendonly=False).start()
         cluster = RedisClusterProcess(work / "cluster", primaries=3).start()
         deployments: list[Deployment] = []
+        redis_name = results.server_at(single.url)
+        at_start = results.machine(redis_name)
         try:
             base_env = {"LOOM_SECRET_KEY": secrets.token_hex(32), "LOOM_AUTH": "off",
                         "LOOM_RATE_LIMIT": "", "LOOM_DEFAULT_ORG": ORG}
@@ -176,12 +179,22 @@ def main(argv: list[str] | None = None) -> int:
     print("\nWorking memory, one server vs three-primary cluster (median of rounds; ratio = "
           "median of the per-round cluster/single req/s)")
     print(f"  {'op':<8}{'single req/s':>13}{'cluster req/s':>14}{'ratio':>8}")
+    figures = {}
     for op in OPS:
         one, many = rates[op]["single"], rates[op]["cluster"]
         ratio = statistics.median([c / s for s, c in zip(one, many, strict=True) if s])
         print(f"  {op:<8}{statistics.median(one):>13.0f}{statistics.median(many):>14.0f}"
               f"{ratio:>8.3f}")
+        figures[op] = (f"single {statistics.median(one):,.0f} req/s, cluster "
+                       f"{statistics.median(many):,.0f} req/s, ratio {ratio:.3f}")
     print(f"  keys per cluster primary at the end: {sorted(spread.values())}")
+    figures["keys per cluster primary at the end"] = ", ".join(map(str, sorted(spread.values())))
+    results.record(
+        "cluster_working_memory", f"Working-memory get, set and append through gunicorn "
+        f"({args.workers} {args.worker_class} workers), Loom on one server beside Loom on a "
+        f"three-primary cluster of the same binary, the Python client with {args.connections} "
+        f"connections (a user each), {args.rounds} rounds of {args.seconds:g} s, alternated; "
+        f"ratio = median of the per-round cluster/single req/s.", figures, redis_name, at_start)
     print(f"\ntotal {time.monotonic() - started:.0f}s")
     return 0
 

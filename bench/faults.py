@@ -613,6 +613,18 @@ def report(run: Run, figures: dict[str, Any], cold_starts: tuple[float, list[flo
               f"(of {len(run.orphans)})")
     slow = args.strict and (any(restart > RESTART_TARGET for restart in restarts)
                             or figures["stuck"] > 0)
+    from bench import results
+    recorded = {side: ", ".join(f"{name.replace('_', ' ')} {figures[side][name]}"
+                                for name in figures[side]) for side in ("unkeyed", "keyed")}
+    recorded["index drift"] = f"{figures['index_drift']} ({figures['facts']} facts)"
+    recorded.update({f"recovery after kill -9 of {t}": " ".join(f"{k[2]:.2f}" for k in kills
+                     if k[0] == t) + " s" for t in dict.fromkeys(k[0] for k in kills)})
+    if restarts:
+        recorded["master restart / cold start beside it"] = ratios
+    results.record("faults", f"Writers through HTTP ({args.writers} without an Idempotency-Key, "
+                   f"{args.keyed} with one) while Redis, a gunicorn worker and the master are "
+                   f"killed {args.kills} time(s) each, {args.gap:g} s apart; every write looked "
+                   "up in Redis after.", recorded, results.embedded_server())
     return 1 if bad or slow else 0
 
 

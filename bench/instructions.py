@@ -62,6 +62,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench import results  # noqa: E402
 from bench.wsgi_call import call  # noqa: E402
 
 OPS = ("get", "set", "append")
@@ -378,9 +379,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.warmup} warm-up calls; gevent monkey patching "
           f"{'on' if args.gevent or args.gunicorn else 'off'}; load average "
           f"{os.getloadavg()[0]:.2f} (does not move the counts)")
+    given = os.environ.get("REDIS_URL")
+    redis_name = results.server_at(given) if given else results.embedded_server()
+    at_start = results.machine(redis_name)
     with tempfile.TemporaryDirectory(prefix="loom-ir-") as tmp:
         out = Path(tmp)
-        given = os.environ.get("REDIS_URL")
         if args.gunicorn:
             with contextlib.ExitStack() as servers:
                 per_request = {}
@@ -410,6 +413,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(per_request))
     print("every target met" if met else "a target was missed (see above)")
+    figures = {}
+    for op in per_request["loom"]:
+        loom, base = per_request["loom"][op], per_request["baseline"][op]
+        target = f", target >= {TARGETS[op]}" if op in TARGETS else ""
+        figures[op] = (f"loom {loom:,.0f} Ir, baseline {base:,.0f} Ir, ratio "
+                       f"{base / loom if loom else 0.0:.3f}{target}")
+    figures["verdict"] = "every target met" if met else "a target was missed"
+    results.record(
+        "instructions" + ("-gunicorn" if args.gunicorn else ""),
+        f"Instructions (callgrind Ir) per request of each op, Loom beside the bare baseline app "
+        f"({where}, gevent monkey patching {'on' if args.gevent or args.gunicorn else 'off'}), "
+        f"{args.requests} counted per op after {args.warmup} warm-up calls; ratio = baseline / "
+        f"loom. A busy machine does not move these counts.", figures, redis_name, at_start)
     return 1 if args.strict and not met else 0
 
 

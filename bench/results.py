@@ -13,7 +13,9 @@ import datetime
 import json
 import os
 import platform
+import re
 import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -52,6 +54,28 @@ def server_name(info: dict[str, object]) -> str:
     return f"Redis {info.get('redis_version')}"
 
 
+def server_at(url: str) -> str:
+    """``server_name`` of the server answering at ``url`` (a plain server or a cluster node)."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    try:
+        return server_name(client.info("server"))
+    finally:
+        client.close()
+
+
+def embedded_server() -> str:
+    """The embedded server's name and version from its ``--version``: for a run whose server
+    is stopped, or restarted, before its figures are printed."""
+    from app.local import embedded_server_binary
+
+    out = subprocess.run([embedded_server_binary(), "--version"], capture_output=True,
+                         text=True, check=True).stdout
+    found = re.search(r"^(\w+) server v=(\S+)", out)
+    return f"{found[1]} {found[2]} (embedded)" if found else out.strip()
+
+
 def machine(redis: str) -> dict[str, object]:
     """The machine a run is on, as the page prints it; ``redis`` names the server measured."""
     return {
@@ -69,7 +93,8 @@ def record(bench: str, what: str, figures: dict[str, str], redis: str,
     """Write ``bench/results/<bench>.json`` for this run and rewrite the benchmarks page.
 
     ``at_start`` is ``machine(...)`` taken before the run (its load average is the one the
-    figures were measured under); without it the machine is read now.
+    figures were measured under); without it the machine is read now, and the page says its load
+    average is the one at the end.
     """
     folder = docs_reference.BENCH_RESULTS
     folder.mkdir(parents=True, exist_ok=True)
@@ -79,7 +104,8 @@ def record(bench: str, what: str, figures: dict[str, str], redis: str,
         "command": " ".join(["python", shlex.quote(f"bench/{bench}.py"),
                              *map(shlex.quote, sys.argv[1:])]),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": at_start or machine(redis),
+        # Read at the end, the load average is the run's own as much as its neighbours'.
+        "machine": at_start or {**machine(redis), "load_average_read": "at the end"},
         "figures": figures,
     }
     path = folder / f"{bench}.json"

@@ -152,6 +152,52 @@ def test_a_bench_run_rewrites_its_result_file_and_the_benchmarks_page(tmp_path, 
     assert page == docs_reference.benchmarks_page()
     assert "| fact, first version | 5,104 B |" in page
     assert f"on {saved['date']}" in page and "Valkey 9.1.2" in page
+    assert "at the start." in page and "at the end." not in page
+    # Recorded without the machine read before the run: the page says whose load it shows.
+    results.record("recall", "Search latency.", {"p50": "3 ms"}, "Valkey 9.1.2")
+    page = (tmp_path / "benchmarks.md").read_text()
+    assert page == docs_reference.benchmarks_page()
+    assert page.count("at the start.") == 1 and page.count("at the end.") == 1
+
+
+# Modules under bench/ that are not a bench run: the baseline app, the straight WSGI call and
+# the result files' own writer.
+BENCH_HELPERS = {"__init__", "baseline_app", "wsgi_call", "results"}
+
+
+def _record_calls(path: Path) -> int:
+    """Calls of ``<bench.results>.record(...)`` in a bench script, whatever name it imports the
+    module under (``results``, or another where a local already takes that name)."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    names = {alias.asname or alias.name for node in ast.walk(tree)
+             if isinstance(node, ast.ImportFrom) and node.module == "bench"
+             for alias in node.names if alias.name == "results"}
+    return sum(isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+               and node.func.attr == "record" and isinstance(node.func.value, ast.Name)
+               and node.func.value.id in names for node in ast.walk(tree))
+
+
+def test_every_bench_script_keeps_its_figures_in_a_result_file():
+    """A bench that prints figures without recording them would put nothing on the benchmarks
+    page, or leave a stale figure there: every bench script calls ``bench.results.record``."""
+    scripts = sorted(p for p in (ROOT / "bench").glob("*.py") if p.stem not in BENCH_HELPERS)
+    assert len(scripts) >= 16
+    assert [p.name for p in scripts if not _record_calls(p)] == []
+
+
+def test_a_result_names_the_server_it_measured(redis_server_url):
+    import redis
+
+    from bench import results
+
+    info = redis.Redis.from_url(redis_server_url).info("server")
+    assert results.server_at(redis_server_url) == results.server_name(info)
+    embedded = results.embedded_server()
+    assert re.fullmatch(r"Valkey \d+\.\d+\.\d+ \(embedded\)", embedded), embedded
+    if "valkey_version" in info:  # the suite runs on the embedded server: the same version
+        assert embedded == f"Valkey {info['valkey_version']} (embedded)"
 
 
 def test_every_figure_on_the_benchmarks_page_comes_from_a_result_file():

@@ -553,16 +553,22 @@ def report(run: Run, figures: dict[str, Any], cold_starts: tuple[float, list[flo
               f"{f['unknown']:>9}{f['unsettled']:>11}")
     print(f"{'plane':<16}{'acked':>8}{'lost':>6}{'applied twice':>15}{'outcome unknown':>17}"
           f"{'keyed retried':>15}{'wait p50 s':>12}{'wait max s':>12}")
+    by_plane: dict[str, str] = {}
     for plane in PLANES:
         mine = [w for w in run.writes if w.plane == plane]
         waits = [w.settled_at - w.first_failure for w in mine
                  if w.keyed and w.first_failure is not None and w.settled_at is not None]
-        print(f"{plane:<16}{sum(w.outcome == 'acknowledged' for w in mine):>8}"
-              f"{sum(w.outcome == 'acknowledged' and w.applied == 0 for w in mine):>6}"
-              f"{sum(w.applied > 1 for w in mine):>15}"
-              f"{sum(w.outcome == 'unknown' for w in mine):>17}{len(waits):>15}"
-              f"{statistics.median(waits) if waits else 0:>12.2f}"
-              f"{max(waits) if waits else 0:>12.2f}")
+        acked = sum(w.outcome == 'acknowledged' for w in mine)
+        lost = sum(w.outcome == 'acknowledged' and w.applied == 0 for w in mine)
+        twice = sum(w.applied > 1 for w in mine)
+        unknown = sum(w.outcome == 'unknown' for w in mine)
+        p50 = statistics.median(waits) if waits else 0
+        most = max(waits) if waits else 0
+        print(f"{plane:<16}{acked:>8}{lost:>6}{twice:>15}{unknown:>17}{len(waits):>15}"
+              f"{p50:>12.2f}{most:>12.2f}")
+        by_plane[plane] = (f"acknowledged {acked}, lost {lost}, applied twice {twice}, "
+                           f"outcome unknown {unknown}; {len(waits)} keyed writes retried, "
+                           f"wait p50 {p50:.2f} s, max {most:.2f} s")
     print(f"index drift: {figures['index_drift']} ({figures['facts']} facts)")
     refusals = Counter(f"{'keyed' if w.keyed else 'unkeyed'} {w.refusal}" for w in run.writes
                        if w.outcome == "refused")
@@ -616,9 +622,12 @@ def report(run: Run, figures: dict[str, Any], cold_starts: tuple[float, list[flo
     from bench import results
     recorded = {side: ", ".join(f"{name.replace('_', ' ')} {figures[side][name]}"
                                 for name in figures[side]) for side in ("unkeyed", "keyed")}
+    recorded.update({f"plane {plane}": line for plane, line in by_plane.items()})
     recorded["index drift"] = f"{figures['index_drift']} ({figures['facts']} facts)"
-    recorded.update({f"recovery after kill -9 of {t}": " ".join(f"{k[2]:.2f}" for k in kills
-                     if k[0] == t) + " s" for t in dict.fromkeys(k[0] for k in kills)})
+    for target in dict.fromkeys(kill[0] for kill in kills):
+        fault = "SIGSTOP" if target == "stall" else "kill -9"
+        recorded[f"recovery after {fault} of {target}"] = " ".join(
+            f"{kill[2]:.2f}" for kill in kills if kill[0] == target) + " s"
     if restarts:
         recorded["master restart / cold start beside it"] = ratios
     results.record("faults", f"Writers through HTTP ({args.writers} without an Idempotency-Key, "

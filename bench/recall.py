@@ -57,6 +57,9 @@ def _import_tree(tree: Path) -> None:
 
 
 VOCABULARY = 20_000
+# Commands the server's log keeps during a phase: every call of every search.
+SLOWLOG_KEPT = 1_000_000
+SLOWLOG_DEFAULT_US = 10_000
 NAMESPACE = "recall"
 AGENT = "bench"
 
@@ -95,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--namespace-facts", type=int, default=100_000)
     parser.add_argument("--users", type=int, default=100)
     parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--longest", type=int, default=20)
     parser.add_argument("--alternate", default=None, help="a checkout to compare rates with")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
@@ -144,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"({args.writes} writes, tree {Path(args.tree).resolve().name})", flush=True)
             if args.writes_only:
                 return 0
+            from app.ops.recall import SEARCH_LIMIT_MAX
             from app.store.memory import Content, Location, MemoryStore
+            from app.store.recall_terms import query_terms
 
             store = app.extensions["loom"].store(MemoryStore)
             org = app.extensions["loom"].settings.default_org
@@ -155,16 +161,41 @@ def main(argv: list[str] | None = None) -> int:
                               Content(value=texts.sentence(12), actor=AGENT),
                               written_by=AGENT)
 
-            def timed(user_id: str, scope: str) -> list[float]:
+            server_client.config_set("slowlog-max-len", SLOWLOG_KEPT)
+
+            def slowest_call() -> str:
+                """The longest single command the server ran since the last look, by its own
+                clock; the log is emptied for the next phase."""
+                entries = server_client.slowlog_get(SLOWLOG_KEPT)
+                server_client.slowlog_reset()
+                if not entries:
+                    return "none logged"
+                worst = max(entries, key=lambda entry: entry["duration"])
+                command = worst["command"]
+                name = (command.decode(errors="replace") if isinstance(command, bytes)
+                        else str(command)).split(" ")[0]
+                return (f"{worst['duration'] / 1000:.2f} ms ({name}; {len(entries)} calls "
+                        f"logged)")
+
+            def timed(user_id: str, scope: str, queries: int | None = None,
+                      query: str | None = None, **body: Any) -> list[float]:
+                """``queries`` searches (three Zipf-drawn words each, or ``query``)."""
                 seconds = []
                 spent = cpu()
-                for _ in range(args.queries):
-                    query = texts.sentence(3)
-                    begun = time.perf_counter()
-                    post("memory.search", user_id=user_id, query=query, read_scope=scope)
-                    seconds.append(1000 * (time.perf_counter() - begun))
+                count = args.queries if queries is None else queries
+                server_client.slowlog_reset()
+                server_client.config_set("slowlog-log-slower-than", 0)
+                try:
+                    for _ in range(count):
+                        begun = time.perf_counter()
+                        post("memory.search", user_id=user_id, read_scope=scope,
+                             query=query or texts.sentence(3), **body)
+                        seconds.append(1000 * (time.perf_counter() - begun))
+                finally:
+                    server_client.config_set("slowlog-log-slower-than", SLOWLOG_DEFAULT_US)
                 print(f"  CPU per search (app + Redis): "
-                      f"{1000 * (cpu() - spent) / args.queries:.2f} ms", flush=True)
+                      f"{1000 * (cpu() - spent) / count:.2f} ms; slowest single Redis call: "
+                      f"{slowest_call()} (load {os.getloadavg()[0]:.2f})", flush=True)
                 return seconds
 
             begun = time.perf_counter()
@@ -185,9 +216,28 @@ def main(argv: list[str] | None = None) -> int:
             print(f"memory.search namespace, {each * args.users + args.user_facts:,} facts "
                   f"over {args.users + 1} users: p50 {statistics.median(spread):.2f} ms, "
                   f"p99 {percentile(spread, 0.99):.2f} ms (target p50 < 50 ms)", flush=True)
+            query = longest_query(texts)
+            longest = timed("u0", "namespace", args.longest, query=query, limit=SEARCH_LIMIT_MAX,
+                            tags=["carried-by-no-fact"])
+            print(f"memory.search, the longest accepted ({len(query_terms(query))} terms, "
+                  f"limit {SEARCH_LIMIT_MAX}, namespace, a tag no fact carries): "
+                  f"p50 {statistics.median(longest):.2f} ms", flush=True)
         finally:
             server.stop()
     return 0
+
+
+def longest_query(texts: Texts) -> str:
+    """The vocabulary's most common words, as many distinct terms as a query may hold."""
+    from app.ops.recall import QUERY_TERMS_MAX
+    from app.store.recall_terms import query_terms
+
+    words: list[str] = []
+    for word in texts.words:
+        if len(query_terms(" ".join(words))) >= QUERY_TERMS_MAX:
+            break
+        words.append(word)
+    return " ".join(words)
 
 
 def _pin_apart(server: Any) -> None:

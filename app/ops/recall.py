@@ -51,6 +51,9 @@ from app.store.working_memory import WorkingMemoryStore
 QUERY_MAX = 4096
 SEARCH_LIMIT_MAX = 100
 FILTER_TAGS_MAX = 16
+# The most distinct terms (after stop words and stemming) a query may hold: each is read from
+# every user in scope, so they bound what one search costs the store.
+QUERY_TERMS_MAX = 32
 # Candidates read per hit asked for: filters and the read scope drop some; a round that comes
 # short reads further, up to this many candidates in all.
 OVERFETCH = 3

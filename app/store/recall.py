@@ -129,7 +129,7 @@ class RecallStore:
             top_so_far = _Top(top, users)
             for user_id in reached:
                 user_keys = _index_keys(org, namespace, user_id)
-                state = _Continuation(weights, [])
+                state: _Continuation | None = _Continuation(weights, [])
                 while state is not None:
                     reply = self._search(keys=user_keys, args=self._args(
                         top, mode, top_so_far.floor(), named, state))

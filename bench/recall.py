@@ -100,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--users", type=int, default=100)
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--longest", type=int, default=20)
+    parser.add_argument("--budgets", default="",
+                        help="work budgets of a lexical call (comma-separated) to run the "
+                             "longest search again with, after the tree's own")
     parser.add_argument("--alternate", default=None, help="a checkout to compare rates with")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
@@ -167,19 +170,23 @@ def main(argv: list[str] | None = None) -> int:
 
             server_client.config_set("slowlog-max-len", SLOWLOG_KEPT)
 
-            def slowest_call() -> str:
+            def slowest_call(searches: int) -> str:
                 """The longest single command the server ran since the last look, by its own
-                clock; the log is emptied for the next phase."""
+                clock, beside the 99th percentile of the searches' script calls and how many
+                a search made; the log is emptied for the next phase."""
                 entries = server_client.slowlog_get(SLOWLOG_KEPT)
                 server_client.slowlog_reset()
                 if not entries:
                     return "none logged"
                 worst = max(entries, key=lambda entry: entry["duration"])
-                command = worst["command"]
-                name = (command.decode(errors="replace") if isinstance(command, bytes)
-                        else str(command)).split(" ")[0]
-                return (f"{worst['duration'] / 1000:.2f} ms ({name}; {len(entries)} calls "
-                        f"logged)")
+                scripts = [entry["duration"] for entry in entries
+                           if _command_name(entry["command"]) == "EVALSHA"]
+                described = (f"{worst['duration'] / 1000:.2f} ms "
+                             f"({_command_name(worst['command'])})")
+                if scripts:
+                    described += (f"; script calls p99 {percentile(scripts, 0.99) / 1000:.2f} "
+                                  f"ms, {len(scripts) / searches:.1f} a search")
+                return described
 
             def timed(user_id: str, scope: str, queries: int | None = None,
                       query: str | None = None, **body: Any) -> list[float]:
@@ -199,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                     server_client.config_set("slowlog-log-slower-than", SLOWLOG_DEFAULT_US)
                 print(f"  CPU per search (app + Redis): "
                       f"{1000 * (cpu() - spent) / count:.2f} ms; slowest single Redis call: "
-                      f"{slowest_call()} (load {os.getloadavg()[0]:.2f})", flush=True)
+                      f"{slowest_call(count)} (load {os.getloadavg()[0]:.2f})", flush=True)
                 return seconds
 
             begun = time.perf_counter()
@@ -226,9 +233,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"memory.search, the longest accepted ({len(query_terms(query))} terms, "
                   f"limit {SEARCH_LIMIT_MAX}, namespace, a tag no fact carries): "
                   f"p50 {statistics.median(longest):.2f} ms", flush=True)
+            for budget in filter(None, args.budgets.split(",")):
+                from app.store.recall import RecallStore
+
+                app.extensions["loom"].store(RecallStore).work_per_call = int(budget)
+                again = timed("u0", "namespace", args.longest, query=query,
+                              limit=SEARCH_LIMIT_MAX, tags=["carried-by-no-fact"])
+                print(f"  the same with a lexical call's budget at {budget}: "
+                      f"p50 {statistics.median(again):.2f} ms", flush=True)
         finally:
             server.stop()
     return 0
+
+
+def _command_name(command: Any) -> str:
+    text = command.decode(errors="replace") if isinstance(command, bytes) else str(command)
+    return text.split(" ")[0].upper()
 
 
 def longest_query(texts: Texts) -> str:

@@ -14,7 +14,8 @@
 -- "1,3") best first, ties by memory_id, then user number. next: empty when the search is done;
 -- else the weights (average length then each term's idf, '' while not summed yet) and the
 -- state to pass back in the next call, whose hits the caller merges with these. work: what the
--- call did, postings read plus commands run.
+-- call did, postings read plus commands run plus, for a row scored from its stored terms, one
+-- for each four query terms.
 --
 -- A call stops at the first point where it can resume once its work passes ARGV 6, so no call
 -- holds the server long whatever the query (a point is before a user's figures or scoring, or
@@ -245,10 +246,13 @@ local function head(run)
   return run.buf[run.pos]
 end
 
--- A run met again, in a later call, at its next unread posting.
-local function run_at(u, n, posting)
+-- A run at a posting: its first, or its next unread one where an earlier call of this search
+-- stopped (read on from there in pages from PAGE_RESUMED: the page read before is gone, and
+-- most runs left are read no further).
+local PAGE_RESUMED = 2
+local function run_at(u, n, posting, page)
   return {user = u, key = KEYS[3 * u - 2], prefix = string.sub(posting, 1, #terms[n] + 9),
-          buf = {posting}, pos = 1, last = posting, page = PAGE_FIRST, ended = false}
+          buf = {posting}, pos = 1, last = posting, page = page, ended = false}
 end
 
 -- The hits kept so far, best first, flat.
@@ -264,14 +268,17 @@ local function answer()
   return reply
 end
 
--- Out of budget: the hits so far, and what the next call starts from: user u of the first
--- pass (users + 1 once it is done) and each run at its next unread posting.
-local function stop_before(u, runs_by_term)
+-- Out of budget: the hits so far, and what the next call starts from: user u of the pass over
+-- the users (users + 1 once it is done), whether the threshold over the group of runs was
+-- under way ('T') or the group was still being gathered ('A'), and each of the group's runs
+-- at its next unread posting.
+local function stop_before(u, how, group)
   local next = {exact(avgdl)}
   for n = 1, #terms do next[#next + 1] = exact(idfs[n]) end
   next[#next + 1] = 'S'
   next[#next + 1] = u
-  for n, runs in ipairs(runs_by_term) do
+  next[#next + 1] = how
+  for n, runs in ipairs(group) do
     for _, run in ipairs(runs) do
       next[#next + 1] = run.user
       next[#next + 1] = n
@@ -281,41 +288,13 @@ local function stop_before(u, runs_by_term)
   return {answer(), next, work}
 end
 
--- Every tf run of every term of every pruned user, found by its first posting (or, where an
--- earlier call of this search stopped, as it left them).
-local runs, from = {}, 1
-for n = 1, #terms do runs[n] = {} end
-if phase == 'S' then
-  from = tonumber(ARGV[at + 1])
-  for i = at + 2, #ARGV, 3 do
-    local u, n = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
-    runs[n][#runs[n] + 1] = run_at(u, n, ARGV[i + 2])
-  end
-end
-for u = from, users do
-  if work >= budget then return stop_before(u, runs) end
-  local read = postings_of(u)
-  local held = read.held
-  if read.whole or not prune or command('HGET', KEYS[3 * u], 'layout') ~= LAYOUT then
-    score_all(u, read)
-  else
-    local key = KEYS[3 * u - 2]
-    for n, term in ipairs(terms) do
-      local from_posting, high = '[' .. term .. '\1', '[' .. term .. '\1\255'
-      while held[n] > 0 do
-        local first = range(key, from_posting, high, 'LIMIT', 0, 1)[1]
-        if not first then break end
-        local run = run_at(u, n, first)
-        runs[n][#runs[n] + 1] = run
-        from_posting = '(' .. run.prefix .. '\255'
-      end
-    end
-  end
-end
-
 -- A row's whole score, summed over the terms in their order as the exhaustive way sums.
+-- Scoring a row looks for every term in its stored list: a unit of work for each four terms
+-- besides its read.
+local ROW_WORK = math.ceil(#terms / 4)
 local function score_row(u, mid, len)
   local stored = command('HGET', KEYS[3 * u - 1], mid)
+  work = work + ROW_WORK
   if not stored then return end
   stored = ' ' .. stored
   local total, hit = nil, nil
@@ -356,47 +335,107 @@ local function value_of(run, n)
   local tf, len = parse(posting, #terms[n])
   return bm25(idfs[n], tf, len)
 end
-local heads = {}
-for n = 1, #terms do
-  local h = {}
-  for _, run in ipairs(runs[n]) do
-    run.value = value_of(run, n)
-    h[#h + 1] = run
-  end
-  for i = math.floor(#h / 2), 1, -1 do sift(h, i) end
-  heads[n] = h
-end
-
+-- The threshold's reading over a group of runs (``group[n]`` term n's): true once no unread
+-- posting of theirs can change the top, false when the budget ran out first, after at least
+-- one posting (each of the group's lists is then its term's runs left, at their heads).
 local seen = {}
-while true do
-  -- Each term's best unread posting; their sum bounds every row not met yet.
-  local bound, best, best_value = nil, nil, -1
+local function threshold(group)
+  local heads = {}
   for n = 1, #terms do
-    local first = heads[n][1]
-    local value = first and first.value or 0
-    if first and value > best_value then best, best_value = n, value end
-    if bound then bound = bound + value else bound = value end
+    local h = {}
+    for _, run in ipairs(group[n]) do
+      run.value = value_of(run, n)
+      if run.value then h[#h + 1] = run end
+    end
+    for i = math.floor(#h / 2), 1, -1 do sift(h, i) end
+    heads[n] = h
+    group[n] = h
   end
-  if not best then break end
-  if #heap >= top and score[heap[1]] > bound then break end
-  if floor and floor > bound then break end
-  if work >= budget then return stop_before(users + 1, heads) end
-  local h = heads[best]
-  local run = h[1]
-  local posting = run.buf[run.pos]
-  run.pos = run.pos + 1
-  run.value = value_of(run, best)
-  if not run.value then
-    h[1] = h[#h]
-    h[#h] = nil
-  end
-  if #h > 0 then sift(h, 1) end
-  local _, len, mid = parse(posting, #terms[best])
-  local where = run.user .. '\0' .. mid
-  if not seen[where] then
-    seen[where] = true
-    score_row(run.user, mid, len)
+  local read_one = false
+  while true do
+    -- Each term's best unread posting; their sum bounds every row not met yet.
+    local bound, best, best_value = nil, nil, -1
+    for n = 1, #terms do
+      local first = heads[n][1]
+      local value = first and first.value or 0
+      if first and value > best_value then best, best_value = n, value end
+      if bound then bound = bound + value else bound = value end
+    end
+    if not best then return true end
+    if #heap >= top and score[heap[1]] > bound then return true end
+    if floor and floor > bound then return true end
+    if read_one and work >= budget then return false end
+    local h = heads[best]
+    local run = h[1]
+    local posting = run.buf[run.pos]
+    run.pos = run.pos + 1
+    run.value = value_of(run, best)
+    if not run.value then
+      h[1] = h[#h]
+      h[#h] = nil
+    end
+    if #h > 0 then sift(h, 1) end
+    read_one = true
+    local _, len, mid = parse(posting, #terms[best])
+    local where = run.user .. '\0' .. mid
+    if not seen[where] then
+      seen[where] = true
+      score_row(run.user, mid, len)
+    end
   end
 end
 
+-- The users in turn: one read whole (or on layout 1, or every posting scored) is scored into
+-- the top at once; a pruned one's tf runs of every term, found by their first postings, join
+-- a group, read by the threshold once the pass ends or the group holds RUNS_MAX runs (a
+-- normal search's runs are one group: every pruned user under one bound). A group is what a
+-- call that stops hands on, so it stays a few hundred runs whatever the scope.
+local RUNS_MAX = math.max(8, math.floor(budget / 8))
+local function no_runs()
+  local group = {}
+  for n = 1, #terms do group[n] = {} end
+  return group
+end
+local group, grouped, from = no_runs(), 0, 1
+if phase == 'S' then
+  from = tonumber(ARGV[at + 1])
+  for i = at + 3, #ARGV, 3 do
+    local u, n = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+    group[n][#group[n] + 1] = run_at(u, n, ARGV[i + 2], PAGE_RESUMED)
+    grouped = grouped + 1
+  end
+  work = work + grouped
+  if ARGV[at + 2] == 'T' then
+    if not threshold(group) then return stop_before(from, 'T', group) end
+    group, grouped = no_runs(), 0
+  end
+end
+local went_on = false
+for u = from, users do
+  if went_on and work >= budget then return stop_before(u, 'A', group) end
+  went_on = true
+  local read = postings_of(u)
+  local held = read.held
+  if read.whole or not prune or command('HGET', KEYS[3 * u], 'layout') ~= LAYOUT then
+    score_all(u, read)
+  else
+    local key = KEYS[3 * u - 2]
+    for n, term in ipairs(terms) do
+      local from_posting, high = '[' .. term .. '\1', '[' .. term .. '\1\255'
+      while held[n] > 0 do
+        local first = range(key, from_posting, high, 'LIMIT', 0, 1)[1]
+        if not first then break end
+        local run = run_at(u, n, first, PAGE_FIRST)
+        group[n][#group[n] + 1] = run
+        grouped = grouped + 1
+        from_posting = '(' .. run.prefix .. '\255'
+      end
+    end
+    if grouped >= RUNS_MAX then
+      if not threshold(group) then return stop_before(u + 1, 'T', group) end
+      group, grouped = no_runs(), 0
+    end
+  end
+end
+if grouped > 0 and not threshold(group) then return stop_before(users + 1, 'T', group) end
 return {answer(), {}, work}

@@ -100,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--users", type=int, default=100)
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--longest", type=int, default=20)
+    parser.add_argument("--compare-tree", default="",
+                        help="a checkout whose lexical script to run the longest search's "
+                             "calls with too, on the same data (before and after in one run)")
     parser.add_argument("--budgets", default="",
                         help="work budgets of a lexical call (comma-separated) to run the "
                              "longest search again with, after the tree's own")
@@ -233,17 +236,133 @@ def main(argv: list[str] | None = None) -> int:
             print(f"memory.search, the longest accepted ({len(query_terms(query))} terms, "
                   f"limit {SEARCH_LIMIT_MAX}, namespace, a tag no fact carries): "
                   f"p50 {statistics.median(longest):.2f} ms", flush=True)
+            spans = lexical_call_cpu(app, server_client, org, "u0", query_terms(query))
+            print(f"  its lexical script calls, server CPU each (INFO cpu, main thread): "
+                  f"max {max(spans):.2f} ms, p50 {statistics.median(spans):.2f} ms, "
+                  f"{len(spans) / LONGEST_REPEATS:.1f} calls a search "
+                  f"(load {os.getloadavg()[0]:.2f})", flush=True)
+            if args.compare_tree:
+                spans, slowest = earlier_script_cpu(Path(args.compare_tree), app, server_client,
+                                                    org, "u0", query_terms(query))
+                print(f"  the same calls by {Path(args.compare_tree).name}'s lexical script: "
+                      f"server CPU max {max(spans):.2f} ms, p50 {statistics.median(spans):.2f} "
+                      f"ms, slowest by the server's clock {slowest:.2f} ms "
+                      f"(load {os.getloadavg()[0]:.2f})", flush=True)
             for budget in filter(None, args.budgets.split(",")):
                 from app.store.recall import RecallStore
 
                 app.extensions["loom"].store(RecallStore).work_per_call = int(budget)
                 again = timed("u0", "namespace", args.longest, query=query,
                               limit=SEARCH_LIMIT_MAX, tags=["carried-by-no-fact"])
+                spans = lexical_call_cpu(app, server_client, org, "u0", query_terms(query))
                 print(f"  the same with a lexical call's budget at {budget}: "
-                      f"p50 {statistics.median(again):.2f} ms", flush=True)
+                      f"p50 {statistics.median(again):.2f} ms; script calls' server CPU max "
+                      f"{max(spans):.2f} ms, p50 {statistics.median(spans):.2f} ms, "
+                      f"{len(spans) / LONGEST_REPEATS:.1f} calls a search", flush=True)
         finally:
             server.stop()
     return 0
+
+
+LONGEST_REPEATS = 5
+
+
+def lexical_call_cpu(app: Any, server_client: redis.Redis, org: str, user_id: str,
+                     terms: list[str]) -> list[float]:
+    """The server's CPU time (ms) of each lexical script call the longest search's rounds make
+    (limit 100: tops 310, 1240 and 4000, as the op reads deeper when a filter keeps nothing),
+    read from INFO cpu between the calls: what the call costs the server, which the machine's
+    other work does not stretch as it stretches wall time (each figure holds one INFO too). A
+    tree that answers in one call is read around it."""
+    from app.ops.recall import CANDIDATES_MAX, OVERFETCH, SEARCH_LIMIT_MAX
+    from app.store import recall
+
+    store = app.extensions["loom"].store(recall.RecallStore)
+    users = list(dict.fromkeys(["-", user_id, *store.namespace_users(org, NAMESPACE)]))
+
+    def main_thread_cpu() -> float:
+        info = server_client.info("cpu")
+        return 1000 * (float(info["used_cpu_user_main_thread"])
+                       + float(info["used_cpu_sys_main_thread"]))
+
+    spans: list[float] = []
+    last = [0.0]
+    top_class = getattr(recall, "_Top", None)
+    merge = top_class.merge if top_class is not None else None
+    if top_class is not None and merge is not None:
+        def timed_merge(self: Any, *args: Any) -> Any:
+            now = main_thread_cpu()
+            spans.append(now - last[0])
+            last[0] = now
+            return merge(self, *args)
+
+        top_class.merge = timed_merge
+    try:
+        for _ in range(LONGEST_REPEATS):
+            top = SEARCH_LIMIT_MAX * OVERFETCH + 10
+            while True:
+                last[0] = main_thread_cpu()
+                store.lexical(org, NAMESPACE, users, terms, top)
+                if merge is None:
+                    spans.append(main_thread_cpu() - last[0])
+                if top >= CANDIDATES_MAX:
+                    break
+                top = min(top * 4, CANDIDATES_MAX)
+    finally:
+        if top_class is not None:
+            top_class.merge = merge
+    return spans
+
+
+def earlier_script_cpu(tree: Path, app: Any, server_client: redis.Redis, org: str,
+                       user_id: str, terms: list[str]) -> tuple[list[float], float]:
+    """``lexical_call_cpu`` for another checkout's recall_search.lua, one call a round as
+    that script took them then (ARGV: top, k1, b, '', 'pruned', the terms); and the slowest
+    of those calls by the server's own clock (SLOWLOG)."""
+    import re as regex
+
+    from app.ops.recall import CANDIDATES_MAX, OVERFETCH, SEARCH_LIMIT_MAX
+    from app.store import keys
+    from app.store.recall import RecallStore
+
+    folder = tree / "app" / "store" / "lua"
+
+    def source(name: str) -> str:
+        text = (folder / f"{name}.lua").read_text(encoding="utf-8")
+        return regex.sub(r"^--#include (\w+)[ \t]*$", lambda m: source(m.group(1)), text,
+                         flags=regex.MULTILINE)
+
+    earlier = server_client.register_script(source("recall_search"))
+    store = app.extensions["loom"].store(RecallStore)
+    users = list(dict.fromkeys(["-", user_id, *store.namespace_users(org, NAMESPACE)]))
+    user_keys = [k for u in users for k in (keys.recall_postings(org, NAMESPACE, u),
+                                            keys.recall_docs(org, NAMESPACE, u),
+                                            keys.recall_stats(org, NAMESPACE, u))]
+
+    def main_thread_cpu() -> float:
+        info = server_client.info("cpu")
+        return 1000 * (float(info["used_cpu_user_main_thread"])
+                       + float(info["used_cpu_sys_main_thread"]))
+
+    spans: list[float] = []
+    server_client.slowlog_reset()
+    server_client.config_set("slowlog-log-slower-than", 0)
+    try:
+        for _ in range(LONGEST_REPEATS):
+            top = SEARCH_LIMIT_MAX * OVERFETCH + 10
+            while True:
+                before = main_thread_cpu()
+                earlier(keys=user_keys, args=[top, 1.5, 0.75, "", "pruned", *terms])
+                spans.append(main_thread_cpu() - before)
+                if top >= CANDIDATES_MAX:
+                    break
+                top = min(top * 4, CANDIDATES_MAX)
+        durations = [entry["duration"] for entry in server_client.slowlog_get(SLOWLOG_KEPT)
+                     if _command_name(entry["command"]) == "EVALSHA"]
+    finally:
+        server_client.config_set("slowlog-log-slower-than", SLOWLOG_DEFAULT_US)
+        server_client.slowlog_reset()
+    return spans, max(durations, default=0) / 1000
 
 
 def _command_name(command: Any) -> str:

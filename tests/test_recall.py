@@ -561,9 +561,9 @@ def test_a_search_past_its_budget_goes_on_in_calls_each_within_it(app, monkeypat
     split = compared = 0
     for _ in range(40):
         terms = list(dict.fromkeys(rng.choices(vocabulary, k=rng.randint(1, 6))))
-        # One step past the budget: a user's whole read (its figures and its lists), or the
-        # first posting of each of its runs, or one page.
-        step = room + 2 * len(terms) + 3 + 2 * len(terms) * most_tf
+        # One step past the budget: a user's whole read (its figures, its lists and the rows
+        # kept), or the first posting of each of its runs, or one page.
+        step = 3 * room + 2 * len(terms) + 5 + 2 * len(terms) * most_tf
         for top in (1, 10, 40, 1000):
             for exhaustive in (False, True):
                 works.clear()

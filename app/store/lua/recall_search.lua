@@ -15,7 +15,7 @@
 -- else the weights (average length then each term's idf, '' while not summed yet) and the
 -- state to pass back in the next call, whose hits the caller merges with these. work: what the
 -- call did, postings read plus commands run plus, for a row scored from its stored terms, one
--- for each four query terms.
+-- for each four query terms, plus two for each row kept.
 --
 -- A call stops at the first point where it can resume once its work passes ARGV 6, so no call
 -- holds the server long whatever the query (a point is before a user's figures or scoring, or
@@ -164,6 +164,8 @@ end
 local function keep(row)
   -- A row below the floor cannot enter the caller's top, whose worst is the floor.
   if floor and score[row] < floor then return end
+  -- A kept row costs its heap steps now and its sort and its place in the answer at the end.
+  work = work + 2
   if #heap < top then
     heap[#heap + 1] = row
     local i = #heap

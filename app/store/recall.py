@@ -23,8 +23,9 @@ test that compares them and for an index still on the first posting layout).
 No call of a search holds the server long, whatever the query: the script stops once its work
 (postings read and commands run) passes ``work_per_call`` and answers its hits so far with where
 to go on; the next call goes on from there, told the score the merged top's worst holds (the
-floor), below which no row can enter. A normal search fits one call and is answered as before;
-the longest one the op accepts is a few calls of a few milliseconds each (docs/decisions.md).
+floor), below which no row can enter. A search within the budget is one call, answered as
+before; a longer one is several calls of a few milliseconds each, with the same hits
+(docs/decisions.md).
 
 ``relayout`` moves an install's indexes written before that layout onto it
 (``flask loom recall backfill``), a bounded step at a time.
@@ -52,10 +53,11 @@ SOH = "\x01"
 # BM25's usual constants (Robertson and Zaragoza); bm25s uses the same.
 K1 = 1.5
 B = 0.75
-# The work one lexical script call does before it stops and hands on (postings read plus
-# commands run): at 100,000 facts over 101 users a call of this much runs in a few
-# milliseconds on a loaded 2-core machine (bench/recall.py prints the slowest call).
-WORK_PER_CALL = 6000
+# The work one lexical script call does before it stops and hands on (postings read, commands
+# run, rows scored and kept). Measured by the server's CPU a call (bench/recall.py, the longest
+# accepted search, 11,000 facts, a loaded 2-core machine): 2,000 costs at most 9 ms (median
+# 4), 6,000 at most 25 ms (median 13; at 110,000 facts at most 37 ms).
+WORK_PER_CALL = 2000
 
 
 @dataclass(frozen=True, slots=True)

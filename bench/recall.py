@@ -57,6 +57,10 @@ def _import_tree(tree: Path) -> None:
 
 
 VOCABULARY = 20_000
+# Commands the server's log keeps during a phase: every call of every search.
+SLOWLOG_KEPT = 1_000_000
+SLOWLOG_DEFAULT_US = 10_000
+QUERY_TERMS_MAX = 32  # app.ops.recall's, for a tree from before it
 NAMESPACE = "recall"
 AGENT = "bench"
 
@@ -95,6 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--namespace-facts", type=int, default=100_000)
     parser.add_argument("--users", type=int, default=100)
     parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--longest", type=int, default=20)
+    parser.add_argument("--compare-tree", default="",
+                        help="a checkout whose lexical script to run the longest search's "
+                             "calls with too, on the same data (before and after in one run)")
+    parser.add_argument("--budgets", default="",
+                        help="work budgets of a lexical call (comma-separated) to run the "
+                             "longest search again with, after the tree's own")
     parser.add_argument("--alternate", default=None, help="a checkout to compare rates with")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
@@ -110,8 +121,11 @@ def main(argv: list[str] | None = None) -> int:
         server = RedisServerProcess(workdir / "redis", appendonly=False).start()
         _pin_apart(server)
         try:
+            # A search's call that holds the server past the usual socket timeout is measured,
+            # not cut off.
             app = create_app({"redis_url": server.url, "data_dir": str(workdir / "loom"),
-                              "secret_key": secrets.token_hex(32)})
+                              "secret_key": secrets.token_hex(32),
+                              "redis_socket_timeout_seconds": 120.0})
             client = app.test_client()
             server_client = redis.Redis.from_url(server.url)
 
@@ -144,7 +158,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"({args.writes} writes, tree {Path(args.tree).resolve().name})", flush=True)
             if args.writes_only:
                 return 0
+            from app.ops.recall import SEARCH_LIMIT_MAX
             from app.store.memory import Content, Location, MemoryStore
+            from app.store.recall_terms import query_terms
 
             store = app.extensions["loom"].store(MemoryStore)
             org = app.extensions["loom"].settings.default_org
@@ -155,16 +171,45 @@ def main(argv: list[str] | None = None) -> int:
                               Content(value=texts.sentence(12), actor=AGENT),
                               written_by=AGENT)
 
-            def timed(user_id: str, scope: str) -> list[float]:
+            server_client.config_set("slowlog-max-len", SLOWLOG_KEPT)
+
+            def slowest_call(searches: int) -> str:
+                """The longest single command the server ran since the last look, by its own
+                clock, beside the 99th percentile of the searches' script calls and how many
+                a search made; the log is emptied for the next phase."""
+                entries = server_client.slowlog_get(SLOWLOG_KEPT)
+                server_client.slowlog_reset()
+                if not entries:
+                    return "none logged"
+                worst = max(entries, key=lambda entry: entry["duration"])
+                scripts = [entry["duration"] for entry in entries
+                           if _command_name(entry["command"]) == "EVALSHA"]
+                described = (f"{worst['duration'] / 1000:.2f} ms "
+                             f"({_command_name(worst['command'])})")
+                if scripts:
+                    described += (f"; script calls p99 {percentile(scripts, 0.99) / 1000:.2f} "
+                                  f"ms, {len(scripts) / searches:.1f} a search")
+                return described
+
+            def timed(user_id: str, scope: str, queries: int | None = None,
+                      query: str | None = None, **body: Any) -> list[float]:
+                """``queries`` searches (three Zipf-drawn words each, or ``query``)."""
                 seconds = []
                 spent = cpu()
-                for _ in range(args.queries):
-                    query = texts.sentence(3)
-                    begun = time.perf_counter()
-                    post("memory.search", user_id=user_id, query=query, read_scope=scope)
-                    seconds.append(1000 * (time.perf_counter() - begun))
+                count = args.queries if queries is None else queries
+                server_client.slowlog_reset()
+                server_client.config_set("slowlog-log-slower-than", 0)
+                try:
+                    for _ in range(count):
+                        begun = time.perf_counter()
+                        post("memory.search", user_id=user_id, read_scope=scope,
+                             query=query or texts.sentence(3), **body)
+                        seconds.append(1000 * (time.perf_counter() - begun))
+                finally:
+                    server_client.config_set("slowlog-log-slower-than", SLOWLOG_DEFAULT_US)
                 print(f"  CPU per search (app + Redis): "
-                      f"{1000 * (cpu() - spent) / args.queries:.2f} ms", flush=True)
+                      f"{1000 * (cpu() - spent) / count:.2f} ms; slowest single Redis call: "
+                      f"{slowest_call(count)} (load {os.getloadavg()[0]:.2f})", flush=True)
                 return seconds
 
             begun = time.perf_counter()
@@ -185,6 +230,36 @@ def main(argv: list[str] | None = None) -> int:
             print(f"memory.search namespace, {each * args.users + args.user_facts:,} facts "
                   f"over {args.users + 1} users: p50 {statistics.median(spread):.2f} ms, "
                   f"p99 {percentile(spread, 0.99):.2f} ms (target p50 < 50 ms)", flush=True)
+            query = longest_query(texts)
+            longest = timed("u0", "namespace", args.longest, query=query, limit=SEARCH_LIMIT_MAX,
+                            tags=["carried-by-no-fact"])
+            print(f"memory.search, the longest accepted ({len(query_terms(query))} terms, "
+                  f"limit {SEARCH_LIMIT_MAX}, namespace, a tag no fact carries): "
+                  f"p50 {statistics.median(longest):.2f} ms", flush=True)
+            spans = first_spans = lexical_call_cpu(app, server_client, org, "u0",
+                                                   query_terms(query))
+            print(f"  its lexical script calls, server CPU each (INFO cpu, main thread): "
+                  f"max {max(spans):.2f} ms, p50 {statistics.median(spans):.2f} ms, "
+                  f"{len(spans) / LONGEST_REPEATS:.1f} calls a search "
+                  f"(load {os.getloadavg()[0]:.2f})", flush=True)
+            if args.compare_tree:
+                spans, slowest = earlier_script_cpu(Path(args.compare_tree), app, server_client,
+                                                    org, "u0", query_terms(query))
+                print(f"  the same calls by {Path(args.compare_tree).name}'s lexical script: "
+                      f"server CPU max {max(spans):.2f} ms, p50 {statistics.median(spans):.2f} "
+                      f"ms, slowest by the server's clock {slowest:.2f} ms "
+                      f"(load {os.getloadavg()[0]:.2f})", flush=True)
+            for budget in filter(None, args.budgets.split(",")):
+                from app.store.recall import RecallStore
+
+                app.extensions["loom"].store(RecallStore).work_per_call = int(budget)
+                again = timed("u0", "namespace", args.longest, query=query,
+                              limit=SEARCH_LIMIT_MAX, tags=["carried-by-no-fact"])
+                spans = lexical_call_cpu(app, server_client, org, "u0", query_terms(query))
+                print(f"  the same with a lexical call's budget at {budget}: "
+                      f"p50 {statistics.median(again):.2f} ms; script calls' server CPU max "
+                      f"{max(spans):.2f} ms, p50 {statistics.median(spans):.2f} ms, "
+                      f"{len(spans) / LONGEST_REPEATS:.1f} calls a search", flush=True)
             if Path(args.tree).resolve() == ROOT:  # another tree's figures are not this one's
                 from bench import results
 
@@ -197,11 +272,139 @@ def main(argv: list[str] | None = None) -> int:
                     f"search own_user, {args.user_facts:,} facts":
                         spread_of(solo) + " (target p50 < 20 ms)",
                     f"search namespace, {each * args.users + args.user_facts:,} facts over "
-                    f"{args.users + 1} users": spread_of(spread) + " (target p50 < 50 ms)"},
+                    f"{args.users + 1} users": spread_of(spread) + " (target p50 < 50 ms)",
+                    "search, the longest accepted query": (
+                        f"{len(query_terms(query))} terms, limit {SEARCH_LIMIT_MAX}, namespace, "
+                        f"a tag no fact carries: {spread_of(longest)}; its lexical script calls' "
+                        f"server CPU max {max(first_spans):.2f} ms, p50 "
+                        f"{statistics.median(first_spans):.2f} ms, "
+                        f"{len(first_spans) / LONGEST_REPEATS:.1f} calls a search")},
                     results.server_at(server.url))
         finally:
             server.stop()
     return 0
+
+
+LONGEST_REPEATS = 5
+
+
+def lexical_call_cpu(app: Any, server_client: redis.Redis, org: str, user_id: str,
+                     terms: list[str]) -> list[float]:
+    """The server's CPU time (ms) of each lexical script call the longest search's rounds make
+    (limit 100: tops 310, 1240 and 4000, as the op reads deeper when a filter keeps nothing),
+    read from INFO cpu between the calls: what the call costs the server, which the machine's
+    other work does not stretch as it stretches wall time (each figure holds one INFO too). A
+    tree that answers in one call is read around it."""
+    from app.ops.recall import CANDIDATES_MAX, OVERFETCH, SEARCH_LIMIT_MAX
+    from app.store import recall
+
+    store = app.extensions["loom"].store(recall.RecallStore)
+    users = list(dict.fromkeys(["-", user_id, *store.namespace_users(org, NAMESPACE)]))
+
+    def main_thread_cpu() -> float:
+        info = server_client.info("cpu")
+        return 1000 * (float(info["used_cpu_user_main_thread"])
+                       + float(info["used_cpu_sys_main_thread"]))
+
+    spans: list[float] = []
+    last = [0.0]
+    top_class = getattr(recall, "_Top", None)
+    merge = top_class.merge if top_class is not None else None
+    if top_class is not None and merge is not None:
+        def timed_merge(self: Any, *args: Any) -> Any:
+            now = main_thread_cpu()
+            spans.append(now - last[0])
+            last[0] = now
+            return merge(self, *args)
+
+        top_class.merge = timed_merge
+    try:
+        for _ in range(LONGEST_REPEATS):
+            top = SEARCH_LIMIT_MAX * OVERFETCH + 10
+            while True:
+                last[0] = main_thread_cpu()
+                store.lexical(org, NAMESPACE, users, terms, top)
+                if merge is None:
+                    spans.append(main_thread_cpu() - last[0])
+                if top >= CANDIDATES_MAX:
+                    break
+                top = min(top * 4, CANDIDATES_MAX)
+    finally:
+        if top_class is not None:
+            top_class.merge = merge
+    return spans
+
+
+def earlier_script_cpu(tree: Path, app: Any, server_client: redis.Redis, org: str,
+                       user_id: str, terms: list[str]) -> tuple[list[float], float]:
+    """``lexical_call_cpu`` for another checkout's recall_search.lua, one call a round as
+    that script took them then (ARGV: top, k1, b, '', 'pruned', the terms); and the slowest
+    of those calls by the server's own clock (SLOWLOG)."""
+    import re as regex
+
+    from app.ops.recall import CANDIDATES_MAX, OVERFETCH, SEARCH_LIMIT_MAX
+    from app.store import keys
+    from app.store.recall import RecallStore
+
+    folder = tree / "app" / "store" / "lua"
+
+    def source(name: str) -> str:
+        text = (folder / f"{name}.lua").read_text(encoding="utf-8")
+        return regex.sub(r"^--#include (\w+)[ \t]*$", lambda m: source(m.group(1)), text,
+                         flags=regex.MULTILINE)
+
+    earlier = server_client.register_script(source("recall_search"))
+    store = app.extensions["loom"].store(RecallStore)
+    users = list(dict.fromkeys(["-", user_id, *store.namespace_users(org, NAMESPACE)]))
+    user_keys = [k for u in users for k in (keys.recall_postings(org, NAMESPACE, u),
+                                            keys.recall_docs(org, NAMESPACE, u),
+                                            keys.recall_stats(org, NAMESPACE, u))]
+
+    def main_thread_cpu() -> float:
+        info = server_client.info("cpu")
+        return 1000 * (float(info["used_cpu_user_main_thread"])
+                       + float(info["used_cpu_sys_main_thread"]))
+
+    spans: list[float] = []
+    server_client.slowlog_reset()
+    server_client.config_set("slowlog-log-slower-than", 0)
+    try:
+        for _ in range(LONGEST_REPEATS):
+            top = SEARCH_LIMIT_MAX * OVERFETCH + 10
+            while True:
+                before = main_thread_cpu()
+                earlier(keys=user_keys, args=[top, 1.5, 0.75, "", "pruned", *terms])
+                spans.append(main_thread_cpu() - before)
+                if top >= CANDIDATES_MAX:
+                    break
+                top = min(top * 4, CANDIDATES_MAX)
+        durations = [entry["duration"] for entry in server_client.slowlog_get(SLOWLOG_KEPT)
+                     if _command_name(entry["command"]) == "EVALSHA"]
+    finally:
+        server_client.config_set("slowlog-log-slower-than", SLOWLOG_DEFAULT_US)
+        server_client.slowlog_reset()
+    return spans, max(durations, default=0) / 1000
+
+
+def _command_name(command: Any) -> str:
+    text = command.decode(errors="replace") if isinstance(command, bytes) else str(command)
+    return text.split(" ")[0].upper()
+
+
+def longest_query(texts: Texts) -> str:
+    """The vocabulary's most common words, as many distinct terms as a query may hold."""
+    from app.ops import recall
+    from app.store.recall_terms import query_terms
+
+    # A tree from before the op bounded a query's terms: the bound this tree states.
+    most = getattr(recall, "QUERY_TERMS_MAX", QUERY_TERMS_MAX)
+
+    words: list[str] = []
+    for word in texts.words:
+        if len(query_terms(" ".join(words))) >= most:
+            break
+        words.append(word)
+    return " ".join(words)
 
 
 def _pin_apart(server: Any) -> None:

@@ -515,3 +515,72 @@ def test_an_index_on_the_first_layout_answers_the_same_and_the_backfill_moves_it
     # Run again, it finds nothing to move.
     again = app.test_cli_runner().invoke(args=["loom", "recall", "backfill"])
     assert "2 users, 0 facts moved" in again.output
+
+
+def _works_of_calls(monkeypatch) -> list[int]:
+    """The work each lexical script call reports (postings read plus commands run), in the
+    order the calls answer: recorded where the store merges each reply."""
+    from app.store import recall as recall_module
+
+    works: list[int] = []
+    merge = recall_module._Top.merge
+
+    def recorded(self, named, called, reply):
+        works.append(int(reply[2]))
+        return merge(self, named, called, reply)
+
+    monkeypatch.setattr(recall_module._Top, "merge", recorded)
+    return works
+
+
+@pytest.mark.parametrize("clustered", [False, True])
+def test_a_search_past_its_budget_goes_on_in_calls_each_within_it(app, monkeypatch, clustered):
+    """A lexical search whose work passes one call's budget stops at a point it can resume
+    and goes on in further calls (each told the merged top's floor): every pruned call stays
+    within the budget and one step past it, and the answer is, bit for bit, the one-call
+    answer and BM25 computed from the rows, pruned or exhaustive, on one server's way or the
+    cluster's."""
+    import random
+
+    from app.store.recall import RecallStore
+
+    rng = random.Random(11)
+    users = ["u-1", "u-2", "u-3", "u-4"]
+    vocabulary = _random_corpus(app, rng, users, 500)
+    services = app.extensions["loom"]
+    org = org_of(app)
+    whole = RecallStore(services)
+    chunked = RecallStore(services)
+    if clustered:
+        whole._clustered = chunked._clustered = True
+    budget = chunked.work_per_call = 120
+    room = budget // 4
+    most_tf = max(tf for user_id in users for stored in services.redis.hvals(
+        keys.recall_docs(org, "support", user_id)) for tf in decode(text(stored)).values())
+    works = _works_of_calls(monkeypatch)
+    split = compared = 0
+    for _ in range(40):
+        terms = list(dict.fromkeys(rng.choices(vocabulary, k=rng.randint(1, 6))))
+        # One step past the budget: a user's whole read (its figures, its lists and the rows
+        # kept), or the first posting of each of its runs, or one page.
+        step = 3 * room + 2 * len(terms) + 5 + 2 * len(terms) * most_tf
+        for top in (1, 10, 40, 1000):
+            for exhaustive in (False, True):
+                works.clear()
+                expected = whole.lexical(org, "support", users, terms, top,
+                                         exhaustive=exhaustive)
+                if not clustered:
+                    assert len(works) == 1  # a budget no search here passes: one call
+                works.clear()
+                got = chunked.lexical(org, "support", users, terms, top, exhaustive=exhaustive)
+                assert got == expected, (terms, top, exhaustive)
+                # Scoring every posting reads a user's lists whole: the way of the test
+                # comparisons and of an index on the first layout, never a step to bound.
+                if not exhaustive:
+                    assert all(work <= budget + step for work in works), (works, budget + step)
+                split += len(works) > (1 if not clustered else len(users))
+            assert got == _bm25_reference(app, users, terms, top), (terms, top)
+            compared += bool(got)
+    assert compared > 100
+    # The small budget did split searches, many of them.
+    assert split > 50

@@ -862,3 +862,48 @@ def test_without_an_endpoint_no_fact_waits_for_a_vector(app_factory):
     client = app_factory().test_client()
     ok(client, "memory.set", key="drink", value="a cup of tea every morning")
     assert ok(client, "memory.search", query="tea")["vectors_pending"] == 0
+
+
+def test_exact_cosine_reads_a_users_vectors_a_bounded_part_a_call(redis_url, tmp_path,
+                                                                   monkeypatch):
+    """Without the engine a user's vectors are read in parts of at most VECTORS_PER_CALL (an
+    HSCAN's COUNT, every user's next part in one pipeline), never one HGETALL of them all, so
+    a user of many facts holds the server for no long read; the ranking is every vector's."""
+    import numpy as np
+
+    from app.store import recall_vectors
+    from app.store.recall_vectors import decode_vector, encode_vector
+    from tests.support.command_log import CommandLog, recording_client
+
+    log = CommandLog()
+    app = make_app(redis_url, tmp_path, redis=recording_client(redis_url, log))
+    store = app.extensions["loom"].store(RecallVectorStore)
+    if store.on_engine:
+        pytest.skip("the engine's search is VSIM")
+    monkeypatch.setattr(recall_vectors, "VECTORS_PER_CALL", 8)
+    rng = np.random.default_rng(5)
+    org, namespace, width = "parts-org", "parts-ns", 96
+    stored: dict[tuple[str, str], np.ndarray] = {}
+    users = ["p0", "p1", "p2"]
+    for u, user in enumerate(users):
+        # Values past the server's small-hash size, so the hash is a table HSCAN pages.
+        mapping = {f"id{u}-{i:03d}": encode_vector(rng.standard_normal(width).tolist(),
+                                                   "0" * FINGERPRINT_CHARS)
+                   for i in range(5 + 40 * u)}
+        app.extensions["loom"].redis.hset(keys.recall_vectors(org, namespace, user),
+                                          mapping=mapping)
+        stored.update({(user, mid): decode_vector(value) for mid, value in mapping.items()})
+    query = rng.standard_normal(width).tolist()
+    wanted = np.asarray(query, dtype=np.float32) / np.linalg.norm(query)
+    every = sorted((-float(v @ wanted / np.linalg.norm(v)), mid, user)
+                   for (user, mid), v in stored.items() if float(v @ wanted) > 0)
+    with log.recording() as recorded:
+        got = store.nearest(org, namespace, users, query, 30)
+    assert [(hit.user_id, hit.memory_id) for hit in got] == [
+        (user, mid) for _, mid, user in every[:30]]
+    assert recorded.named("HGETALL") == []
+    scans = recorded.named("HSCAN")
+    assert all(command[-2:] == ("COUNT", "8") for command in scans)
+    for user in users[1:]:
+        vectors_key = keys.recall_vectors(org, namespace, user)
+        assert len([c for c in scans if c[1] == vectors_key]) >= 3, user

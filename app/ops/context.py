@@ -24,17 +24,25 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from marshmallow import Schema, ValidationError, fields, validate
 
 from app.auth import row_visible
 from app.ops.memory import read_scope_for, record_profile_read
 from app.ops.profile import ProfileRenderArgs, render_sections, section_text, sections_in_scope
-from app.ops.recall import search_call_cost, search_rows
+from app.ops.recall import (
+    QUERY_DESCRIPTION,
+    QUERY_MAX,
+    QUERY_TERMS_MAX,
+    search_call_cost,
+    search_rows,
+    within_query_terms,
+)
 from app.ops.working_memory import BLOCK_KEY_MAX, render_blocks
 from app.registry import Call, op
 from app.schemas.common import Answer, StrictInt
+from app.schemas.rules import terms_within
 from app.store.identity import Identity
 from app.store.memory import MemoryRow
 from app.store.working_memory import Block, WorkingMemoryStore
@@ -43,7 +51,6 @@ DEFAULT_SECTION_CHARS = 16384
 # The most a section may be given: several blocks at their 16,384-character cap, or a handful
 # of profile sections at theirs. A pack is a prompt fragment, not an export.
 MAX_SECTION_CHARS = 262144
-QUERY_MAX = 4096
 SESSION_NOTE_PREFIX = "session:"
 SEPARATORS = {"xml": "\n", "markdown": "\n\n"}
 NO_QUERY_SECTIONS = (
@@ -73,12 +80,16 @@ def _budget(description: str) -> StrictInt:
 class ContextPackArgs(ProfileRenderArgs):
     """profile.render's fields (format, labels, scope, read_scope), and the pack's own."""
 
+    # The query is searched as memory.search's is: its distinct terms are bounded alike.
+    OPENAPI_RULES: ClassVar[dict[str, Any]] = {"x-loom-rules": [
+        terms_within("query", QUERY_TERMS_MAX)]}
+
     query = fields.String(
         load_default="",
-        validate=validate.Length(max=QUERY_MAX),
+        validate=[validate.Length(max=QUERY_MAX), within_query_terms],
         metadata={
             "description": "The question the pack is for: the facts memory.search finds for "
-            "it follow the stable prefix (the memories section)."
+            f"it follow the stable prefix (the memories section); {QUERY_DESCRIPTION}."
         },
     )
     session_block = fields.String(

@@ -24,9 +24,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from marshmallow import Schema, fields, validate
+from marshmallow import Schema, ValidationError, fields, validate
 
 from app.auth import row_visible
 from app.model.budget import EmbeddingsOutOfBudget, embed_within_budget
@@ -41,6 +41,7 @@ from app.ops.memory import (
 )
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, Moment, StrictInt, no_control_characters
+from app.schemas.rules import terms_within
 from app.search_cost import search_cost
 from app.store.memory import PROFILE_TYPE, MemoryRow, MemoryStore
 from app.store.recall import LexicalHit, PendingLexical, RecallStore
@@ -52,6 +53,10 @@ from app.store.working_memory import WorkingMemoryStore
 QUERY_MAX = 4096
 SEARCH_LIMIT_MAX = 100
 FILTER_TAGS_MAX = 16
+# The most distinct terms (after stop words and stemming) a query may hold: each is read from
+# every user in scope, so they bound what one search costs the store. A LoCoMo question holds
+# at most 14 (docs/decisions.md).
+QUERY_TERMS_MAX = 32
 # Candidates read per hit asked for: filters and the read scope drop some; a round that comes
 # short reads further, up to this many candidates in all.
 OVERFETCH = 3
@@ -66,11 +71,29 @@ log = logging.getLogger("loom.ops.recall")
 _WHO = {"namespace": "support", "agent": "triage-bot", "user_id": "u-42"}
 
 
+def within_query_terms(query: str) -> None:
+    """A query's distinct terms (the ones a search reads) are at most QUERY_TERMS_MAX."""
+    held = len(query_terms(query))
+    if held > QUERY_TERMS_MAX:
+        raise ValidationError(
+            f"holds {held} distinct terms (after stop words and stemming); at most "
+            f"{QUERY_TERMS_MAX} are searched")
+
+
+QUERY_DESCRIPTION = (f"at most {QUERY_MAX} characters and {QUERY_TERMS_MAX} distinct terms "
+                     "once lower-cased, stop words dropped and stemmed (x-loom-rules)")
+
+
 class MemorySearchArgs(IdentityArgs):
+    # The query's distinct terms, as the OpenAPI document states them (app.schemas.rules).
+    OPENAPI_RULES: ClassVar[dict[str, Any]] = {"x-loom-rules": [
+        terms_within("query", QUERY_TERMS_MAX)]}
+
     query = fields.String(
         required=True,
-        validate=[validate.Length(min=1, max=QUERY_MAX), no_control_characters],
-        metadata={"description": "The question, in words."},
+        validate=[validate.Length(min=1, max=QUERY_MAX), no_control_characters,
+                  within_query_terms],
+        metadata={"description": f"The question, in words: {QUERY_DESCRIPTION}."},
     )
     read_scope = read_scope_field()
     memory_type = memory_type_field(
@@ -81,7 +104,8 @@ class MemorySearchArgs(IdentityArgs):
         fields.String(validate=[validate.Length(min=1, max=TAG_MAX), no_control_characters]),
         load_default=list,
         validate=validate.Length(max=FILTER_TAGS_MAX),
-        metadata={"description": "Only facts holding every one of these tags."},
+        metadata={"description": f"Only facts holding every one of these tags (at most "
+                                 f"{FILTER_TAGS_MAX}, each at most {TAG_MAX} characters)."},
     )
     valid_at = Moment(
         load_default=None,

@@ -22,7 +22,10 @@ each naming the fields it reads; a field left out (or null) keeps every rule tha
   ``low`` is at most the one in ``high`` (two values compared);
 - ``answer_fits``: the profile schema in ``field`` sizes a full answer at most ``max_values``
   values and ``max_tokens`` output tokens (sums over its properties, by
-  ``app.profile_schema``'s ``answer_value_count`` and ``output_cap_estimate``).
+  ``app.profile_schema``'s ``answer_value_count`` and ``output_cap_estimate``);
+- ``terms_within``: the query in ``field`` holds at most ``max`` distinct terms once its words
+  are lower-cased, stop words dropped and each stemmed (``app.store.recall_terms.query_terms``,
+  the terms a search reads).
 
 In a ``path``, ``*`` steps into every item of a list and every value of an object.
 
@@ -38,7 +41,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 RULES = ("after", "future", "length_within", "unique_by", "re2_pattern",
-         "retention_fits", "pattern_compiles", "ordered", "answer_fits")
+         "retention_fits", "pattern_compiles", "ordered", "answer_fits", "terms_within")
 
 
 def after(field: str, than: str) -> dict[str, Any]:
@@ -73,6 +76,10 @@ def ordered(field: str, path: list[str], low: str, high: str) -> dict[str, Any]:
 def answer_fits(field: str, max_values: int, max_tokens: int) -> dict[str, Any]:
     return {"rule": "answer_fits", "field": field, "max_values": max_values,
             "max_tokens": max_tokens}
+
+
+def terms_within(field: str, most: int) -> dict[str, Any]:
+    return {"rule": "terms_within", "field": field, "max": most}
 
 
 def _at(value: Any, path: list[str]) -> list[Any]:
@@ -186,4 +193,8 @@ def rule_holds(rule: dict[str, Any], body: dict[str, Any], *,
         return _in_order(_at(value, rule["path"]), rule["low"], rule["high"])
     if kind == "answer_fits":
         return _answer_fits(value, rule["max_values"], rule["max_tokens"])
+    if kind == "terms_within":
+        from app.store.recall_terms import query_terms  # the terms a search reads
+
+        return not isinstance(value, str) or len(query_terms(value)) <= rule["max"]
     raise ValueError(f"x-loom-rules: no rule {kind!r} (known: {', '.join(RULES)})")

@@ -20,6 +20,13 @@ each term's postings best first and stops as soon as no unread posting can chang
 (``pruned``); its answer is the one scoring every posting gives (``exhaustive``, kept for the
 test that compares them and for an index still on the first posting layout).
 
+No call of a search holds the server long, whatever the query: the script stops once its work
+(postings read and commands run) passes ``work_per_call`` and answers its hits so far with where
+to go on; the next call goes on from there, told the score the merged top's worst holds (the
+floor), below which no row can enter. A search within the budget is one call, answered as
+before; a longer one is several calls of a few milliseconds each, with the same hits
+(docs/decisions.md).
+
 ``relayout`` moves an install's indexes written before that layout onto it
 (``flask loom recall backfill``), a bounded step at a time.
 """
@@ -46,6 +53,11 @@ SOH = "\x01"
 # BM25's usual constants (Robertson and Zaragoza); bm25s uses the same.
 K1 = 1.5
 B = 0.75
+# The work one lexical script call does before it stops and hands on (postings read, commands
+# run, rows scored and kept). Measured by the server's CPU a call (bench/recall.py, the longest
+# accepted search, 11,000 facts, a loaded 2-core machine): 2,000 costs at most 9 ms (median
+# 4), 6,000 at most 25 ms (median 13; at 110,000 facts at most 37 ms).
+WORK_PER_CALL = 2000
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +76,7 @@ class RecallStore:
         self._search = script(self.redis, "recall_search")
         self._relayout = script(self.redis, "recall_relayout")
         self._clustered = isinstance(self.redis, redis.RedisCluster)
+        self.work_per_call = WORK_PER_CALL
 
     def namespace_users(self, org: str, namespace: str) -> list[str]:
         """The namespace's users that have (or had) indexed facts, in a stable order."""
@@ -112,29 +125,60 @@ class RecallStore:
         users = list(dict.fromkeys(user_ids))
         mode = "exhaustive" if exhaustive else "pruned"
         if self._clustered:
-            named, args, reached = self._weights(org, namespace, users, terms, top, mode)
-            # Users live in different slots: one script call per user, each its own top.
-            answers = [([user_id], self._search(keys=_index_keys(org, namespace, user_id),
-                                                args=args)) for user_id in reached]
-            hits = _hits(named, answers, top)
+            named, weights, reached = self._weights(org, namespace, users, terms)
+            # Users live in different slots: the calls of one user, then the next's, each
+            # told the floor of the top merged so far.
+            top_so_far = _Top(top, users)
+            for user_id in reached:
+                user_keys = _index_keys(org, namespace, user_id)
+                state: _Continuation | None = _Continuation(weights, [])
+                while state is not None:
+                    reply = self._search(keys=user_keys, args=self._args(
+                        top, mode, top_so_far.floor(), named, state))
+                    state = top_so_far.merge(named, [user_id], reply)
+            hits = top_so_far.hits()
             return PendingLexical(lambda: hits)
         # One server: one call over every user, which sums the idf weights itself (no round
         # trip reads them first) and keeps one top, so a user whose best rows cannot reach it
-        # reads no further than that.
+        # reads no further than that; a search past the call's budget goes on in more calls.
         named = list(terms)
-        sent = _SentScript(self.redis, self._search,
-                           [k for user_id in users for k in _index_keys(org, namespace, user_id)],
-                           [top, K1, B, "", mode, *named])
-        return PendingLexical(lambda: _hits(named, [(users, sent.reply())], top), sent.abandon)
+        every_key = [k for user_id in users for k in _index_keys(org, namespace, user_id)]
+        sent = _SentScript(self.redis, self._search, every_key,
+                           self._args(top, mode, None, named, None))
+
+        def answer() -> list[LexicalHit]:
+            top_so_far = _Top(top, users)
+            state = top_so_far.merge(named, users, sent.reply())
+            while state is not None:
+                reply = self._search(keys=every_key, args=self._args(
+                    top, mode, top_so_far.floor(), named, state))
+                state = top_so_far.merge(named, users, reply)
+            return top_so_far.hits()
+
+        return PendingLexical(answer, sent.abandon)
+
+    def _args(self, top: int, mode: str, floor: float | None, terms: Sequence[str],
+              state: _Continuation | None) -> list[str | float | int]:
+        """recall_search.lua's ARGV: a first call's (the script sums the weights), or one
+        going on from ``state`` (with the weights, once they are summed)."""
+        weights = [] if state is None else state.weights
+        head: list[str | float | int] = [top, K1, B, weights[0] if weights else "", mode,
+                                         self.work_per_call,
+                                         "" if floor is None else repr(floor), len(terms)]
+        if weights:
+            body: list[str | float | int] = [v for pair in zip(terms, weights[1:], strict=True)
+                                             for v in pair]
+        else:
+            body = list(terms)
+        return head + body + ([] if state is None else state.rest)
 
     def _weights(
-        self, org: str, namespace: str, users: Sequence[str], terms: Sequence[str], top: int,
-        mode: str,
-    ) -> tuple[list[str], list[str | float | int], list[str]]:
+        self, org: str, namespace: str, users: Sequence[str], terms: Sequence[str],
+    ) -> tuple[list[str], list[str], list[str]]:
         """Redis Cluster's first step: each slot's document count, summed length and each
         term's document frequency (one pipeline), summed into one set of idf weights and one
         average length so the per-slot calls score alike. Answers the terms held, the
-        script's args and the users holding any of them."""
+        weights (the average length, then each held term's idf) and the users holding any."""
         pipe = self.redis.pipeline(transaction=False)
         for user_id in users:
             pipe.hmget(keys.recall_stats(org, namespace, user_id), ["docs", "length"])
@@ -157,14 +201,15 @@ class RecallStore:
                 frequency[j] += int(count)
         if not reached or docs <= 0:
             return [], [], []
-        weights: list[str | float] = []
+        named: list[str] = []
+        weights = [repr(length / docs)]
         for term, df in zip(terms, frequency, strict=True):
             if df:
                 # BM25's idf as Lucene and bm25s take it: never negative (recall_search.lua
                 # computes the same on one server).
-                weights += [term, math.log(1 + (docs - df + 0.5) / (df + 0.5))]
-        return ([str(w) for w in weights[0::2]],
-                [top, K1, B, length / docs, mode, *weights], reached)
+                named.append(term)
+                weights.append(repr(math.log(1 + (docs - df + 0.5) / (df + 0.5))))
+        return named, weights, reached
 
     def indexed_users(self) -> Iterator[tuple[str, str, str]]:
         """(org, namespace, user_id) of every user with a lexical index, on every node."""
@@ -248,19 +293,55 @@ class _SentScript:
         self._client.connection_pool.release(connection)
 
 
-def _hits(named: Sequence[str], answers: Sequence[tuple[Sequence[str], Any]],
-          top: int) -> list[LexicalHit]:
-    """recall_search.lua's flat answers (each with the users its call took, in their order)
-    as hits, best first, ties by memory_id."""
-    hits: list[LexicalHit] = []
-    for called, answer in answers:
-        flat = [v.decode() if isinstance(v, bytes) else str(v) for v in answer]
+@dataclass(frozen=True, slots=True)
+class _Continuation:
+    """Where recall_search.lua stopped: the weights it scores with (the average length, then
+    each term's idf; empty while not summed yet) and the rest of its state, passed back."""
+
+    weights: list[str]
+    rest: list[str]
+
+
+class _Top:
+    """The best ``top`` hits over a search's calls: each call's hits merged in, a row met by
+    two calls kept once, best first, ties by memory_id and then by the user's place in scope
+    (the script's own order)."""
+
+    def __init__(self, top: int, users: Sequence[str]) -> None:
+        self._top = top
+        self._place = {user_id: place for place, user_id in enumerate(users)}
+        self._hits: dict[tuple[str, str], LexicalHit] = {}
+        self._ranked: list[LexicalHit] = []
+
+    def merge(self, named: Sequence[str], called: Sequence[str],
+              reply: Any) -> _Continuation | None:
+        """One call's reply (its hits numbering the users of ``called``) merged in; where the
+        search goes on from, or None once it is done."""
+        found, going_on, _work = reply
+        flat = [_text(v) for v in found]
         for k in range(0, len(flat), 4):
-            matched = tuple(named[int(n) - 1] for n in flat[k + 3].split(","))
-            hits.append(LexicalHit(called[int(flat[k]) - 1], flat[k + 1],
-                                   float(flat[k + 2]), matched))
-    hits.sort(key=lambda hit: (-hit.score, hit.memory_id))
-    return hits[:top]
+            hit = LexicalHit(called[int(flat[k]) - 1], flat[k + 1], float(flat[k + 2]),
+                             tuple(named[int(n) - 1] for n in flat[k + 3].split(",")))
+            self._hits.setdefault((hit.user_id, hit.memory_id), hit)
+        self._ranked = sorted(self._hits.values(), key=lambda hit: (
+            -hit.score, hit.memory_id, self._place[hit.user_id]))[:self._top]
+        self._hits = {(hit.user_id, hit.memory_id): hit for hit in self._ranked}
+        if not going_on:
+            return None
+        state = [_text(v) for v in going_on]
+        weights, rest = state[:1 + len(named)], state[1 + len(named):]
+        return _Continuation([] if weights[0] == "" else weights, rest)
+
+    def floor(self) -> float | None:
+        """The score of the worst hit of a full top: no row below it can enter."""
+        return self._ranked[-1].score if len(self._ranked) >= self._top else None
+
+    def hits(self) -> list[LexicalHit]:
+        return list(self._ranked)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _index_keys(org: str, namespace: str, user_id: str) -> list[str]:

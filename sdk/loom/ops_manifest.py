@@ -730,7 +730,9 @@ OPS: dict[str, dict[str, Any]] = {
                     'maxLength': 4096,
                     'description': (
                         'The question the pack is for: the facts memory.search finds for it '
-                        'follow the stable prefix (the memories section).'
+                        'follow the stable prefix (the memories section); at most 4096 '
+                        'characters and 32 distinct terms once lower-cased, stop words dropped '
+                        'and stemmed (x-loom-rules).'
                     ),
                 },
                 'session_block': {
@@ -774,6 +776,7 @@ OPS: dict[str, dict[str, Any]] = {
                     ),
                 },
             },
+            'x-loom-rules': [{'rule': 'terms_within', 'field': 'query', 'max': 32}],
         },
         'identity_required': ['namespace', 'agent'],
     },
@@ -1046,7 +1049,10 @@ OPS: dict[str, dict[str, Any]] = {
                     'type': 'string',
                     'minLength': 1,
                     'maxLength': 4096,
-                    'description': 'The question, in words.',
+                    'description': (
+                        'The question, in words: at most 4096 characters and 32 distinct terms '
+                        'once lower-cased, stop words dropped and stemmed (x-loom-rules).'
+                    ),
                 },
                 'read_scope': {
                     'type': ['string', 'null'],
@@ -1066,7 +1072,10 @@ OPS: dict[str, dict[str, Any]] = {
                 'tags': {
                     'type': ['array', 'null'],
                     'maxItems': 16,
-                    'description': 'Only facts holding every one of these tags.',
+                    'description': (
+                        'Only facts holding every one of these tags (at most 16, each at most '
+                        '128 characters).'
+                    ),
                     'items': {'type': 'string', 'minLength': 1, 'maxLength': 128},
                 },
                 'valid_at': {
@@ -1091,6 +1100,7 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
             'required': ['query'],
+            'x-loom-rules': [{'rule': 'terms_within', 'field': 'query', 'max': 32}],
         },
         'identity_required': ['namespace', 'agent'],
     },
@@ -2804,7 +2814,10 @@ OPS: dict[str, dict[str, Any]] = {
                     'type': 'string',
                     'minLength': 1,
                     'maxLength': 4096,
-                    'description': 'The question, in words.',
+                    'description': (
+                        'The question, in words: at most 4096 characters and 32 distinct terms '
+                        'once lower-cased, stop words dropped and stemmed (x-loom-rules).'
+                    ),
                 },
                 'read_scope': {
                     'type': ['string', 'null'],
@@ -2824,7 +2837,10 @@ OPS: dict[str, dict[str, Any]] = {
                 'tags': {
                     'type': ['array', 'null'],
                     'maxItems': 16,
-                    'description': 'Only facts holding every one of these tags.',
+                    'description': (
+                        'Only facts holding every one of these tags (at most 16, each at most '
+                        '128 characters).'
+                    ),
                     'items': {'type': 'string', 'minLength': 1, 'maxLength': 128},
                 },
                 'valid_at': {
@@ -2849,6 +2865,7 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
             'required': ['query'],
+            'x-loom-rules': [{'rule': 'terms_within', 'field': 'query', 'max': 32}],
         },
         'identity_required': ['namespace', 'agent'],
     },
@@ -3185,7 +3202,10 @@ OPS: dict[str, dict[str, Any]] = {
                     'type': 'string',
                     'minLength': 1,
                     'maxLength': 4096,
-                    'description': 'The question, in words.',
+                    'description': (
+                        'The question, in words: at most 4096 characters and 32 distinct terms '
+                        'once lower-cased, stop words dropped and stemmed (x-loom-rules).'
+                    ),
                 },
                 'read_scope': {
                     'type': ['string', 'null'],
@@ -3205,7 +3225,10 @@ OPS: dict[str, dict[str, Any]] = {
                 'tags': {
                     'type': ['array', 'null'],
                     'maxItems': 16,
-                    'description': 'Only facts holding every one of these tags.',
+                    'description': (
+                        'Only facts holding every one of these tags (at most 16, each at most '
+                        '128 characters).'
+                    ),
                     'items': {'type': 'string', 'minLength': 1, 'maxLength': 128},
                 },
                 'valid_at': {
@@ -3246,6 +3269,7 @@ OPS: dict[str, dict[str, Any]] = {
                 },
             },
             'required': ['query'],
+            'x-loom-rules': [{'rule': 'terms_within', 'field': 'query', 'max': 32}],
         },
         'identity_required': ['namespace', 'agent'],
     },

@@ -1,14 +1,29 @@
 -- BM25 over the lexical recall index of one or more users. KEYS: per user, in turn, its recall
 -- postings, recall docs and recall stats (one user a call on Redis Cluster, where users live in
 -- different slots; every user in scope in one call on a single server). ARGV: 1 how many hits
--- to answer, 2 k1, 3 b, 4 average document length, 5 'pruned' or 'exhaustive', then per query
--- term: the term and its idf (computed by the caller over every slot the search reaches, so
--- scores from several users compare). With ARGV 4 empty, ARGV 6 on are the query's terms alone
--- and the script sums the documents, lengths and each term's document frequency over its users
--- itself (one server, where every user is in this call: no round trip reads them first); a
--- term no user holds then keeps its number and matches nothing. Answers flat (user number,
--- memory_id, score, matched term numbers "1,3") best first, ties by memory_id, then user
--- number.
+-- to answer, 2 k1, 3 b, 4 average document length, 5 'pruned' or 'exhaustive', 6 the call's
+-- work budget, 7 the floor ('' none: see below), 8 how many query terms, then per query term:
+-- the term and its idf (computed by the caller over every slot the search reaches, so scores
+-- from several users compare). With ARGV 4 empty, the terms come alone and the script sums the
+-- documents, lengths and each term's document frequency over its users itself (one server,
+-- where every user is in this call: no round trip reads them first); a term no user holds then
+-- keeps its number and matches nothing. After the terms, a continuation this script answered
+-- before, if any.
+--
+-- Answers {hits, next, work}. hits: flat (user number, memory_id, score, matched term numbers
+-- "1,3") best first, ties by memory_id, then user number. next: empty when the search is done;
+-- else the weights (average length then each term's idf, '' while not summed yet) and the
+-- state to pass back in the next call, whose hits the caller merges with these. work: what the
+-- call did, postings read plus commands run plus, for a row scored from its stored terms, one
+-- for each four query terms, plus two for each row kept.
+--
+-- A call stops at the first point where it can resume once its work passes ARGV 6, so no call
+-- holds the server long whatever the query (a point is before a user's figures or scoring, or
+-- before a posting of the threshold's reading: at most one user's whole read, at most ROOM
+-- postings, or one page of a run, past the budget). The caller keeps the best hits of the calls
+-- so far and passes the score of the worst of its full top as the floor: a row below it cannot
+-- enter the top, and a reading that cannot beat it stops. A search that fits one budget, as a
+-- normal one does, is one call, answered as before.
 --
 -- 'pruned' answers exactly what 'exhaustive' does, reading far fewer postings (Fagin's
 -- threshold algorithm over the layout of recall_posting.lua): the best unread posting over
@@ -27,48 +42,92 @@ local top = tonumber(ARGV[1])
 local READ_WHOLE_TOPS = 4
 local k1, b, avgdl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local prune = ARGV[5] == 'pruned'
+local budget = tonumber(ARGV[6])
+local floor = tonumber(ARGV[7])
+local count = tonumber(ARGV[8])
+-- The most postings one user's whole read may take: a quarter of the budget, so that read
+-- stays a step of the call, never the call.
+local ROOM = math.min(top * READ_WHOLE_TOPS, math.floor(budget / 4))
 local users = #KEYS / 3
 local terms, idfs = {}, {}
+local at = 9
+if avgdl then
+  for n = 1, count do
+    terms[n], idfs[n] = ARGV[at], tonumber(ARGV[at + 1])
+    at = at + 2
+  end
+else
+  for n = 1, count do
+    terms[n] = ARGV[at]
+    at = at + 1
+  end
+end
+local phase = ARGV[at]
+
+local work = 0
+local function range(...)
+  local list = redis.call('ZRANGEBYLEX', ...)
+  work = work + 1 + #list
+  return list
+end
+local function command(...)
+  work = work + 1
+  return redis.call(...)
+end
+local function exact(x)
+  return string.format('%.17g', x)
+end
 
 -- What user u holds of each term, both layouts (term NUL ... is layout 1, term SOH ... layout
 -- 2), read once for the document frequencies and for the choice of how the user is scored:
 -- ``held[n]`` the count of term n's postings, and, while the user's postings of every term so
--- far fit READ_WHOLE_TOPS tops, ``lists[n]`` the postings themselves (one read serves both).
--- ``whole`` says every term's list was read.
+-- far fit ROOM, ``lists[n]`` the postings themselves (one read serves both). ``whole`` says
+-- every term's list was read.
 local read_of = {}
 local function postings_of(u)
   local read = read_of[u]
   if read then return read end
   local key = KEYS[3 * u - 2]
-  local held, lists, room = {}, {}, top * READ_WHOLE_TOPS
+  local held, lists, room = {}, {}, ROOM
   local whole = true
   for n, term in ipairs(terms) do
     local low, high = '[' .. term .. '\0', '[' .. term .. '\1\255'
     if whole then
-      local list = redis.call('ZRANGEBYLEX', key, low, high, 'LIMIT', 0, room + 1)
+      local list = range(key, low, high, 'LIMIT', 0, room + 1)
       if #list <= room then
         held[n], lists[n], room = #list, list, room - #list
       else
         whole = false
       end
     end
-    if not lists[n] then held[n] = redis.call('ZLEXCOUNT', key, low, high) end
+    if not lists[n] then held[n] = command('ZLEXCOUNT', key, low, high) end
   end
   read = {held = held, lists = lists, whole = whole}
   read_of[u] = read
   return read
 end
-if ARGV[4] == '' then
-  for i = 6, #ARGV do terms[#terms + 1] = ARGV[i] end
-  local docs, length, df = 0, 0, {}
+if not avgdl then
+  local docs, length, df, from = 0, 0, {}, 1
   for n = 1, #terms do df[n] = 0 end
-  for u = 1, users do
-    local stats = redis.call('HMGET', KEYS[3 * u], 'docs', 'length')
+  if phase == 'D' then
+    from, docs, length = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
+    for n = 1, #terms do df[n] = tonumber(ARGV[at + 3 + n]) end
+  end
+  for u = from, users do
+    if work >= budget then
+      -- Out of budget before user u's figures: the next call sums on from there.
+      local next = {''}
+      for n = 1, #terms do next[#next + 1] = '' end
+      for _, v in ipairs({'D', u, exact(docs), exact(length)}) do next[#next + 1] = v end
+      for n = 1, #terms do next[#next + 1] = df[n] end
+      return {{}, next, work}
+    end
+    local stats = command('HMGET', KEYS[3 * u], 'docs', 'length')
     docs = docs + (tonumber(stats[1]) or 0)
     length = length + (tonumber(stats[2]) or 0)
     for n, held in ipairs(postings_of(u).held) do df[n] = df[n] + held end
   end
-  if docs <= 0 then return {} end
+  if docs <= 0 then return {{}, {}, work} end
   local any = false
   for n = 1, #terms do
     -- BM25's idf as Lucene and bm25s take it (never negative), as the caller computes it.
@@ -78,13 +137,9 @@ if ARGV[4] == '' then
       idfs[n] = 0
     end
   end
-  if not any then return {} end
+  if not any then return {{}, {}, work} end
   avgdl = length / docs
-else
-  for i = 6, #ARGV, 2 do
-    terms[#terms + 1] = ARGV[i]
-    idfs[#idfs + 1] = tonumber(ARGV[i + 1])
-  end
+  phase = nil
 end
 if avgdl <= 0 then avgdl = 1 end
 
@@ -107,6 +162,10 @@ local function worse(x, y)
   return user_of[x] > user_of[y]
 end
 local function keep(row)
+  -- A row below the floor cannot enter the caller's top, whose worst is the floor.
+  if floor and score[row] < floor then return end
+  -- A kept row costs its heap steps now and its sort and its place in the answer at the end.
+  work = work + 2
   if #heap < top then
     heap[#heap + 1] = row
     local i = #heap
@@ -152,7 +211,7 @@ local function score_all(u, read)
     local idf = idfs[n]
     local list = read.lists[n]
     if not list and read.held[n] > 0 then
-      list = redis.call('ZRANGEBYLEX', postings, '[' .. term .. '\0', '[' .. term .. '\1\255')
+      list = range(postings, '[' .. term .. '\0', '[' .. term .. '\1\255')
     end
     for _, posting in ipairs(list or {}) do
       if string.byte(posting, #term + 1) == 1 then
@@ -177,44 +236,67 @@ local PAGE_FIRST, PAGE_MAX = 16, 1024
 local function head(run)
   if run.pos > #run.buf then
     if run.ended then return nil end
-    local page = redis.call('ZRANGEBYLEX', run.key, '(' .. run.last, '[' .. run.prefix .. '\255',
-                            'LIMIT', 0, run.page)
+    local page = range(run.key, '(' .. run.last, '[' .. run.prefix .. '\255', 'LIMIT', 0,
+                       run.page)
     run.buf, run.pos = page, 1
     run.ended = #page < run.page
-    run.page = math.min(run.page * 2, PAGE_MAX)
+    -- Pages grow, but never past a user's whole read: one stays a step of the call.
+    run.page = math.max(PAGE_FIRST, math.min(run.page * 2, PAGE_MAX, ROOM))
     if #page == 0 then return nil end
     run.last = page[#page]
   end
   return run.buf[run.pos]
 end
 
--- Every tf run of every term of every pruned user, found by its first posting.
-local runs = {}
-for n = 1, #terms do runs[n] = {} end
-for u = 1, users do
-  local read = postings_of(u)
-  local held = read.held
-  if read.whole or not prune or redis.call('HGET', KEYS[3 * u], 'layout') ~= LAYOUT then
-    score_all(u, read)
-  else
-    local key = KEYS[3 * u - 2]
-    for n, term in ipairs(terms) do
-      local from, high = '[' .. term .. '\1', '[' .. term .. '\1\255'
-      while held[n] > 0 do
-        local first = redis.call('ZRANGEBYLEX', key, from, high, 'LIMIT', 0, 1)[1]
-        if not first then break end
-        local prefix = string.sub(first, 1, #term + 9)
-        runs[n][#runs[n] + 1] = {user = u, key = key, prefix = prefix, buf = {first}, pos = 1,
-                                 last = first, page = PAGE_FIRST, ended = false}
-        from = '(' .. prefix .. '\255'
-      end
+-- A run at a posting: its first, or its next unread one where an earlier call of this search
+-- stopped (read on from there in pages from PAGE_RESUMED: the page read before is gone, and
+-- most runs left are read no further).
+local PAGE_RESUMED = 2
+local function run_at(u, n, posting, page)
+  return {user = u, key = KEYS[3 * u - 2], prefix = string.sub(posting, 1, #terms[n] + 9),
+          buf = {posting}, pos = 1, last = posting, page = page, ended = false}
+end
+
+-- The hits kept so far, best first, flat.
+local function answer()
+  table.sort(heap, function(x, y) return worse(y, x) end)
+  local reply = {}
+  for _, row in ipairs(heap) do
+    reply[#reply + 1] = user_of[row]
+    reply[#reply + 1] = mid_of[row]
+    reply[#reply + 1] = exact(score[row])
+    reply[#reply + 1] = matched[row]
+  end
+  return reply
+end
+
+-- Out of budget: the hits so far, and what the next call starts from: user u of the pass over
+-- the users (users + 1 once it is done), whether the threshold over the group of runs was
+-- under way ('T') or the group was still being gathered ('A'), and each of the group's runs
+-- at its next unread posting.
+local function stop_before(u, how, group)
+  local next = {exact(avgdl)}
+  for n = 1, #terms do next[#next + 1] = exact(idfs[n]) end
+  next[#next + 1] = 'S'
+  next[#next + 1] = u
+  next[#next + 1] = how
+  for n, runs in ipairs(group) do
+    for _, run in ipairs(runs) do
+      next[#next + 1] = run.user
+      next[#next + 1] = n
+      next[#next + 1] = run.buf[run.pos]
     end
   end
+  return {answer(), next, work}
 end
 
 -- A row's whole score, summed over the terms in their order as the exhaustive way sums.
+-- Scoring a row looks for every term in its stored list: a unit of work for each four terms
+-- besides its read.
+local ROW_WORK = math.ceil(#terms / 4)
 local function score_row(u, mid, len)
-  local stored = redis.call('HGET', KEYS[3 * u - 1], mid)
+  local stored = command('HGET', KEYS[3 * u - 1], mid)
+  work = work + ROW_WORK
   if not stored then return end
   stored = ' ' .. stored
   local total, hit = nil, nil
@@ -255,53 +337,107 @@ local function value_of(run, n)
   local tf, len = parse(posting, #terms[n])
   return bm25(idfs[n], tf, len)
 end
-local heads = {}
-for n = 1, #terms do
-  local h = {}
-  for _, run in ipairs(runs[n]) do
-    run.value = value_of(run, n)
-    h[#h + 1] = run
-  end
-  for i = math.floor(#h / 2), 1, -1 do sift(h, i) end
-  heads[n] = h
-end
-
+-- The threshold's reading over a group of runs (``group[n]`` term n's): true once no unread
+-- posting of theirs can change the top, false when the budget ran out first, after at least
+-- one posting (each of the group's lists is then its term's runs left, at their heads).
 local seen = {}
-while true do
-  -- Each term's best unread posting; their sum bounds every row not met yet.
-  local bound, best, best_value = nil, nil, -1
+local function threshold(group)
+  local heads = {}
   for n = 1, #terms do
-    local first = heads[n][1]
-    local value = first and first.value or 0
-    if first and value > best_value then best, best_value = n, value end
-    if bound then bound = bound + value else bound = value end
+    local h = {}
+    for _, run in ipairs(group[n]) do
+      run.value = value_of(run, n)
+      if run.value then h[#h + 1] = run end
+    end
+    for i = math.floor(#h / 2), 1, -1 do sift(h, i) end
+    heads[n] = h
+    group[n] = h
   end
-  if not best then break end
-  if #heap >= top and score[heap[1]] > bound then break end
-  local h = heads[best]
-  local run = h[1]
-  local posting = run.buf[run.pos]
-  run.pos = run.pos + 1
-  run.value = value_of(run, best)
-  if not run.value then
-    h[1] = h[#h]
-    h[#h] = nil
-  end
-  if #h > 0 then sift(h, 1) end
-  local _, len, mid = parse(posting, #terms[best])
-  local where = run.user .. '\0' .. mid
-  if not seen[where] then
-    seen[where] = true
-    score_row(run.user, mid, len)
+  local read_one = false
+  while true do
+    -- Each term's best unread posting; their sum bounds every row not met yet.
+    local bound, best, best_value = nil, nil, -1
+    for n = 1, #terms do
+      local first = heads[n][1]
+      local value = first and first.value or 0
+      if first and value > best_value then best, best_value = n, value end
+      if bound then bound = bound + value else bound = value end
+    end
+    if not best then return true end
+    if #heap >= top and score[heap[1]] > bound then return true end
+    if floor and floor > bound then return true end
+    if read_one and work >= budget then return false end
+    local h = heads[best]
+    local run = h[1]
+    local posting = run.buf[run.pos]
+    run.pos = run.pos + 1
+    run.value = value_of(run, best)
+    if not run.value then
+      h[1] = h[#h]
+      h[#h] = nil
+    end
+    if #h > 0 then sift(h, 1) end
+    read_one = true
+    local _, len, mid = parse(posting, #terms[best])
+    local where = run.user .. '\0' .. mid
+    if not seen[where] then
+      seen[where] = true
+      score_row(run.user, mid, len)
+    end
   end
 end
 
-table.sort(heap, function(x, y) return worse(y, x) end)
-local reply = {}
-for _, row in ipairs(heap) do
-  reply[#reply + 1] = user_of[row]
-  reply[#reply + 1] = mid_of[row]
-  reply[#reply + 1] = string.format('%.17g', score[row])
-  reply[#reply + 1] = matched[row]
+-- The users in turn: one read whole (or on layout 1, or every posting scored) is scored into
+-- the top at once; a pruned one's tf runs of every term, found by their first postings, join
+-- a group, read by the threshold once the pass ends or the group holds RUNS_MAX runs (a
+-- normal search's runs are one group: every pruned user under one bound). A group is what a
+-- call that stops hands on, so it stays a few hundred runs whatever the scope.
+local RUNS_MAX = math.max(8, math.floor(budget / 8))
+local function no_runs()
+  local group = {}
+  for n = 1, #terms do group[n] = {} end
+  return group
 end
-return reply
+local group, grouped, from = no_runs(), 0, 1
+if phase == 'S' then
+  from = tonumber(ARGV[at + 1])
+  for i = at + 3, #ARGV, 3 do
+    local u, n = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
+    group[n][#group[n] + 1] = run_at(u, n, ARGV[i + 2], PAGE_RESUMED)
+    grouped = grouped + 1
+  end
+  work = work + grouped
+  if ARGV[at + 2] == 'T' then
+    if not threshold(group) then return stop_before(from, 'T', group) end
+    group, grouped = no_runs(), 0
+  end
+end
+local went_on = false
+for u = from, users do
+  if went_on and work >= budget then return stop_before(u, 'A', group) end
+  went_on = true
+  local read = postings_of(u)
+  local held = read.held
+  if read.whole or not prune or command('HGET', KEYS[3 * u], 'layout') ~= LAYOUT then
+    score_all(u, read)
+  else
+    local key = KEYS[3 * u - 2]
+    for n, term in ipairs(terms) do
+      local from_posting, high = '[' .. term .. '\1', '[' .. term .. '\1\255'
+      while held[n] > 0 do
+        local first = range(key, from_posting, high, 'LIMIT', 0, 1)[1]
+        if not first then break end
+        local run = run_at(u, n, first, PAGE_FIRST)
+        group[n][#group[n] + 1] = run
+        grouped = grouped + 1
+        from_posting = '(' .. run.prefix .. '\255'
+      end
+    end
+    if grouped >= RUNS_MAX then
+      if not threshold(group) then return stop_before(u + 1, 'T', group) end
+      group, grouped = no_runs(), 0
+    end
+  end
+end
+if grouped > 0 and not threshold(group) then return stop_before(users + 1, 'T', group) end
+return {answer(), {}, work}

@@ -178,7 +178,7 @@ export interface ContextPackInput {
   scope?: "namespace" | "this_agent" | null;
   /** How far the read reaches across users and session_ids; left out, the token's ceiling. */
   read_scope?: "namespace" | "own_user" | "own_session" | null;
-  /** The question the pack is for: the facts memory.search finds for it follow the stable prefix (the memories section). */
+  /** The question the pack is for: the facts memory.search finds for it follow the stable prefix (the memories section); at most 4096 characters and 32 distinct terms once lower-cased, stop words dropped and stemmed (x-loom-rules). */
   query?: string | null;
   /** This project's note, e.g. session:projectA: the agent layer's other session:* blocks are left out. */
   session_block?: string | null;
@@ -241,13 +241,13 @@ export interface MemoryAskInput {
   session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
   run_id?: string | null;
-  /** The question, in words. */
+  /** The question, in words: at most 4096 characters and 32 distinct terms once lower-cased, stop words dropped and stemmed (x-loom-rules). */
   query: string;
   /** How far the read reaches across users and session_ids; left out, the token's ceiling. */
   read_scope?: "namespace" | "own_user" | "own_session" | null;
   /** Only facts of this type (profile rows stay out of search). */
   memory_type?: string | null;
-  /** Only facts holding every one of these tags. */
+  /** Only facts holding every one of these tags (at most 16, each at most 128 characters). */
   tags?: Array<string> | null;
   /** Only facts true at this moment (valid_at <= it < valid_to). */
   valid_at?: string | null;
@@ -583,13 +583,13 @@ export interface MemorySearchInput {
   session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
   run_id?: string | null;
-  /** The question, in words. */
+  /** The question, in words: at most 4096 characters and 32 distinct terms once lower-cased, stop words dropped and stemmed (x-loom-rules). */
   query: string;
   /** How far the read reaches across users and session_ids; left out, the token's ceiling. */
   read_scope?: "namespace" | "own_user" | "own_session" | null;
   /** Only facts of this type (profile rows stay out of search). */
   memory_type?: string | null;
-  /** Only facts holding every one of these tags. */
+  /** Only facts holding every one of these tags (at most 16, each at most 128 characters). */
   tags?: Array<string> | null;
   /** Only facts true at this moment (valid_at <= it < valid_to). */
   valid_at?: string | null;
@@ -648,13 +648,13 @@ export interface MemoryUnifiedSearchInput {
   session_id?: string | null;
   /** The agent run (task scope); '-' for none. */
   run_id?: string | null;
-  /** The question, in words. */
+  /** The question, in words: at most 4096 characters and 32 distinct terms once lower-cased, stop words dropped and stemmed (x-loom-rules). */
   query: string;
   /** How far the read reaches across users and session_ids; left out, the token's ceiling. */
   read_scope?: "namespace" | "own_user" | "own_session" | null;
   /** Only facts of this type (profile rows stay out of search). */
   memory_type?: string | null;
-  /** Only facts holding every one of these tags. */
+  /** Only facts holding every one of these tags (at most 16, each at most 128 characters). */
   tags?: Array<string> | null;
   /** Only facts true at this moment (valid_at <= it < valid_to). */
   valid_at?: string | null;

@@ -24,10 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal
-
-if TYPE_CHECKING:
-    from app.registry import Op
+from typing import Any, Literal, Protocol
 
 JsonType = Literal["string", "integer", "number", "boolean", "object", "array"]
 
@@ -327,7 +324,18 @@ def status_of(code: str) -> int:
     return spec(code).status
 
 
-def codes_for_op(declared: Op) -> list[ErrorSpec]:
+class DeclaresErrors(Protocol):
+    """What the catalogue reads of an op (``app.registry.Op``): named by shape, so that the
+    catalogue, below every layer, imports nothing of the registry's."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def raises(self) -> tuple[str, ...]: ...
+
+
+def codes_for_op(declared: DeclaresErrors) -> list[ErrorSpec]:
     """The codes an op can answer: every op's, every write's when it writes, and its own."""
     own = set(declared.raises)  # each a catalogue code: the registry refuses any other
     return [entry for entry in CATALOGUE

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import redis
+from app.store.connection import UNAVAILABLE_ERRORS
 
 if TYPE_CHECKING:
     from app.services import Services
@@ -64,19 +64,20 @@ def run_release(services: Services, say: Callable[[str], None] = print) -> list[
 
 
 def main() -> int:
-    from app import create_app
     from app.logs import configure_logging
-    from app.settings import SettingsError
+    from app.services import Services
+    from app.settings import SettingsError, load_settings
 
     configure_logging()
     try:
-        app = create_app()
+        # The processes' own services, as a worker builds them: the release needs no web app.
+        services = Services(load_settings())
     except SettingsError as exc:
         print(f"release: {exc}", file=sys.stderr)
         return 2
     try:
-        run_release(app.extensions["loom"], lambda line: print(line, flush=True))
-    except redis.RedisError as exc:
+        run_release(services, lambda line: print(line, flush=True))
+    except UNAVAILABLE_ERRORS as exc:
         # The deploy stops here, and the version serving goes on: nothing half-done is lost,
         # since every step resumes where it stopped.
         print(f"release: the store failed ({type(exc).__name__}: {exc}); nothing after this "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 
 from app.errors import ErasureRunning
+from app.job_registry import declared_job
 from app.services import Services
 from app.settings import Settings
 from app.store.erasure import ErasureStore
@@ -29,6 +30,7 @@ log = logging.getLogger("loom.jobs.erasure")
 RESUME_FUNC = "jobs.erasure.resume_pass"
 
 
+@declared_job
 def run_erasure(org: str, namespace: str, erasure_id: str) -> str:
     store = job_services().store(ErasureStore)
     try:

@@ -40,15 +40,16 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from app.job_registry import JOBS, declared_job
 from app.logs import pass_level
 from app.model.budget import USAGE_WORKER, EmbeddingsOutOfBudget, embed_within_budget
 from app.model.embeddings import DOCUMENT, embedder_for
 from app.model.errors import ModelCallFailed
 from app.recall_backfill import Requested, request_jobs
 from app.services import Services
+from app.store.intents import EmbedUserFacts
 from app.store.memory import MemoryRow, MemoryStore
 from app.store.recall_terms import row_text
-from app.store.recall_vectors import EMBED_FUNC as RECALL_EMBED_FUNC
 from app.store.recall_vectors import RecallVectorStore, encode_vector, fingerprint
 from app.store.usage import UsageStore
 from jobs.context import services
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("loom.jobs.recall_embed")
 
-EMBED_FUNC = RECALL_EMBED_FUNC
+EMBED_FUNC = JOBS[EmbedUserFacts].func
 SWEEP_FUNC = "jobs.recall_embed.sweep"
 # Most due rows one job reads; a user with more gets a follow-up job.
 ROWS_PER_JOB = 1000
@@ -79,6 +80,7 @@ class EmbedResult:
         return asdict(self)
 
 
+@declared_job
 def embed_user(org: str, namespace: str, user_id: str) -> dict[str, Any]:
     """The job's entry point (RQ): ``embed_due`` with the process's services."""
     return embed_due(services(), org, namespace, user_id).as_dict()

@@ -31,9 +31,9 @@ from rq import Queue, get_current_job
 from rq.job import Dependency, Job
 from rq.results import Result
 
+from app.job_queues import waited_seconds
 from app.logs import pass_level
 from app.services import Services
-from app.store.job_queues import waited_seconds
 from app.store.lease import STRUCTURED_PROFILE_LEASE, LeaseLost, LeaseStore
 from app.store.memory import MemoryStore
 from app.store.metrics import record_pass

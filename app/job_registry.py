@@ -1,6 +1,11 @@
-"""Every background job a store asks for, declared once: its function, queue, timeout, result
-lifetime, failure lifetime and retry policy, keyed by the intent that asks for it
-(``app.store.intents``), as ``@op`` declares an op once (``app.registry``).
+"""Every background job function, declared once with its queue, timeout, result lifetime,
+failure lifetime and retry policy, as ``@op`` declares an op once (``app.registry``).
+
+``JOBS`` holds the jobs a store asks for, keyed by the intent that asks (``app.store.intents``).
+``PERIODIC`` holds the ones the scheduler enqueues every interval (``jobs.scheduler``), and
+``PASS_JOBS`` the ones a structured-profile pass fans out itself; for those two, what depends on
+the settings or the pass (the interval; a pass's time left) is set at enqueue by the rule their
+declaration names.
 
 The dispatcher (``app.job_dispatch``) enqueues an intent with exactly these settings; the job
 function itself carries ``@declared_job``, which refuses a function no declaration names, so a
@@ -14,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from app.queue_names import BUILDS, MAINTENANCE
+from app.queue_names import BUILDS, MAINTENANCE, PASSES
 from app.store.intents import EmbedUserFacts, Intent, RefreshProfileVectors, RunErasure
 
 HOUR = 3600
@@ -66,12 +71,55 @@ JOBS: dict[type[Intent], JobSpec] = {
 }
 
 
+# RQ's own default, which the periodic jobs ran under before it was declared here.
+PERIODIC_TIMEOUT_SECONDS = 180
+
+
+@dataclass(frozen=True, slots=True)
+class PeriodicSpec:
+    """A job the scheduler enqueues every interval (a setting). Its result lifetime is ten
+    intervals, at least an hour (``jobs.periodic.Periodic.result_ttl``): rq-scheduler drops a
+    schedule whose hash expired. Not retried: the next interval runs it again."""
+
+    func: str
+    queue: str
+    timeout: int = PERIODIC_TIMEOUT_SECONDS
+    retry: RetryPolicy | None = None
+
+
+AGENT_STATE_SWEEP = PeriodicSpec("jobs.agent_state_sweep.sweep", MAINTENANCE)
+ERASURE_RESUME = PeriodicSpec("jobs.erasure.resume_pass", MAINTENANCE)
+RECALL_EMBED_SWEEP = PeriodicSpec("jobs.recall_embed.sweep", MAINTENANCE)
+STRUCTURED_PASS = PeriodicSpec("jobs.structured_profile.run_pass", PASSES)
+CONSOLIDATION_PASS = PeriodicSpec("jobs.consolidation.run_pass", PASSES)
+PERIODIC = (AGENT_STATE_SWEEP, ERASURE_RESUME, RECALL_EMBED_SWEEP, STRUCTURED_PASS,
+            CONSOLIDATION_PASS)
+
+
+@dataclass(frozen=True, slots=True)
+class PassJobSpec:
+    """A job a structured-profile pass fans out. Its timeout is the pass's time left plus a
+    grace, and its result and failure lifetimes that plus the time the closing job may take
+    to read them (``jobs.structured_profile._fan_out``). Not retried: the next pass takes up a
+    user whose build failed, after its backoff."""
+
+    func: str
+    queue: str
+    retry: RetryPolicy | None = None
+
+
+BUILD_USER = PassJobSpec("jobs.structured_profile.build_user_job", BUILDS)
+END_PASS = PassJobSpec("jobs.structured_profile.end_pass", PASSES)
+PASS_JOBS = (BUILD_USER, END_PASS)
+
+
 def spec_for(intent: Intent) -> JobSpec:
     return JOBS[type(intent)]
 
 
 def declared_functions() -> set[str]:
-    return {spec.func for spec in JOBS.values()}
+    return ({spec.func for spec in JOBS.values()} | {spec.func for spec in PERIODIC}
+            | {spec.func for spec in PASS_JOBS})
 
 
 def declared_job(func: FuncT) -> FuncT:

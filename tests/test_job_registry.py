@@ -1,8 +1,9 @@
 """Background work is declared once and enqueued by one dispatcher: every intent a store hands
 ``services.jobs`` has a declaration in ``app.job_registry`` (function, queue, timeout, result
 and failure lifetimes, retry policy) naming a job function that carries ``@declared_job``;
-the dispatcher enqueues on a real RQ queue with exactly those settings; and nothing under
-``app/store`` imports RQ or names a job function by string.
+the dispatcher enqueues on a real RQ queue with exactly those settings; the scheduler's
+periodic jobs and a pass's fanned-out jobs are declared there too; nothing under
+``app/store`` imports RQ, and no module but the registry names a job function by string.
 """
 
 from __future__ import annotations
@@ -15,13 +16,26 @@ import typing
 from pathlib import Path
 
 import pytest
+import redis
 from rq import Queue
 from rq.job import Job
+from rq_scheduler import Scheduler
 
 from app import job_registry
 from app.job_dispatch import JobDispatcher
-from app.job_registry import JOBS, JobSpec, RetryPolicy, declared_job, spec_for
+from app.job_registry import (
+    BUILD_USER,
+    END_PASS,
+    JOBS,
+    PASS_JOBS,
+    PERIODIC,
+    JobSpec,
+    RetryPolicy,
+    declared_job,
+    spec_for,
+)
 from app.queue_names import ALL_QUEUES
+from app.settings import load_settings
 from app.store.intents import (
     EmbedUserFacts,
     Intent,
@@ -29,6 +43,8 @@ from app.store.intents import (
     RefreshProfileVectors,
     RunErasure,
 )
+from jobs.scheduler import periodic_jobs, register
+from tests.conftest import TEST_SECRET
 from tests.support import import_graph
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,10 +91,34 @@ def test_no_store_imports_rq():
             if graph.external[module] & RQ_PACKAGES} == {}
 
 
-def test_no_store_names_a_job_by_string():
-    found = {str(path.relative_to(ROOT)): job_names_in(path.read_text())
-             for path in STORES.rglob("*.py")}
+def test_no_module_but_the_registry_names_a_job_by_string():
+    paths = [*STORES.rglob("*.py"), *(ROOT / "app").glob("*.py"), *(ROOT / "jobs").rglob("*.py")]
+    found = {str(path.relative_to(ROOT)): job_names_in(path.read_text()) for path in paths
+             if path != ROOT / "app" / "job_registry.py"}
+    assert len(found) > 60
     assert {path: names for path, names in found.items() if names} == {}
+
+
+# Calls that put a job on a queue or a schedule, and the modules allowed to make them: the
+# dispatcher (a store's intents), the scheduler (``PERIODIC``), a pass's fan-out (``PASS_JOBS``).
+ENQUEUING = {"enqueue", "enqueue_many", "enqueue_call", "enqueue_at", "enqueue_in", "schedule",
+             "prepare_data", "cron"}
+ENQUEUERS = {"app/job_dispatch.py", "jobs/scheduler.py", "jobs/structured_profile.py"}
+
+
+def enqueuing_calls(source: str) -> list[str]:
+    return [node.func.attr for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ENQUEUING]
+
+
+def test_only_the_dispatcher_the_scheduler_and_the_fan_out_enqueue():
+    paths = [*(ROOT / "app").rglob("*.py"), *(ROOT / "jobs").rglob("*.py")]
+    found = {str(path.relative_to(ROOT)) for path in paths
+             if enqueuing_calls(path.read_text())}
+    assert found == ENQUEUERS
+    assert enqueuing_calls("q.enqueue(f)\nscheduler.schedule(when, f)\nq.count\n") == [
+        "enqueue", "schedule"]
 
 
 def test_the_string_check_finds_a_job_named_in_code_and_spares_a_docstring():
@@ -108,7 +148,10 @@ def test_every_intent_is_declared_with_its_settings():
 
 
 def test_every_declared_function_exists_and_carries_the_decorator():
-    for spec in JOBS.values():
+    specs = [*JOBS.values(), *PERIODIC, *PASS_JOBS]
+    assert len({spec.func for spec in specs}) == len(specs) == 10
+    for spec in specs:
+        assert spec.queue in ALL_QUEUES, spec
         module_name, _, name = spec.func.rpartition(".")
         function = getattr(importlib.import_module(module_name), name)
         assert callable(function)
@@ -200,3 +243,35 @@ def test_the_dispatcher_finds_and_purges_the_jobs_naming_a_user(dispatcher):
     assert dispatcher.job(mine) is None
     assert list(dispatcher.jobs_about("acme", "support", "u-9")) == []
     assert Queue("loom-builds", connection=dispatcher.connection).get_job_ids() == [other]
+
+
+# --- the scheduler and a pass -----------------------------------------------------------------
+
+
+def _every_periodic_job_on(redis_url: str):
+    return load_settings(overrides={
+        "redis_url": redis_url, "secret_key": TEST_SECRET, "embed_base_url": "http://127.0.0.1:9",
+        "embed_model": "m", "profile_consolidation_enabled": True})
+
+
+def test_every_periodic_job_is_declared_and_scheduled_with_its_settings(redis_url):
+    definitions = periodic_jobs(_every_periodic_job_on(redis_url))
+    declared = {spec.func: spec for spec in PERIODIC}
+    assert {definition.func for definition in definitions} == set(declared)
+    for definition in definitions:
+        assert (definition.queue, definition.timeout) == (declared[definition.func].queue,
+                                                          declared[definition.func].timeout)
+    connection = redis.Redis.from_url(redis_url)
+    scheduler = Scheduler(connection=connection)
+    register(scheduler, definitions)
+    for definition in definitions:
+        job = Job.fetch(definition.job_id, connection=connection)
+        assert (job.func_name, job.origin) == (definition.func, definition.queue)
+        assert job.timeout == definition.timeout == 180
+        assert job.result_ttl == definition.result_ttl
+        assert job.retries_left is None
+
+
+def test_a_pass_fans_out_on_the_declared_queues():
+    assert (BUILD_USER.queue, END_PASS.queue) == ("loom-builds", "loom-passes")
+    assert all(spec.retry is None for spec in PASS_JOBS)

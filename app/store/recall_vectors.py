@@ -316,7 +316,7 @@ class RecallVectorStore:
     def request(self, org: str, namespace: str, user_id: str, *, recover: bool = False) -> bool:
         """Enqueue the user's embeddings job unless one is queued already or embeddings are
         off (the sweep's and the backfill's way; a memory write sets the marker in its own
-        script and calls ``enqueue``); True when a job was enqueued. Computes nothing.
+        script and calls ``ask_embedding``); True when a job was enqueued. Computes nothing.
 
         ``recover`` (the sweep's) also looks up the job the marker names, and enqueues anew when
         that job no longer waits in its queue: a lost job holds the marker for no longer than
@@ -329,12 +329,12 @@ class RecallVectorStore:
             took, _ = self._mark_queued(org, namespace, user_id, job_id, lost=held)
         if not took:
             return False
-        return self.enqueue(org, namespace, user_id, job_id)
+        return self.ask_embedding(org, namespace, user_id, job_id)
 
-    def enqueue(self, org: str, namespace: str, user_id: str, job_id: str) -> bool:
-        """Enqueue the user's embeddings job as ``job_id``, the id its queued marker already
-        holds (set by ``request``, or by a memory write script in the write's own step); True
-        when it reached the queue (which may be another server: ``LOOM_QUEUE_URL``)."""
+    def ask_embedding(self, org: str, namespace: str, user_id: str, job_id: str) -> bool:
+        """Ask the dispatcher for the user's embeddings job as ``job_id``, the id its queued
+        marker already holds (set by ``request``, or by a memory write script in the write's own
+        step); True when it reached the queue (which may be another server: ``LOOM_QUEUE_URL``)."""
         try:
             self.jobs.dispatch(EmbedUserFacts(org, namespace, user_id, job_id))
         except redis.RedisError:

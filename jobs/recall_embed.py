@@ -40,14 +40,13 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from app.job_registry import JOBS, RECALL_EMBED_SWEEP, declared_job
+from app.job_registry import RECALL_EMBED_SWEEP, declared_job
 from app.logs import pass_level
 from app.model.budget import USAGE_WORKER, EmbeddingsOutOfBudget, embed_within_budget
 from app.model.embeddings import DOCUMENT, embedder_for
 from app.model.errors import ModelCallFailed
 from app.recall_backfill import Requested, request_jobs
 from app.services import Services
-from app.store.intents import EmbedUserFacts
 from app.store.memory import MemoryRow, MemoryStore
 from app.store.recall_terms import row_text
 from app.store.recall_vectors import RecallVectorStore, encode_vector, fingerprint
@@ -60,7 +59,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("loom.jobs.recall_embed")
 
-EMBED_FUNC = JOBS[EmbedUserFacts].func
 SWEEP_FUNC = RECALL_EMBED_SWEEP.func
 # Most due rows one job reads; a user with more gets a follow-up job.
 ROWS_PER_JOB = 1000

@@ -95,7 +95,8 @@ class JobQueues(Protocol):
         ...
 
     def jobs_about(self, org: str, namespace: str, user_id: str) -> Iterator[QueuedJob]:
-        """Every job, in any queue, registry or schedule, whose arguments name the user."""
+        """Every job, in any queue, registry or schedule, whose arguments name the user (each
+        with its status and start; ``in_queue`` is not read for these)."""
         ...
 
     def purge(self, job: QueuedJob) -> None:

@@ -45,8 +45,8 @@ from prometheus_client.core import (
     Metric,
 )
 
+from app.job_queues import JobQueueReader
 from app.store.connection import STORE_ERROR
-from app.store.job_queues import JobQueueReader
 from app.store.lease import PASS_LEASES, LeaseStore
 from app.store.metrics import JobMetricsStore, Labels
 from app.store.profile_schema import ProfileSchemaStore

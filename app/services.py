@@ -15,6 +15,7 @@ import redis
 
 from app.clock import Clock
 from app.errors import AuthInvalid, AuthRequired, RateLimited
+from app.job_dispatch import JobDispatcher
 from app.principal import ANY, Principal, single_user
 from app.settings import Settings
 from app.store.connection import connect
@@ -36,6 +37,7 @@ class Services:
         self.clock = clock or Clock()
         self.redis = redis_client or connect(settings)
         self._queue_redis = queue_redis
+        self.jobs = JobDispatcher(lambda: self.queue_redis)
         self._stores: dict[type, Any] = {}
         self._lock = threading.Lock()
         self._single_user = single_user(settings.default_org)

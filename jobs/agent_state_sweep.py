@@ -14,20 +14,21 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from app.job_registry import AGENT_STATE_SWEEP, declared_job
 from app.logs import pass_level
 from app.store.agent_state import AgentStateStore
 from jobs.context import services
 from jobs.periodic import Periodic
-from jobs.queues import MAINTENANCE
 
 if TYPE_CHECKING:
     from app.settings import Settings
 
 log = logging.getLogger("loom.jobs.agent_state_sweep")
 
-FUNC = "jobs.agent_state_sweep.sweep"
+FUNC = AGENT_STATE_SWEEP.func
 
 
+@declared_job
 def sweep(org: str | None = None, namespace: str | None = None) -> dict[str, Any]:
     """Sweep one namespace, or every namespace that ever held agent state."""
     store = services().store(AgentStateStore)
@@ -52,8 +53,4 @@ def sweep(org: str | None = None, namespace: str | None = None) -> dict[str, Any
 def periodic(settings: Settings) -> Periodic:
     """The schedule entry: every LOOM_AGENT_STATE_SWEEP_INTERVAL_SECONDS on the maintenance
     queue."""
-    return Periodic(
-        func=FUNC,
-        queue=MAINTENANCE,
-        interval_seconds=settings.agent_state_sweep_interval_seconds,
-    )
+    return Periodic.of(AGENT_STATE_SWEEP, settings.agent_state_sweep_interval_seconds)

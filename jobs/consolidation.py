@@ -48,6 +48,7 @@ from enum import StrEnum
 from typing import Any
 
 from app.errors import LoomError, UserBeingErased
+from app.job_registry import CONSOLIDATION_PASS, declared_job
 from app.model.budget import OutOfBudget, complete_within_budget
 from app.model.chat import base_max_tokens, parse_max_tokens_overrides, provider_from_settings
 from app.model.errors import ModelCallFailed
@@ -76,7 +77,7 @@ USAGE_WORKER = "profile_consolidation"
 log = logging.getLogger("loom.jobs.consolidation")
 
 LEASE = CONSOLIDATION_LEASE
-PASS_FUNC = "jobs.consolidation.run_pass"
+PASS_FUNC = CONSOLIDATION_PASS.func
 # Most facts one fold puts in the prompt (the digest still covers them all).
 FOLD_MEMORY_LIMIT = 100
 # Most model calls, and most users looked at, in one pass; the rest wait for the next.
@@ -351,6 +352,7 @@ class _Tally:
         self.outcomes[str(result.outcome)] = self.outcomes.get(str(result.outcome), 0) + 1
 
 
+@declared_job
 def run_pass(svc: Services | None = None, holder: str | None = None) -> dict[str, Any]:
     """One pass; idempotent: a duplicate finds the lease taken or nobody listed.
 

@@ -17,18 +17,19 @@ from __future__ import annotations
 import logging
 
 from app.errors import ErasureRunning
+from app.job_registry import ERASURE_RESUME, declared_job
 from app.services import Services
 from app.settings import Settings
 from app.store.erasure import ErasureStore
 from jobs.context import services as job_services
 from jobs.periodic import Periodic
-from jobs.queues import MAINTENANCE
 
 log = logging.getLogger("loom.jobs.erasure")
 
-RESUME_FUNC = "jobs.erasure.resume_pass"
+RESUME_FUNC = ERASURE_RESUME.func
 
 
+@declared_job
 def run_erasure(org: str, namespace: str, erasure_id: str) -> str:
     store = job_services().store(ErasureStore)
     try:
@@ -52,9 +53,10 @@ def resume_interrupted(services: Services) -> int:
     return resumed
 
 
+@declared_job
 def resume_pass() -> int:
     return resume_interrupted(job_services())
 
 
 def periodic(settings: Settings) -> Periodic:
-    return Periodic(RESUME_FUNC, MAINTENANCE, settings.erasure_resume_interval_seconds)
+    return Periodic.of(ERASURE_RESUME, settings.erasure_resume_interval_seconds)

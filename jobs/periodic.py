@@ -11,6 +11,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.job_registry import PERIODIC_TIMEOUT_SECONDS, PeriodicSpec
+
 JOB_ID_PREFIX = "loom-periodic-"
 # A finished periodic job's hash (its last results) is kept this many intervals, and at least
 # an hour: rq-scheduler drops a schedule whose hash expired, and each run sets the expiry
@@ -25,6 +27,12 @@ class Periodic:
     queue: str
     interval_seconds: int
     kwargs: dict[str, Any] = field(default_factory=dict)
+    timeout: int = PERIODIC_TIMEOUT_SECONDS
+
+    @classmethod
+    def of(cls, spec: PeriodicSpec, interval_seconds: int) -> Periodic:
+        """The schedule entry of a declared periodic job (``app.job_registry.PERIODIC``)."""
+        return cls(spec.func, spec.queue, interval_seconds, timeout=spec.timeout)
 
     @property
     def result_ttl(self) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from app.job_registry import declared_job
 from app.model.budget import EmbeddingsOutOfBudget, embed_within_budget
 from app.model.embeddings import DOCUMENT, embedder_for
 from app.model.errors import ModelCallFailed
@@ -39,6 +40,7 @@ def _location(org: str, namespace: str, row: MemoryRow) -> Location:
     return Location(org, namespace, row.user_id, row.agent, row.session_id, row.key)
 
 
+@declared_job
 def refresh_sections(org: str, namespace: str, user_id: str,
                      svc: Services | None = None) -> dict[str, Any]:
     """The job's body (see the module); answers what it did, for the job's result."""

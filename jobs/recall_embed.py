@@ -2,8 +2,8 @@
 
 A fact write lists the row as due in the user's slot, atomically with the row (app/store/lua/
 memory_write.lua), and the same script sets the user's queued marker when no job is queued,
-so the store enqueues one job a user (``RecallVectorStore.enqueue``; the sweep and the backfill
-go through ``RecallVectorStore.request``) on the builds queue; neither computes anything.
+so the store asks for one job a user (``RecallVectorStore.ask_embedding``; the sweep and the
+backfill go through ``RecallVectorStore.request``) on the builds queue; neither computes anything.
 ``embed_user`` is that job:
 
 * It takes down the user's queued marker first, so a write from then on enqueues a new job
@@ -40,6 +40,7 @@ import logging
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from app.job_registry import RECALL_EMBED_SWEEP, declared_job
 from app.logs import pass_level
 from app.model.budget import USAGE_WORKER, EmbeddingsOutOfBudget, embed_within_budget
 from app.model.embeddings import DOCUMENT, embedder_for
@@ -48,20 +49,17 @@ from app.recall_backfill import Requested, request_jobs
 from app.services import Services
 from app.store.memory import MemoryRow, MemoryStore
 from app.store.recall_terms import row_text
-from app.store.recall_vectors import EMBED_FUNC as RECALL_EMBED_FUNC
 from app.store.recall_vectors import RecallVectorStore, encode_vector, fingerprint
 from app.store.usage import UsageStore
 from jobs.context import services
 from jobs.periodic import Periodic
-from jobs.queues import MAINTENANCE
 
 if TYPE_CHECKING:
     from app.settings import Settings
 
 log = logging.getLogger("loom.jobs.recall_embed")
 
-EMBED_FUNC = RECALL_EMBED_FUNC
-SWEEP_FUNC = "jobs.recall_embed.sweep"
+SWEEP_FUNC = RECALL_EMBED_SWEEP.func
 # Most due rows one job reads; a user with more gets a follow-up job.
 ROWS_PER_JOB = 1000
 
@@ -79,6 +77,7 @@ class EmbedResult:
         return asdict(self)
 
 
+@declared_job
 def embed_user(org: str, namespace: str, user_id: str) -> dict[str, Any]:
     """The job's entry point (RQ): ``embed_due`` with the process's services."""
     return embed_due(services(), org, namespace, user_id).as_dict()
@@ -166,6 +165,7 @@ def _count(result: EmbedResult, status: str, *, unchanged: bool = False) -> None
         result.gone += 1
 
 
+@declared_job
 def sweep() -> dict[str, Any]:
     """The sweep's entry point (RQ): ``sweep_due`` with the process's services."""
     return sweep_due(services())
@@ -195,5 +195,4 @@ def sweep_due(svc: Services) -> dict[str, Any]:
 def periodic(settings: Settings) -> Periodic:
     """The schedule entry: every LOOM_RECALL_EMBED_SWEEP_INTERVAL_SECONDS on the maintenance
     queue (the jobs it requests run on the builds queue, as a write's do)."""
-    return Periodic(func=SWEEP_FUNC, queue=MAINTENANCE,
-                    interval_seconds=settings.recall_embed_sweep_interval_seconds)
+    return Periodic.of(RECALL_EMBED_SWEEP, settings.recall_embed_sweep_interval_seconds)

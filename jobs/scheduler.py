@@ -26,14 +26,14 @@ from rq_scheduler import Scheduler
 from rq_scheduler.utils import to_unix
 
 from app.clock import Clock
+from app.job_registry import CONSOLIDATION_PASS, STRUCTURED_PASS
 from app.logs import configure_logging
 from app.settings import Settings, load_settings
 from app.store.connection import UNAVAILABLE_ERRORS
-from jobs import agent_state_sweep, consolidation, erasure, recall_embed
+from jobs import agent_state_sweep, erasure, recall_embed
 from jobs.outage import ride_out
 from jobs.periodic import JOB_ID_PREFIX, Periodic
-from jobs.queues import PASSES, queue_connection
-from jobs.structured_profile import PASS_FUNC
+from jobs.queues import queue_connection
 
 __all__ = ["JOB_ID_PREFIX", "LoomScheduler", "Periodic", "periodic_jobs", "register"]
 
@@ -52,15 +52,15 @@ def periodic_jobs(settings: Settings) -> list[Periodic]:
     definitions = [
         agent_state_sweep.periodic(settings),
         erasure.periodic(settings),  # enqueues again an erasure whose worker died
-        Periodic(PASS_FUNC, PASSES, settings.structured_profile_interval_seconds),
+        Periodic.of(STRUCTURED_PASS, settings.structured_profile_interval_seconds),
     ]
     if settings.embeddings_configured:
         # Vectors for facts no write's job embedded; with no endpoint it could call nothing.
         definitions.append(recall_embed.periodic(settings))
     if settings.profile_consolidation_enabled:
         # Off by default (seed 000): no fold is scheduled, so no fold's model call is made.
-        definitions.append(Periodic(consolidation.PASS_FUNC, PASSES,
-                                    settings.profile_consolidation_interval_seconds))
+        definitions.append(Periodic.of(CONSOLIDATION_PASS,
+                                       settings.profile_consolidation_interval_seconds))
     return definitions
 
 
@@ -82,6 +82,7 @@ def _schedule(scheduler: Scheduler, definition: Periodic, when: datetime) -> Non
         queue_name=definition.queue,
         id=definition.job_id,
         result_ttl=definition.result_ttl,
+        timeout=definition.timeout,
     )
 
 

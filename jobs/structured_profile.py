@@ -31,9 +31,10 @@ from rq import Queue, get_current_job
 from rq.job import Dependency, Job
 from rq.results import Result
 
+from app.job_queues import waited_seconds
+from app.job_registry import BUILD_USER, END_PASS, STRUCTURED_PASS, declared_job
 from app.logs import pass_level
 from app.services import Services
-from app.store.job_queues import waited_seconds
 from app.store.lease import STRUCTURED_PROFILE_LEASE, LeaseLost, LeaseStore
 from app.store.memory import MemoryStore
 from app.store.metrics import record_pass
@@ -59,13 +60,12 @@ from jobs.planner import (
     refusal_fingerprint,
     state_for_generation,
 )
-from jobs.queues import BUILDS, PASSES
 from jobs.structured_build import BuildResult, build_user
 
 log = logging.getLogger("loom.jobs.structured_profile")
 
 LEASE = STRUCTURED_PROFILE_LEASE
-PASS_FUNC = "jobs.structured_profile.run_pass"
+PASS_FUNC = STRUCTURED_PASS.func
 # A fanned-out build still running this long after the pass's limit is stopped by RQ.
 ABANDON_GRACE_SECONDS = 5
 # How long the build jobs' results stay for the closing job to read, past the pass's limit.
@@ -210,6 +210,7 @@ def _build_taken(svc: Services, keeper: LeaseKeeper, ns_id: str, user_id: str) -
         keeper.drop(fence)
 
 
+@declared_job
 def build_user_job(
     org: str, namespace: str, user_id: str, ticket: dict[str, Any] | None = None
 ) -> dict[str, Any]:
@@ -331,9 +332,9 @@ def _fan_out(
             kwargs={"ticket": ticket.to_dict()}, timeout=timeout, result_ttl=keep,
             failure_ttl=keep,
         ))
-    jobs = Queue(BUILDS, connection=connection).enqueue_many(datas)
+    jobs = Queue(BUILD_USER.queue, connection=connection).enqueue_many(datas)
     build_ids = [job.id for job in jobs]
-    closing = Queue(PASSES, connection=connection).enqueue(
+    closing = Queue(END_PASS.queue, connection=connection).enqueue(
         end_pass, kwargs={"ticket": ticket.to_dict(), "build_job_ids": build_ids,
                           "next_pass_in": next_pass_in, "full": full},
         depends_on=Dependency(jobs=jobs, allow_failure=True),
@@ -366,6 +367,7 @@ def _fanned_out_results(
     return found
 
 
+@declared_job
 def end_pass(
     ticket: dict[str, Any], build_job_ids: list[str], next_pass_in: float, full: bool = False
 ) -> dict[str, Any]:
@@ -421,6 +423,7 @@ def end_pass(
     }
 
 
+@declared_job
 def run_pass(
     svc: Services | None = None, holder: str | None = None, force: bool = False,
     fan_out: bool | None = None,

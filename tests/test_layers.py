@@ -38,6 +38,11 @@ SPEAKS_REDIS_OUTSIDE_THE_STORES = {
     "app.local",
     # Mounts rq-dashboard at /rq, which reads RQ's keys itself.
     "app.operate",
+    # The one dispatcher of the stores' intents (app.store.intents): enqueues them, and finds
+    # and deletes the queued jobs naming a user for the erasure.
+    "app.job_dispatch",
+    # Reads RQ's queues, registries and workers for GET /metrics.
+    "app.job_queues",
 }
 
 

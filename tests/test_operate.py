@@ -23,9 +23,9 @@ from rq import Queue
 from rq.registry import FailedJobRegistry
 
 from app import logs
+from app.job_queues import JobQueueReader
 from app.local import free_port
 from app.queue_names import ALL_QUEUES
-from app.store.job_queues import JobQueueReader
 from app.store.lease import LeaseStore
 from app.store.metrics import OTHER_ORG, JobMetricsStore, record_pass
 from jobs.queues import BUILDS, PASSES

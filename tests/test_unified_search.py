@@ -11,9 +11,11 @@ import os
 import pytest
 from rq import Queue
 
+from app.job_registry import JOBS
 from app.queue_names import BUILDS
 from app.store import keys
-from app.store.profile_vectors import REFRESH_FUNC, ProfileVectorStore
+from app.store.intents import RefreshProfileVectors
+from app.store.profile_vectors import ProfileVectorStore
 from app.store.usage import UsageStore
 from jobs import context
 from jobs.profile_vectors import refresh_sections
@@ -24,6 +26,7 @@ from tests.support.erasure_worker import run_erasure_jobs
 from tests.support.model_server import ScriptedModelServer
 from tests.support.rq_worker import BurstWorker
 
+REFRESH_FUNC = JOBS[RefreshProfileVectors].func
 NS = {"namespace": "support", "agent": "triage-bot", "user_id": "u-42"}
 call, ok = op_helpers(NS)
 ORG = "default"

@@ -842,7 +842,7 @@ class MemoryStore:
             if request_vectors and job_id:
                 # The script took the user's queued marker for this job (no job was queued):
                 # the rows it listed as due wait for it. A job queued already costs no step.
-                self.services.store(RecallVectorStore).enqueue(
+                self.services.store(RecallVectorStore).ask_embedding(
                     location.org, location.namespace, location.user_id, job_id)
         return written
 

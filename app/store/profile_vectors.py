@@ -3,9 +3,10 @@
 Per user (the user's slot): ``keys.profile_vectors`` (memory_id -> ``fingerprint:vector``) and
 ``keys.profile_vectors_queued`` (a marker that a refresh is queued). Every write of a profile
 row (``MemoryStore._after_write``) asks for a refresh of the user's section vectors: with an
-embeddings endpoint configured, the section-vector job (``jobs.profile_vectors``) is enqueued,
-once for a burst of writes, and computes the vectors off the request path. A redact drops the
-vectors of the rows it scrubbed at once, beside the write.
+embeddings endpoint configured, a refresh is asked of the job dispatcher
+(``intents.RefreshProfileVectors``), once for a burst of writes, and a job computes the
+vectors off the request path. A redact drops the vectors of the rows it scrubbed at once,
+beside the write.
 
 A vector is stored with its fingerprint: the model, the asked length and the section's
 ``content_sha256``. The search uses a vector only when its fingerprint is the one the section
@@ -35,8 +36,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import redis
 
-from app.queue_names import BUILDS
 from app.store import keys
+from app.store.intents import RefreshProfileVectors
 from app.store.lua import script
 from app.store.recall_vectors import VECTORSET, engine_of
 from app.store.replies import text_map
@@ -47,12 +48,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("loom.store.profile_vectors")
 
-REFRESH_FUNC = "jobs.profile_vectors.refresh_sections"
 FINGERPRINT_CHARS = 16
 # A queued marker outlives a job that never started (the queue was down) by this long; the
 # user's next write after it enqueues again.
 QUEUED_MARKER_SECONDS = 600
-JOB_TIMEOUT_SECONDS = 300
 
 
 def fingerprint(model: str, dimensions: int | None, content_sha256: str) -> str:
@@ -205,13 +204,7 @@ class ProfileVectorStore:
         if not self.redis.set(marker, "1", nx=True, ex=QUEUED_MARKER_SECONDS):
             return
         try:
-            from rq import Queue
-
-            Queue(BUILDS, connection=self.services.queue_redis).enqueue(
-                REFRESH_FUNC, org, namespace, user_id, job_timeout=JOB_TIMEOUT_SECONDS,
-                result_ttl=600, failure_ttl=24 * 3600,
-                description="profile section vectors",
-            )
+            self.services.jobs.dispatch(RefreshProfileVectors(org, namespace, user_id))
         except redis.RedisError as error:
             self.redis.delete(marker)
             log.warning("profile vectors: could not enqueue a refresh for %s/%s: %s",

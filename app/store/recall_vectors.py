@@ -52,6 +52,7 @@ import numpy as np
 import redis
 
 from app.store import keys
+from app.store.intents import EmbedUserFacts
 from app.store.lua import script
 from app.store.replies import optional_texts
 
@@ -65,9 +66,6 @@ QUANT_STEPS = 127
 # A queued-job marker names its job and lapses after this long, after which the user's next write
 # enqueues again; the sweep enqueues sooner for a marker whose job no longer waits in its queue.
 QUEUED_MARKER_SECONDS = 600
-# The job's entry point, named without importing the jobs (the store is below them).
-EMBED_FUNC = "jobs.recall_embed.embed_user"
-JOB_TIMEOUT_SECONDS = 900
 # What recall_vector_store.lua answers: outcomes the job counts, never refusals of a caller.
 STORE_OUTCOMES = ("OK", "MOVED", "GONE", "ERASING")
 # Most decoded vectors one process keeps between searches (float32: 1.5 KiB each at 384
@@ -276,7 +274,7 @@ def _best(scores: np.ndarray, top: int) -> np.ndarray:
 class RecallVectorStore:
     def __init__(self, services: StoreServices) -> None:
         self.redis = services.redis
-        self.queue_redis = services.queue_redis
+        self.jobs = services.jobs
         self._store = script(self.redis, "recall_vector_store")
         self._clustered = isinstance(self.redis, redis.RedisCluster)
         self._queue = script(self.redis, "recall_vector_queue")
@@ -315,20 +313,13 @@ class RecallVectorStore:
         """Whether the job a marker names still waits in its queue. A job that started took the
         marker down itself, so one that started, ended, failed or is gone (its enqueue never
         reached the queue, or the queue's server came back without it) holds it no longer."""
-        from rq.exceptions import NoSuchJobError
-        from rq.job import Job, JobStatus
-
-        try:
-            job = Job.fetch(job_id, connection=self.queue_redis)
-        except NoSuchJobError:
-            return False
-        return (job.get_status(refresh=False) == JobStatus.QUEUED
-                and job.get_position() is not None)
+        job = self.jobs.job(job_id)
+        return job is not None and job.in_queue
 
     def request(self, org: str, namespace: str, user_id: str, *, recover: bool = False) -> bool:
         """Enqueue the user's embeddings job unless one is queued already or embeddings are
         off (the sweep's and the backfill's way; a memory write sets the marker in its own
-        script and calls ``enqueue``); True when a job was enqueued. Computes nothing.
+        script and calls ``ask_embedding``); True when a job was enqueued. Computes nothing.
 
         ``recover`` (the sweep's) also looks up the job the marker names, and enqueues anew when
         that job no longer waits in its queue: a lost job holds the marker for no longer than
@@ -341,21 +332,14 @@ class RecallVectorStore:
             took, _ = self._mark_queued(org, namespace, user_id, job_id, lost=held)
         if not took:
             return False
-        return self.enqueue(org, namespace, user_id, job_id)
+        return self.ask_embedding(org, namespace, user_id, job_id)
 
-    def enqueue(self, org: str, namespace: str, user_id: str, job_id: str) -> bool:
-        """Enqueue the user's embeddings job as ``job_id``, the id its queued marker already
-        holds (set by ``request``, or by a memory write script in the write's own step); True
-        when it reached the queue (which may be another server: ``LOOM_QUEUE_URL``)."""
-        from rq import Queue
-
-        from app.queue_names import BUILDS
-
+    def ask_embedding(self, org: str, namespace: str, user_id: str, job_id: str) -> bool:
+        """Ask the dispatcher for the user's embeddings job as ``job_id``, the id its queued
+        marker already holds (set by ``request``, or by a memory write script in the write's own
+        step); True when it reached the queue (which may be another server: ``LOOM_QUEUE_URL``)."""
         try:
-            Queue(BUILDS, connection=self.queue_redis).enqueue(
-                EMBED_FUNC, org, namespace, user_id, job_id=job_id,
-                job_timeout=JOB_TIMEOUT_SECONDS, result_ttl=600, failure_ttl=24 * 3600,
-                description="recall embeddings")
+            self.jobs.dispatch(EmbedUserFacts(org, namespace, user_id, job_id))
         except redis.RedisError:
             # The row is written and listed as due; the marker names a job no queue holds, so
             # the sweep's next pass enqueues again (as does a write once the marker lapses). A

@@ -1,4 +1,5 @@
-"""What a store is handed: the settings, the Redis clients, the clock and the other stores.
+"""What a store is handed: the settings, the Redis clients, the clock, the job dispatcher and
+the other stores.
 
 ``app.services.Services`` builds every store and passes itself; this protocol is the part of
 it a store may use, declared here so that no store imports the module that builds the stores.
@@ -12,6 +13,7 @@ from redis import Redis
 
 from app.clock import Clock
 from app.settings import Settings
+from app.store.intents import JobQueues
 
 StoreT = TypeVar("StoreT")
 
@@ -31,6 +33,12 @@ class StoreServices(Protocol):
     @property
     def queue_redis(self) -> Redis:
         """RQ's own connection (replies as bytes, as RQ expects)."""
+        ...
+
+    @property
+    def jobs(self) -> JobQueues:
+        """The dispatcher of background work (``app.store.intents``): a store hands it intents
+        and asks it about queued jobs; it never enqueues itself."""
         ...
 
     def store(self, store_class: type[StoreT]) -> StoreT:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from app.store import keys
-from app.store.erasure import leftovers, rq_jobs
+from app.store.erasure import leftovers
 from app.store.erasure.receipt import Census, zero_counts
 from app.store.erasure.run import ErasureRun
 from app.store.erasure.worker_state import scrub_stored
@@ -53,7 +53,7 @@ def take_census(services: StoreServices, run: ErasureRun) -> Census:
     states, entries = leftovers.agent_state_left(client, run)
     found["agent_states"] += states
     found["index_entries"] += entries
-    found["jobs"] += sum(1 for _job in rq_jobs.jobs_about(services.queue_redis, *run.user))
+    found["jobs"] += sum(1 for _job in services.jobs.jobs_about(*run.user))
     found["tokens"] += len(services.store(TokenStore).pinned_to(*run.user))
     found["index_entries"] += scrub_stored(client, *run.user, remove=False)
     return Census(found, services.clock.now_ns())

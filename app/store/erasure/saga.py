@@ -2,9 +2,9 @@
 
 ``ErasureStore.start`` (the ``user.erase`` op) takes the erasure's lock for a moment, sets the
 user's erasure markers, so that from its answer on every write for the user is refused 409
-``USER_BEING_ERASED``, keeps what the run needs in the erasure's record, enqueues the run on
-the maintenance queue (``jobs.erasure.run_erasure``, whose arguments are the org, the namespace
-and the erasure id, never the user id) and answers the receipt with status ``running``.
+``USER_BEING_ERASED``, keeps what the run needs in the erasure's record, asks the job dispatcher
+for its run (``intents.RunErasure``, whose arguments are the org, the namespace and the
+erasure id, never the user id) and answers the receipt with status ``running``.
 A worker runs the steps (``STEPS``) under the lock; the lock has a short TTL renewed by a
 heartbeat thread, so a worker killed mid-saga lets go of it within ``LOCK_TTL_MS``. Its record
 then reads ``interrupted``, and the resume pass (each worker's start, and a periodic job of the
@@ -22,8 +22,9 @@ The steps, in order:
 ``working_memory``  every block of every scope of the user.
 ``activity``        who read the user's profile.
 ``agent_state``     the states of the user's subject scope and every state naming them.
-``jobs``            RQ jobs whose arguments name (org, namespace, user_id) (``rq_jobs``); a
-                    running job is left to the census.
+``jobs``            queued jobs whose arguments name (org, namespace, user_id), found and
+                    deleted by the job dispatcher (``services.jobs``); a running job is left
+                    to the census.
 ``tokens``          the tokens pinned to the user are revoked, their claims keeping the
                     erasure id in place of the user id.
 ``worker_state``    the user's entries in what the workers keep between passes.
@@ -51,6 +52,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from app.errors import ErasureNotFound, ErasureRunning, ValidationFailed
@@ -58,7 +60,7 @@ from app.keyed import keyed_digest
 from app.store import keys
 from app.store.agent_state import AgentStateStore
 from app.store.batching import batches
-from app.store.erasure import aof, leftovers, rq_jobs
+from app.store.erasure import aof, leftovers
 from app.store.erasure.census import kind_of, take_census
 from app.store.erasure.receipt import (
     KINDS,
@@ -71,6 +73,7 @@ from app.store.erasure.receipt import (
 from app.store.erasure.run import PROGRESS, ErasureRun, LockLost, Progress
 from app.store.erasure.scanning import text
 from app.store.erasure.worker_state import scrub_stored
+from app.store.intents import RunErasure
 from app.store.lua import raise_for_status, script
 from app.store.namespace_config import AuditLog
 from app.store.recall_vectors import VECTORSET, engine_of
@@ -87,9 +90,6 @@ LOCK_TTL_MS = 15_000
 HEARTBEAT_SECONDS = LOCK_TTL_MS / 5000
 BATCH = 200
 MAX_HANDLES = 20
-RUN_FUNC = "jobs.erasure.run_erasure"
-# A background run may take long on a big user; its lock, not RQ's timeout, says it is alive.
-JOB_TIMEOUT_SECONDS = 24 * 3600
 
 # Versioned purpose: no other keyed digest under the same secret can equal an erasure id.
 _PURPOSE = b"loom.erasure.user.v1"
@@ -166,18 +166,13 @@ class ErasureStore:
         that its run may not hold the lock yet."""
         if record.get("status") != "running" or not record.get("job_id"):
             return False
-        from rq.job import JobStatus
-
-        job = rq_jobs.fetch(self.services.queue_redis, record["job_id"])
+        job = self.services.jobs.job(record["job_id"])
         if job is None:
             return False
-        status = job.get_status(refresh=False)
-        if status in (JobStatus.QUEUED, JobStatus.DEFERRED, JobStatus.SCHEDULED):
+        if job.due:
             return True
-        if status == JobStatus.STARTED and job.started_at is not None:
-            from rq.utils import now
-
-            return (now() - job.started_at).total_seconds() * 1000 < LOCK_TTL_MS
+        if job.status == "started" and job.started_at is not None:
+            return (datetime.now(UTC) - job.started_at).total_seconds() * 1000 < LOCK_TTL_MS
         return False
 
     def subject_digests(self, org: str, namespace: str, user_id: str,
@@ -240,21 +235,9 @@ class ErasureStore:
         return self.status(org, namespace, run.erasure_id)
 
     def _enqueue(self, run: ErasureRun, stale_job_id: str) -> None:
-        from rq import Queue
-
-        from app.queue_names import MAINTENANCE
-
-        connection = self.services.queue_redis
-        if stale_job_id:
-            stale = rq_jobs.fetch(connection, stale_job_id)
-            if stale is not None:
-                stale.delete(remove_from_queue=True)
-        job = Queue(MAINTENANCE, connection=connection).enqueue(
-            RUN_FUNC, run.org, run.namespace, run.erasure_id,
-            job_timeout=JOB_TIMEOUT_SECONDS, result_ttl=3600, failure_ttl=7 * 24 * 3600,
-            description=f"erasure {run.erasure_id[:12]}",
-        )
-        self.redis.hset(run.record, "job_id", job.id)
+        job_id = self.services.jobs.dispatch(
+            RunErasure(run.org, run.namespace, run.erasure_id, replaces=stale_job_id))
+        self.redis.hset(run.record, "job_id", job_id)
 
     def run_background(self, org: str, namespace: str, erasure: str) -> dict[str, Any] | None:
         """The job's body: run the erasure whose record is due; None when there is nothing to
@@ -548,12 +531,11 @@ class ErasureStore:
         self._count(run, agent_states=erased)
 
     def _step_jobs(self, run: ErasureRun) -> None:
-        connection = self.services.queue_redis
         deleted = 0
-        for job, running in list(rq_jobs.jobs_about(connection, *run.user)):
-            if running:
+        for job in list(self.services.jobs.jobs_about(*run.user)):
+            if job.status == "started":
                 continue  # deleting a running job's hash under its worker: the census waits
-            rq_jobs.delete_job(connection, job)
+            self.services.jobs.purge(job)
             deleted += 1
         self._count(run, jobs=deleted)
 

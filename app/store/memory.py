@@ -54,6 +54,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import redis
+from redis.commands.core import Script
 
 from app.errors import (
     CharLimitExceeded,
@@ -109,6 +110,16 @@ from app.store.recall_vectors import (
     new_job_id,
 )
 from app.store.replies import optional_texts, scored, text_map, text_set, texts
+from app.store.script_interfaces import (
+    MEMORY_DELETE,
+    MEMORY_DELETE_VERSION,
+    MEMORY_FLAG,
+    MEMORY_REDACT,
+    MEMORY_REVERT,
+    MEMORY_SET,
+    MEMORY_TOUCH,
+    ScriptInterface,
+)
 
 if TYPE_CHECKING:
     from app.store.services import StoreServices
@@ -444,30 +455,29 @@ class MemoryStore:
         field_list, length = content.fields(location)
         if length > MAX_CHAR_LIMIT:
             raise CharLimitExceeded(length, MAX_CHAR_LIMIT)
-        extra = [fence.key] if fence is not None else []
         record_pairs: list[str | int] = []
         if record is not None:
-            extra.append(record[0])
             record_pairs = [item for pair in record[1].items() for item in pair]
-        reply = self._set(
-            keys=self._keys(location, extra, held),
-            args=[
-                self.clock.now_ns(),
-                new_memory_id(),
-                location.member,
-                expected_version,
-                if_match_sha256,
-                "" if default_char_limit is None else default_char_limit,
-                "" if char_limit is None else char_limit,
-                written_by,
-                required_type,
-                "1" if refuse_pinned else "0",
-                fence.token if fence is not None else "",
-                len(record_pairs) // 2,
-                *record_pairs,
-                *field_list,
-                self._tail(location, held),
-            ],
+        reply = self._run(
+            self._set, MEMORY_SET, location, held,
+            {"fence": fence.key if fence is not None else None,
+             "record": record[0] if record is not None else None},
+            {
+                "now": self.clock.now_ns(),
+                "memory_id": new_memory_id(),
+                "member": location.member,
+                "expected_version": expected_version,
+                "if_match": if_match_sha256,
+                "default_char_limit": "" if default_char_limit is None else default_char_limit,
+                "char_limit": "" if char_limit is None else char_limit,
+                "written_by": written_by,
+                "required_type": required_type,
+                "refuse_pinned": "1" if refuse_pinned else "0",
+                "fence_token": fence.token if fence is not None else "",
+                "record_pairs": len(record_pairs) // 2,
+                "tail": self._tail(location, held),
+            },
+            more_args=[*record_pairs, *field_list],
         )
         return self._finish(location, reply, held)
 
@@ -479,18 +489,15 @@ class MemoryStore:
         flag is already so)."""
         if flag not in ("locked", "pinned"):
             raise ValueError(f"unknown flag {flag}")
-        reply = self._flag(
-            keys=self._keys(location, held=held),
-            args=[
-                self.clock.now_ns(),
-                flag,
-                "1" if on else "0",
-                written_by,
-                location.member,
-                memory_id,
-                self._tail(location, held),
-            ],
-        )
+        reply = self._run(self._flag, MEMORY_FLAG, location, held, {}, {
+            "now": self.clock.now_ns(),
+            "flag": flag,
+            "on": "1" if on else "0",
+            "written_by": written_by,
+            "member": location.member,
+            "memory_id": memory_id,
+            "tail": self._tail(location, held),
+        })
         return self._finish(location, reply, held)
 
     def delete(
@@ -499,11 +506,11 @@ class MemoryStore:
     ) -> Written | None:
         """Write a tombstone version; None when there is no row. ``changed`` False: it was
         already deleted."""
-        reply = self._delete(
-            keys=self._keys(location, held=held),
-            args=[self.clock.now_ns(), written_by, location.member, memory_id, source_trace,
-                  self._tail(location, held)],
-        )
+        reply = self._run(self._delete, MEMORY_DELETE, location, held, {}, {
+            "now": self.clock.now_ns(), "written_by": written_by, "member": location.member,
+            "memory_id": memory_id, "source_trace": source_trace,
+            "tail": self._tail(location, held),
+        })
         if reply[0] == "MISSING":
             return None
         return self._finish(location, reply, held)
@@ -513,18 +520,15 @@ class MemoryStore:
         held: HeldKey | None = None,
     ) -> Written:
         """Remove one version; the removal is a new version traced ``memory.delete_version:``."""
-        reply = self._delete_version(
-            keys=self._keys(location, held=held),
-            args=[
-                self.clock.now_ns(),
-                pad_version(version),
-                written_by,
-                location.member,
-                memory_id,
-                f"{DELETE_VERSION_TRACE}{version}",
-                self._tail(location, held),
-            ],
-        )
+        reply = self._run(self._delete_version, MEMORY_DELETE_VERSION, location, held, {}, {
+            "now": self.clock.now_ns(),
+            "version": pad_version(version),
+            "written_by": written_by,
+            "member": location.member,
+            "memory_id": memory_id,
+            "source_trace": f"{DELETE_VERSION_TRACE}{version}",
+            "tail": self._tail(location, held),
+        })
         return self._finish(location, reply, held, version=version)
 
     def revert(
@@ -534,18 +538,15 @@ class MemoryStore:
         """Bring back the content of a stored version as the row's next version: ``version``
         for a revert, None for a restore (a deleted row, with its newest version that is no
         deletion). Either is a change of the fact, dated now unless its valid_at dates it."""
-        reply = self._revert(
-            keys=self._keys(location, held=held),
-            args=[
-                self.clock.now_ns(),
-                "restore" if version is None else "revert",
-                "" if version is None else pad_version(version),
-                written_by,
-                location.member,
-                memory_id,
-                self._tail(location, held),
-            ],
-        )
+        reply = self._run(self._revert, MEMORY_REVERT, location, held, {}, {
+            "now": self.clock.now_ns(),
+            "change": "restore" if version is None else "revert",
+            "version": "" if version is None else pad_version(version),
+            "written_by": written_by,
+            "member": location.member,
+            "memory_id": memory_id,
+            "tail": self._tail(location, held),
+        })
         return self._finish(location, reply, held, version=version)
 
     def touch(
@@ -563,21 +564,18 @@ class MemoryStore:
         now; ``recall`` counts the use and keeps the row's last change."""
         if change not in ("restate", "reinforce", "recall"):
             raise ValueError(f"unknown change {change}")
-        reply = self._touch(
-            keys=self._keys(location, held=held),
-            args=[
-                self.clock.now_ns(),
-                change,
-                written_by,
-                location.member,
-                memory_id,
-                "" if confidence is None else format_confidence(confidence),
-                "",
-                "",
-                "",
-                self._tail(location, held),
-            ],
-        )
+        reply = self._run(self._touch, MEMORY_TOUCH, location, held, {}, {
+            "now": self.clock.now_ns(),
+            "change": change,
+            "written_by": written_by,
+            "member": location.member,
+            "memory_id": memory_id,
+            "confidence": "" if confidence is None else format_confidence(confidence),
+            "expected_version": "",
+            "recall_terms": "",
+            "vector_engine": "",
+            "tail": self._tail(location, held),
+        })
         return self._finish(location, reply, held)
 
     def backfill(self, location: Location, *, written_by: str, memory_id: str = "",
@@ -598,13 +596,18 @@ class MemoryStore:
                 if row is not None and not row.redacted
                 and indexable(row.memory_type, row.tags) else ""
             )
-            reply = self._touch(
-                keys=self._keys(location, held=held),
-                args=[self.clock.now_ns(), "backfill", written_by, location.member, memory_id,
-                      "", "" if row is None else str(row.version), terms,
-                      "1" if engine_of(self.redis) == VECTORSET else "",
-                      self._tail(location, held, request_vectors)],
-            )
+            reply = self._run(self._touch, MEMORY_TOUCH, location, held, {}, {
+                "now": self.clock.now_ns(),
+                "change": "backfill",
+                "written_by": written_by,
+                "member": location.member,
+                "memory_id": memory_id,
+                "confidence": "",
+                "expected_version": "" if row is None else str(row.version),
+                "recall_terms": terms,
+                "vector_engine": "1" if engine_of(self.redis) == VECTORSET else "",
+                "tail": self._tail(location, held, request_vectors),
+            })
             return self._finish(location, reply, held, request_vectors=request_vectors)
 
         return self._with_retries(attempt)
@@ -626,11 +629,11 @@ class MemoryStore:
         for derived_location in derived:
             derived_keys += [derived_location.row_key(),
                              keys.memory_versions(*derived_location.parts())]
-        reply = self._redact(
-            keys=self._keys(location, derived_keys, held),
-            args=[self.clock.now_ns(), written_by, memory_id, len(derived),
-                  self._tail(location, held, request_vectors=False)],
-        )
+        reply = self._run(self._redact, MEMORY_REDACT, location, held, {}, {
+            "now": self.clock.now_ns(), "written_by": written_by, "memory_id": memory_id,
+            "derived_count": len(derived),
+            "tail": self._tail(location, held, request_vectors=False),
+        }, more_keys=derived_keys)
         if reply[0] != "OK":
             self._refuse(location, reply)
         if held is not None:
@@ -846,11 +849,17 @@ class MemoryStore:
                     location.org, location.namespace, location.user_id, job_id)
         return written
 
-    def _keys(self, location: Location, extra: Sequence[str] = (),
-              held: HeldKey | None = None) -> list[str]:
-        """A write script's keys: the shared ones, the script's own ``extra``, then the
-        Idempotency-Key record the write answers, when it answers one."""
-        return [*location.script_keys(), *extra, *([held.redis_key] if held else [])]
+    @staticmethod
+    def _run(run: Script, interface: ScriptInterface, location: Location,
+             held: HeldKey | None, own_keys: Mapping[str, str | None], args: Mapping[str, Any],
+             *, more_keys: Sequence[str] = (), more_args: Sequence[Any] = ()) -> Any:
+        """Run a memory write script: the keys every one shares (``location``'s, and the
+        Idempotency-Key record the write answers, when it answers one), the script's
+        ``own_keys`` and ``args`` by name, in the order ``interface`` declares."""
+        ordered_keys, ordered_args = interface.ordered(
+            {**location.write_keys(), "outcome": held.redis_key if held else None, **own_keys},
+            args, more_keys, more_args)
+        return run(keys=ordered_keys, args=ordered_args)
 
     def _tail(self, location: Location, held: HeldKey | None = None,
               request_vectors: bool = True) -> str:

@@ -1,26 +1,20 @@
--- The shared part of every memory write script. KEYS: 1 row, 2 versions, 3 version order,
--- 4 the user's rows, 5 memory_id -> row key, 6 renderable profile sections, 7 sources,
--- 8 digest, 9 source expiry, 10 the user's erasure marker, 11 live rows, 12 recall docs,
--- 13 recall postings, 14 recall stats, 15 recall vectors, 16 rows due for a vector, 17 the
--- vectors' generation, 18 the user's vector set (only ever present on a server with Redis 8's
--- vector sets), 19 the user's queued-embeddings marker (keys.recall_vectors_queued). A script
--- that takes more keys takes them after these (KEYS[SHARED_KEYS + 1] on); when the write answers an Idempotency-Key, that key's record
--- is the last key of all.
--- The last ARGV of every memory write script is its tail (JSON, built by
--- app/store/memory.py _tail): the names and values of the entries the write asserts in the
--- namespace's slot, whether the script writes them itself (one server) or answers them for
--- one pipeline (Redis Cluster, where no script over the user's slot reaches them), the
--- holder of the Idempotency-Key record the write's answer goes to ('' none), and the id of
--- the embeddings job the caller would enqueue ('' when embeddings are off or the caller
+-- The shared part of every memory write script. Its keys (K_row ... K_outcome) and the tail
+-- argument (A_tail) are declared in app/store/script_interfaces.py MEMORY_WRITE_KEYS, which
+-- every memory write script's declaration starts with; K_outcome is the Idempotency-Key
+-- record the write's answer goes to, read only when the tail names a holder.
+-- The tail (JSON, built by app/store/memory.py _tail): the names and values of the entries the
+-- write asserts in the namespace's slot, whether the script writes them itself (one server) or
+-- answers them for one pipeline (Redis Cluster, where no script over the user's slot reaches
+-- them), the holder of the Idempotency-Key record the write's answer goes to ('' none), and the
+-- id of the embeddings job the caller would enqueue ('' when embeddings are off or the caller
 -- requests the job itself) with its marker's TTL.
 --#include version
 --#include memory_digest
 --#include recall_posting
 local SOURCE_TYPES = {semantic = true, preference = true, decision = true}
 local NUL = string.char(0)
-local SHARED_KEYS = 19
 local STRUCTURED_WORKER = 'worker:structured_profile'
-local TAIL = cjson.decode(ARGV[#ARGV])
+local TAIL = cjson.decode(A_tail)
 local OUTCOME = nil
 -- The memory_id whose vector this write took out of the user's vector set: it leaves the
 -- namespace's set too, as one of the namespace commands.
@@ -28,7 +22,7 @@ local VECTOR_LEFT = nil
 -- Set when this write gave a user with no source fact their first: the structured passes are
 -- woken in the namespace (a never-built user is built at the next tick, not after an idle wait).
 local FIRST_SOURCE = false
-if TAIL.holder ~= '' then OUTCOME = KEYS[#KEYS] end
+if TAIL.holder ~= '' then OUTCOME = K_outcome end
 
 -- The section's three entries in the user's section index (keys.profile_sections).
 local function section_members(key, agent, session_id)
@@ -42,9 +36,9 @@ end
 local function index_section(key, agent, session_id, renderable)
   local members = section_members(key, agent, session_id)
   if renderable then
-    redis.call('ZADD', KEYS[6], 0, members[1], 0, members[2], 0, members[3])
+    redis.call('ZADD', K_sections, 0, members[1], 0, members[2], 0, members[3])
   else
-    redis.call('ZREM', KEYS[6], members[1], members[2], members[3])
+    redis.call('ZREM', K_sections, members[1], members[2], members[3])
   end
 end
 
@@ -52,12 +46,12 @@ end
 -- before this write (nil for a new row), whose entry goes when the type changes.
 local function index_live(r, old_type, member)
   if old_type and old_type ~= r.memory_type then
-    redis.call('ZREM', KEYS[11], old_type .. NUL .. member)
+    redis.call('ZREM', K_live, old_type .. NUL .. member)
   end
   if r.deleted == '1' then
-    redis.call('ZREM', KEYS[11], r.memory_type .. NUL .. member, NUL .. member)
+    redis.call('ZREM', K_live, r.memory_type .. NUL .. member, NUL .. member)
   else
-    redis.call('ZADD', KEYS[11], 0, r.memory_type .. NUL .. member, 0, NUL .. member)
+    redis.call('ZADD', K_live, 0, r.memory_type .. NUL .. member, 0, NUL .. member)
   end
 end
 
@@ -74,7 +68,7 @@ end
 -- as they were (a lock, a pin) touches nothing but one HGET.
 local function index_recall(r)
   local mid = r.memory_id
-  local old = redis.call('HGET', KEYS[12], mid)
+  local old = redis.call('HGET', K_recall_docs, mid)
   if old == false then old = nil end
   local new = r.recall_terms
   if new == '' or r.deleted == '1' or r.redacted == '1' or r.memory_type == 'profile' then
@@ -84,24 +78,24 @@ local function index_recall(r)
   -- The vector described the old text: it goes, and the row waits for the embeddings job.
   -- Where the vector set holds it, it leaves the set in the same step (the key exists only
   -- on a server with the engine, so no other server is sent VREM).
-  if redis.call('HDEL', KEYS[15], mid) == 1 then
-    bump_vector_generation(KEYS[17])
-    if redis.call('EXISTS', KEYS[18]) == 1 then
-      redis.call('VREM', KEYS[18], mid)
+  if redis.call('HDEL', K_recall_vectors, mid) == 1 then
+    bump_vector_generation(K_recall_vectors_generation)
+    if redis.call('EXISTS', K_recall_vector_set) == 1 then
+      redis.call('VREM', K_recall_vector_set, mid)
       VECTOR_LEFT = mid
     end
   end
   if new then
-    redis.call('ZADD', KEYS[16], 0, mid)
+    redis.call('ZADD', K_recall_vectors_due, 0, mid)
   else
-    redis.call('ZREM', KEYS[16], mid)
+    redis.call('ZREM', K_recall_vectors_due, mid)
   end
   -- A user still on layout 1 (recall_posting.lua) may hold the old row's postings in either
   -- form; a user with no document starts on layout 2.
-  local stats = redis.call('HMGET', KEYS[14], 'docs', 'layout')
+  local stats = redis.call('HMGET', K_recall_stats, 'docs', 'layout')
   local current = stats[2] == LAYOUT
   if not current and tonumber(stats[1] or '0') == 0 then
-    redis.call('HSET', KEYS[14], 'layout', LAYOUT)
+    redis.call('HSET', K_recall_stats, 'layout', LAYOUT)
     current = true
   end
   local docs, length = 0, 0
@@ -109,23 +103,23 @@ local function index_recall(r)
     local found, len = recall_pairs(old)
     local members = recall_postings_into({}, found, len, mid, LAYOUT, false)
     if not current then recall_postings_into(members, found, len, mid, '1', false) end
-    if #members > 0 then redis.call('ZREM', KEYS[13], unpack(members)) end
-    redis.call('HDEL', KEYS[12], mid)
+    if #members > 0 then redis.call('ZREM', K_recall_postings, unpack(members)) end
+    redis.call('HDEL', K_recall_docs, mid)
     docs, length = docs - 1, length - len
   end
   if new then
     local found, len = recall_pairs(new)
     local args = recall_postings_into({}, found, len, mid, LAYOUT, true)
-    if #args > 0 then redis.call('ZADD', KEYS[13], unpack(args)) end
-    redis.call('HSET', KEYS[12], mid, new)
+    if #args > 0 then redis.call('ZADD', K_recall_postings, unpack(args)) end
+    redis.call('HSET', K_recall_docs, mid, new)
     docs, length = docs + 1, length + len
   end
-  if docs ~= 0 then redis.call('HINCRBY', KEYS[14], 'docs', docs) end
-  if length ~= 0 then redis.call('HINCRBY', KEYS[14], 'length', length) end
+  if docs ~= 0 then redis.call('HINCRBY', K_recall_stats, 'docs', docs) end
+  if length ~= 0 then redis.call('HINCRBY', K_recall_stats, 'length', length) end
 end
 
 local function load_row()
-  local flat = redis.call('HGETALL', KEYS[1])
+  local flat = redis.call('HGETALL', K_row)
   if #flat == 0 then return nil end
   local r = {}
   for i = 1, #flat, 2 do r[flat[i]] = flat[i + 1] end
@@ -213,12 +207,12 @@ local function commit(r, now, member, old_type, keep_change)
   r.version = next_version(last, now)
   if not keep_change or (r.updated_at or '') == '' then r.updated_at = r.version end
   if (r.created_at or '') == '' then r.created_at = r.version end
-  redis.call('HSET', KEYS[1], unpack(flatten(r)))
+  redis.call('HSET', K_row, unpack(flatten(r)))
   local padded = pad(r.version)
-  redis.call('HSET', KEYS[2], padded, cjson.encode(r))
-  redis.call('ZADD', KEYS[3], 0, padded)
-  redis.call('ZADD', KEYS[4], 0, member)
-  redis.call('HSET', KEYS[5], r.memory_id, KEYS[1])
+  redis.call('HSET', K_versions, padded, cjson.encode(r))
+  redis.call('ZADD', K_version_order, 0, padded)
+  redis.call('ZADD', K_rows, 0, member)
+  redis.call('HSET', K_memory_ids, r.memory_id, K_row)
   index_section(r.key, r.agent, r.session_id,
     r.memory_type == 'profile' and r.deleted ~= '1' and r.redacted ~= '1')
   index_live(r, old_type, member)
@@ -226,7 +220,7 @@ local function commit(r, now, member, old_type, keep_change)
   local entry = source_entry(r, now)
   local valid_to = ''
   if entry then valid_to = r.valid_to or '' end
-  return update_sources(KEYS[7], KEYS[8], KEYS[9], r.memory_id, entry, valid_to, r.version)
+  return update_sources(K_sources, K_digest, K_source_expiry, r.memory_id, entry, valid_to, r.version)
 end
 
 -- keys.escape: a memory_id as a component of a key name.
@@ -279,8 +273,8 @@ local function embed_job_of(status, r)
   local job = TAIL.embed_job or ''
   if job == '' or status == 'NOOP' then return '' end
   if r.deleted == '1' or r.redacted == '1' or r.memory_type == 'profile' then return '' end
-  if redis.call('EXISTS', KEYS[10]) == 1 or redis.call('ZCARD', KEYS[16]) == 0 then return '' end
-  if redis.call('SET', KEYS[19], job, 'NX', 'EX', TAIL.embed_ttl) then return job end
+  if redis.call('EXISTS', K_erasing) == 1 or redis.call('ZCARD', K_recall_vectors_due) == 0 then return '' end
+  if redis.call('SET', K_recall_vectors_queued, job, 'NX', 'EX', TAIL.embed_ttl) then return job end
   return ''
 end
 
@@ -333,7 +327,7 @@ local function done(status, moved, r)
 end
 
 local function target(expected_id)
-  if redis.call('EXISTS', KEYS[10]) == 1 then return nil, {'ERASING'} end
+  if redis.call('EXISTS', K_erasing) == 1 then return nil, {'ERASING'} end
   local r = load_row()
   if not r or (expected_id ~= '' and r.memory_id ~= expected_id) then
     return nil, {'MISSING'}

@@ -60,11 +60,16 @@ def test_the_loader_puts_the_preamble_before_the_includes() -> None:
     assert text.index("local A_tail = ARGV[") < text.index("cjson.decode(A_tail)")
 
 
+def _code(name: str) -> str:
+    """A script's Lua (includes expanded, no preamble) without its comment lines."""
+    return "\n".join(line for line in _expanded(name).splitlines()
+                     if not line.lstrip().startswith("--"))
+
+
 @pytest.mark.parametrize("name", sorted(INTERFACES))
 def test_a_declared_script_names_every_key_and_argument_it_reads(name: str) -> None:
     interface = INTERFACES[name]
-    body = "\n".join(line for line in _expanded(name).splitlines()
-                     if not line.lstrip().startswith("--"))
+    body = _code(name)
     # No position: a key or argument is read by its name (a variable tail by index from its
     # declared start).
     assert re.findall(r"(?:KEYS|ARGV)\[\d+\]|#KEYS\b", body) == []
@@ -75,3 +80,19 @@ def test_a_declared_script_names_every_key_and_argument_it_reads(name: str) -> N
         declared.add(f"A_{interface.more_args}_from")
     # Every name the Lua reads is declared (a misspelt one would be a nil global at run time).
     assert set(re.findall(r"\b[KA]_\w+", body)) <= declared
+
+
+# What memory_write.lua reads from its JSON tail: values, and the pointer's prefix, the one key
+# name still made in Lua (its name holds the memory_id, which a write by key reads from the row).
+TAIL_FIELDS = {"apply", "user_id", "pointer", "pointer_value", "wake_member", "wakes_total",
+               "namespace_json", "structured_row", "holder", "embed_job", "embed_ttl"}
+
+
+@pytest.mark.parametrize("name", sorted(INTERFACES))
+def test_a_memory_write_takes_every_key_but_the_pointer_as_a_declared_key(name: str) -> None:
+    body = _code(name)
+    fields = set(re.findall(r"\b(?:TAIL|t)\.(\w+)", body))
+    assert fields <= TAIL_FIELDS, fields - TAIL_FIELDS
+    # No key is made by joining text onto a declared one.
+    assert re.findall(r"K_\w+\s*\.\.|\.\.\s*K_\w+", body) == []
+    assert body.count("t.pointer ..") == 1

@@ -118,6 +118,7 @@ from app.store.script_interfaces import (
     MEMORY_REVERT,
     MEMORY_SET,
     MEMORY_TOUCH,
+    MEMORY_WRITE_NAMESPACE_KEYS,
     ScriptInterface,
 )
 
@@ -849,17 +850,24 @@ class MemoryStore:
                     location.org, location.namespace, location.user_id, job_id)
         return written
 
-    @staticmethod
-    def _run(run: Script, interface: ScriptInterface, location: Location,
+    def _run(self, run: Script, interface: ScriptInterface, location: Location,
              held: HeldKey | None, own_keys: Mapping[str, str | None], args: Mapping[str, Any],
              *, more_keys: Sequence[str] = (), more_args: Sequence[Any] = ()) -> Any:
         """Run a memory write script: the keys every one shares (``location``'s, and the
         Idempotency-Key record the write answers, when it answers one), the script's
         ``own_keys`` and ``args`` by name, in the order ``interface`` declares."""
         ordered_keys, ordered_args = interface.ordered(
-            {**location.write_keys(), "outcome": held.redis_key if held else None, **own_keys},
+            {**location.write_keys(), "outcome": held.redis_key if held else None,
+             **self._namespace_keys(location), **own_keys},
             args, more_keys, more_args)
         return run(keys=ordered_keys, args=ordered_args)
+
+    def _namespace_keys(self, location: Location) -> Mapping[str, str | None]:
+        """The namespace-slot keys of a write (MEMORY_WRITE_NAMESPACE_KEYS): none to the
+        script on Redis Cluster, where its slot is the user's and the caller sends them."""
+        if self._clustered:
+            return dict.fromkeys(MEMORY_WRITE_NAMESPACE_KEYS)
+        return location.namespace_keys()
 
     def _tail(self, location: Location, held: HeldKey | None = None,
               request_vectors: bool = True) -> str:
@@ -875,15 +883,6 @@ class MemoryStore:
             "user_id": location.user_id,
             "pointer": keys.memory_pointer(org, namespace, ""),
             "pointer_value": location.pointer_value(),
-            "recall_users": keys.recall_users(org, namespace),
-            "recall_vector_set": keys.recall_namespace_vector_set(org, namespace),
-            "profile_users": keys.profile_users(org, namespace),
-            "label_users": keys.profile_label_users(org, namespace, location.key),
-            "agent_users": keys.profile_agent_users(org, namespace, location.agent),
-            "changed_users": keys.profile_changed_users(org, namespace),
-            "fold_changed": keys.consolidation_changed(org, namespace),
-            "fact_namespaces": keys.fact_namespaces(),
-            "structured_wakes": keys.structured_wakes(),
             "wake_member": namespace_member(org, namespace),
             "wakes_total": WAKES_TOTAL,
             "namespace_json": json.dumps([org, namespace]),
@@ -896,10 +895,12 @@ class MemoryStore:
         script answered (one pipeline; a process that dies before it leaves them until the
         row's next write re-asserts them), and a section's vector refresh."""
         if left:
+            # The script names each key by its declared name; the pointer by its key.
+            named = location.namespace_keys()
             pipe = self.redis.pipeline(transaction=False)
-            for command in left:
+            for word, key, *rest in left:
                 # The script's own words (SET, SADD, ZADD): redis-py leaves this one untyped.
-                pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+                pipe.execute_command(word, named.get(key, key), *rest)  # type: ignore[no-untyped-call]
             pipe.execute()
         if written.row.memory_type == PROFILE_TYPE:
             # loom_search's profile leg: the section's vector is refreshed off the request path.

@@ -152,6 +152,22 @@ class Location:
             "recall_vectors_queued": keys.recall_vectors_queued(*user),
         }
 
+    def namespace_keys(self) -> dict[str, str]:
+        """The namespace-slot keys a write of the row asserts (app/store/script_interfaces.py
+        MEMORY_WRITE_NAMESPACE_KEYS), by name."""
+        org, namespace = self.org, self.namespace
+        return {
+            "recall_users": keys.recall_users(org, namespace),
+            "namespace_vector_set": keys.recall_namespace_vector_set(org, namespace),
+            "profile_users": keys.profile_users(org, namespace),
+            "label_users": keys.profile_label_users(org, namespace, self.key),
+            "agent_users": keys.profile_agent_users(org, namespace, self.agent),
+            "changed_users": keys.profile_changed_users(org, namespace),
+            "fold_changed": keys.consolidation_changed(org, namespace),
+            "fact_namespaces": keys.fact_namespaces(),
+            "structured_wakes": keys.structured_wakes(),
+        }
+
     def pointer_value(self) -> str:
         return json.dumps([self.user_id, self.agent, self.session_id, self.key])
 

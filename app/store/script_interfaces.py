@@ -89,7 +89,8 @@ def _check(script: str, what: str, declared: frozenset[str], given: Mapping[str,
 
 
 # Every memory write script (app/store/lua/memory_write.lua, which each of them includes)
-# takes these keys first, all in the user's slot (app/store/memory_row.py Location.shared_keys).
+# takes these keys first: the user's slot's (app/store/memory_row.py Location.write_keys), then
+# the namespace's (MEMORY_WRITE_NAMESPACE_KEYS, below).
 MEMORY_WRITE_KEYS: tuple[str, ...] = (
     "row",  # the row's current fields
     "versions",  # padded version -> JSON snapshot
@@ -113,6 +114,23 @@ MEMORY_WRITE_KEYS: tuple[str, ...] = (
     # The Idempotency-Key record the write answers (None: no key; the tail's holder says which).
     "outcome",
 )
+
+# The namespace-slot keys a memory write asserts (memory_write.lua namespace_commands). On one
+# server they follow MEMORY_WRITE_KEYS and the script writes them; on Redis Cluster they are in
+# another slot than the user's, so they are passed as None and the script answers its commands
+# by these names for the caller to resolve and send (app/store/memory.py _after_write).
+MEMORY_WRITE_NAMESPACE_KEYS: tuple[str, ...] = (
+    "recall_users",
+    "namespace_vector_set",
+    "profile_users",
+    "label_users",  # the users with a section of the row's label
+    "agent_users",  # the users with a section of the row's agent
+    "changed_users",
+    "fold_changed",
+    "fact_namespaces",
+    "structured_wakes",
+)
+MEMORY_WRITE_KEYS += MEMORY_WRITE_NAMESPACE_KEYS
 
 MEMORY_SET = ScriptInterface(
     "memory_set",

@@ -16,7 +16,7 @@ local change = A_change
 local function has_vector(mid)
   if A_vector_engine == '1' then
     return redis.call('VISMEMBER', K_recall_vector_set, mid) == 1 and (not TAIL.apply
-      or redis.call('VISMEMBER', TAIL.recall_vector_set, TAIL.user_id .. NUL .. mid) == 1)
+      or redis.call('VISMEMBER', K_namespace_vector_set, TAIL.user_id .. NUL .. mid) == 1)
   end
   local stored = redis.call('HGET', K_recall_vectors, mid)
   return stored ~= false and string.find(stored, ':', 1, true) ~= nil

@@ -232,35 +232,40 @@ end
 -- The entries outside the user's slot that a write of r asserts, as commands: the memory_id's
 -- pointer, the namespace's sets of users with facts or sections, and its change lists when the
 -- sources moved (or a caller wrote the structured worker's row). changed_at scores the change.
+-- A command names its key by its declared name (app/store/script_interfaces.py
+-- MEMORY_WRITE_NAMESPACE_KEYS): on one server that key is one of this script's KEYS and the
+-- script writes it (reply_of); on Redis Cluster it is in another slot, so it is not, and the
+-- caller resolves the name. The pointer is the one key still named here: its name holds the
+-- row's memory_id, which a write addressed by key learns only from the row (docs/decisions.md).
 local function namespace_commands(r, moved, changed_at, redacted)
   local t = TAIL
   local commands = {{'SET', t.pointer .. escape(r.memory_id), t.pointer_value}}
   if r.memory_type == 'profile' then
-    commands[#commands + 1] = {'SADD', t.profile_users, t.user_id}
-    commands[#commands + 1] = {'SADD', t.label_users, t.user_id}
-    commands[#commands + 1] = {'SADD', t.agent_users, t.user_id}
+    commands[#commands + 1] = {'SADD', 'profile_users', t.user_id}
+    commands[#commands + 1] = {'SADD', 'label_users', t.user_id}
+    commands[#commands + 1] = {'SADD', 'agent_users', t.user_id}
   else
     -- A namespace search fans out over these users (app/store/recall.py).
-    commands[#commands + 1] = {'SADD', t.recall_users, t.user_id}
+    commands[#commands + 1] = {'SADD', 'recall_users', t.user_id}
   end
   -- A caller's write, redact or delete of the worker's row makes it read as no profile
   -- (pending): the user is listed, or no scan would ever see the row moved.
   local by_caller = t.structured_row and (redacted or r.written_by ~= STRUCTURED_WORKER)
   if moved or by_caller then
-    commands[#commands + 1] = {'ZADD', t.changed_users, changed_at, t.user_id}
+    commands[#commands + 1] = {'ZADD', 'changed_users', changed_at, t.user_id}
   end
   if VECTOR_LEFT then
     -- A namespace search's one VSIM reads this set (app/store/recall_vectors.py).
-    commands[#commands + 1] = {'VREM', t.recall_vector_set, t.user_id .. NUL .. VECTOR_LEFT}
+    commands[#commands + 1] = {'VREM', 'namespace_vector_set', t.user_id .. NUL .. VECTOR_LEFT}
   end
   if moved then
     -- The consolidation fold's own change list and the namespaces it visits.
-    commands[#commands + 1] = {'ZADD', t.fold_changed, changed_at, t.user_id}
-    commands[#commands + 1] = {'SADD', t.fact_namespaces, t.namespace_json}
+    commands[#commands + 1] = {'ZADD', 'fold_changed', changed_at, t.user_id}
+    commands[#commands + 1] = {'SADD', 'fact_namespaces', t.namespace_json}
   end
-  if FIRST_SOURCE and t.structured_wakes then
-    commands[#commands + 1] = {'HINCRBY', t.structured_wakes, t.wake_member, 1}
-    commands[#commands + 1] = {'HINCRBY', t.structured_wakes, t.wakes_total, 1}
+  if FIRST_SOURCE then
+    commands[#commands + 1] = {'HINCRBY', 'structured_wakes', t.wake_member, 1}
+    commands[#commands + 1] = {'HINCRBY', 'structured_wakes', t.wakes_total, 1}
   end
   return commands
 end
@@ -288,7 +293,17 @@ local function reply_of(status, moved, r, changed_at, redacted)
   if status ~= 'NOOP' then
     local commands = namespace_commands(r, moved, changed_at or r.version, redacted)
     if TAIL.apply then
-      for _, command in ipairs(commands) do redis.call(unpack(command)) end
+      local named = {
+        recall_users = K_recall_users, namespace_vector_set = K_namespace_vector_set,
+        profile_users = K_profile_users, label_users = K_label_users,
+        agent_users = K_agent_users, changed_users = K_changed_users,
+        fold_changed = K_fold_changed, fact_namespaces = K_fact_namespaces,
+        structured_wakes = K_structured_wakes,
+      }
+      for _, command in ipairs(commands) do
+        command[2] = named[command[2]] or command[2]
+        redis.call(unpack(command))
+      end
     else
       left = commands
     end

@@ -5,13 +5,20 @@ or argument by position."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import redis
 
 from app.store.lua import _expanded, source
-from app.store.script_interfaces import INTERFACES, MEMORY_SET, ScriptInterface
+from app.store.script_interfaces import (
+    INTERFACES,
+    MEMORY_SET,
+    MEMORY_WRITE_KEYS,
+    ScriptInterface,
+)
 
+ROOT = Path(__file__).resolve().parent.parent
 PROBE = ScriptInterface("probe", keys=("first", "second", "third"), args=("alpha", "beta"),
                         more_args="rest")
 PROBE_BODY = "return {K_first, K_second, K_third, A_alpha, A_beta, A_rest_from, #ARGV}"
@@ -88,7 +95,20 @@ TAIL_FIELDS = {"apply", "user_id", "pointer", "pointer_value", "wake_member", "w
                "namespace_json", "structured_row", "holder", "embed_job", "embed_ttl"}
 
 
-@pytest.mark.parametrize("name", sorted(INTERFACES))
+MEMORY_WRITES = sorted(name for name, interface in INTERFACES.items()
+                       if interface.keys[:len(MEMORY_WRITE_KEYS)] == MEMORY_WRITE_KEYS)
+
+
+def test_the_memory_writes_are_the_scripts_that_include_memory_write() -> None:
+    assert MEMORY_WRITES == sorted(name for name in INTERFACES
+                                   if "--#include memory_write\n" in _raw(name))
+
+
+def _raw(name: str) -> str:
+    return (ROOT / "app" / "store" / "lua" / f"{name}.lua").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("name", MEMORY_WRITES)
 def test_a_memory_write_takes_every_key_but_the_pointer_as_a_declared_key(name: str) -> None:
     body = _code(name)
     fields = set(re.findall(r"\b(?:TAIL|t)\.(\w+)", body))

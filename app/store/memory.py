@@ -111,8 +111,10 @@ from app.store.recall_vectors import (
 )
 from app.store.replies import optional_texts, scored, text_map, text_set, texts
 from app.store.script_interfaces import (
+    CLEAR_UNLESS_CHANGED_SINCE,
     MEMORY_DELETE,
     MEMORY_DELETE_VERSION,
+    MEMORY_EXPIRE_SOURCES,
     MEMORY_FLAG,
     MEMORY_REDACT,
     MEMORY_REVERT,
@@ -390,16 +392,11 @@ class MemoryStore:
         """Take sources past their valid_to out of the digest; how many left."""
         user = (org, namespace, user_id)
         now = self.clock.now_ns()
-        removed = int(
-            self._expire(
-                keys=[
-                    keys.profile_sources(*user),
-                    keys.profile_source_digest(*user),
-                    keys.profile_source_expiry(*user),
-                ],
-                args=[now],
-            )
-        )
+        removed = int(self._expire(*MEMORY_EXPIRE_SOURCES.ordered(
+            {"sources": keys.profile_sources(*user),
+             "digest": keys.profile_source_digest(*user),
+             "source_expiry": keys.profile_source_expiry(*user)},
+            {"now": now})))
         if removed:
             self.redis.zadd(keys.profile_changed_users(org, namespace), {user_id: now})
         return removed
@@ -415,11 +412,9 @@ class MemoryStore:
 
     def clear_changed(self, org: str, namespace: str, user_id: str, built_at_ns: int) -> bool:
         """Forget a user's change once a build read it; a later change keeps it listed."""
-        return bool(
-            self._clear_changed(
-                keys=[keys.profile_changed_users(org, namespace)], args=[user_id, built_at_ns]
-            )
-        )
+        return bool(self._clear_changed(*CLEAR_UNLESS_CHANGED_SINCE.ordered(
+            {"changed_users": keys.profile_changed_users(org, namespace)},
+            {"user_id": user_id, "read_at": built_at_ns})))
 
     # --- writes --------------------------------------------------------------------------
 

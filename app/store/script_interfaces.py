@@ -203,10 +203,22 @@ MEMORY_REDACT = ScriptInterface(
     more_keys="derived",
 )
 
+# Sources whose valid_to passed (by now) leave the user's digest.
+MEMORY_EXPIRE_SOURCES = ScriptInterface(
+    "memory_expire_sources", keys=("sources", "digest", "source_expiry"), args=("now",),
+)
+
+# A user leaves a sorted set of users scored by change time, only when no change came after
+# read_at (a score).
+CLEAR_UNLESS_CHANGED_SINCE = ScriptInterface(
+    "clear_unless_changed_since", keys=("changed_users",), args=("user_id", "read_at"),
+)
+
 INTERFACES: dict[str, ScriptInterface] = {
     interface.name: interface
     for interface in (MEMORY_SET, MEMORY_FLAG, MEMORY_DELETE, MEMORY_DELETE_VERSION,
-                      MEMORY_REVERT, MEMORY_TOUCH, MEMORY_REDACT)
+                      MEMORY_REVERT, MEMORY_TOUCH, MEMORY_REDACT, MEMORY_EXPIRE_SOURCES,
+                      CLEAR_UNLESS_CHANGED_SINCE)
 }
 
 

@@ -214,11 +214,37 @@ CLEAR_UNLESS_CHANGED_SINCE = ScriptInterface(
     "clear_unless_changed_since", keys=("changed_users",), args=("user_id", "read_at"),
 )
 
+# Every working-memory write script: the scope"s hash, the user"s index of scopes, the user"s
+# erasure marker (app/store/working_memory.py WorkingMemoryStore._keys). The scripts run as
+# KeyedScripts: the keyed wrapper takes the Idempotency-Key"s record and holder off the end of
+# KEYS and ARGV before this preamble names the rest.
+WORKING_MEMORY_KEYS: tuple[str, ...] = ("scope", "index", "erasing")
+# char_limit: '' keeps the block's cap (default_char_limit for a new block); length: the
+# content's, in characters.
+WORKING_MEMORY_SET = ScriptInterface(
+    "working_memory_set", keys=WORKING_MEMORY_KEYS,
+    args=("block_key", "now", "char_limit", "content", "length", "default_char_limit"),
+)
+WORKING_MEMORY_APPEND = ScriptInterface(
+    "working_memory_append", keys=WORKING_MEMORY_KEYS,
+    args=("block_key", "now", "addition", "addition_length", "separator", "separator_length",
+          "default_char_limit"),
+)
+WORKING_MEMORY_REPLACE = ScriptInterface(
+    "working_memory_replace", keys=WORKING_MEMORY_KEYS,
+    args=("block_key", "now", "old", "old_length", "new", "new_length"),
+)
+WORKING_MEMORY_DELETE = ScriptInterface(
+    "working_memory_delete", keys=WORKING_MEMORY_KEYS,
+    args=("block_key",),
+)
+
 INTERFACES: dict[str, ScriptInterface] = {
     interface.name: interface
     for interface in (MEMORY_SET, MEMORY_FLAG, MEMORY_DELETE, MEMORY_DELETE_VERSION,
                       MEMORY_REVERT, MEMORY_TOUCH, MEMORY_REDACT, MEMORY_EXPIRE_SOURCES,
-                      CLEAR_UNLESS_CHANGED_SINCE)
+                      CLEAR_UNLESS_CHANGED_SINCE, WORKING_MEMORY_SET, WORKING_MEMORY_APPEND,
+                      WORKING_MEMORY_REPLACE, WORKING_MEMORY_DELETE)
 }
 
 

@@ -33,7 +33,9 @@ SCRIPT_NAMES = sorted(
     if entry.name.endswith(".lua")
 )
 # Files holding only shared functions, pulled into scripts by --#include; never run alone.
-INCLUDED_ONLY = {"version", "working_memory_parse", "memory_digest", "memory_write"}
+INCLUDED_ONLY = {"version", "working_memory_parse", "memory_digest", "memory_write",
+                 "memory_write_row", "memory_write_vectors", "memory_write_lexical",
+                 "memory_write_digest", "memory_write_answer"}
 
 
 # Stores whose scripts are still Python strings; the list only shrinks.

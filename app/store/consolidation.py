@@ -35,6 +35,7 @@ from app.store import keys
 from app.store.lua import script
 from app.store.memory import Location, MemoryRow
 from app.store.replies import optional_texts, text_map
+from app.store.script_interfaces import CLEAR_UNLESS_CHANGED_SINCE
 
 if TYPE_CHECKING:
     from app.store.services import StoreServices
@@ -135,7 +136,8 @@ class ConsolidationStore:
         after that re-read lists the user itself, after this removal.
         """
         changed = keys.consolidation_changed(org, namespace)
-        removed = bool(self._clear_changed(keys=[changed], args=[user_id, read_at_ns]))
+        removed = bool(self._clear_changed(*CLEAR_UNLESS_CHANGED_SINCE.ordered(
+            {"changed_users": changed}, {"user_id": user_id, "read_at": read_at_ns})))
         if removed:
             now = self.redis.hget(keys.profile_source_digest(org, namespace, user_id), "digest")
             # No digest at all: the user's slot was emptied (an erasure), nothing to list.

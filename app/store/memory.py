@@ -54,6 +54,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import redis
+from redis.commands.core import Script
 
 from app.errors import (
     CharLimitExceeded,
@@ -109,6 +110,19 @@ from app.store.recall_vectors import (
     new_job_id,
 )
 from app.store.replies import optional_texts, scored, text_map, text_set, texts
+from app.store.script_interfaces import (
+    CLEAR_UNLESS_CHANGED_SINCE,
+    MEMORY_DELETE,
+    MEMORY_DELETE_VERSION,
+    MEMORY_EXPIRE_SOURCES,
+    MEMORY_FLAG,
+    MEMORY_REDACT,
+    MEMORY_REVERT,
+    MEMORY_SET,
+    MEMORY_TOUCH,
+    MEMORY_WRITE_NAMESPACE_KEYS,
+    ScriptInterface,
+)
 
 if TYPE_CHECKING:
     from app.store.services import StoreServices
@@ -378,16 +392,11 @@ class MemoryStore:
         """Take sources past their valid_to out of the digest; how many left."""
         user = (org, namespace, user_id)
         now = self.clock.now_ns()
-        removed = int(
-            self._expire(
-                keys=[
-                    keys.profile_sources(*user),
-                    keys.profile_source_digest(*user),
-                    keys.profile_source_expiry(*user),
-                ],
-                args=[now],
-            )
-        )
+        removed = int(self._expire(*MEMORY_EXPIRE_SOURCES.ordered(
+            {"sources": keys.profile_sources(*user),
+             "digest": keys.profile_source_digest(*user),
+             "source_expiry": keys.profile_source_expiry(*user)},
+            {"now": now})))
         if removed:
             self.redis.zadd(keys.profile_changed_users(org, namespace), {user_id: now})
         return removed
@@ -403,11 +412,9 @@ class MemoryStore:
 
     def clear_changed(self, org: str, namespace: str, user_id: str, built_at_ns: int) -> bool:
         """Forget a user's change once a build read it; a later change keeps it listed."""
-        return bool(
-            self._clear_changed(
-                keys=[keys.profile_changed_users(org, namespace)], args=[user_id, built_at_ns]
-            )
-        )
+        return bool(self._clear_changed(*CLEAR_UNLESS_CHANGED_SINCE.ordered(
+            {"changed_users": keys.profile_changed_users(org, namespace)},
+            {"user_id": user_id, "read_at": built_at_ns})))
 
     # --- writes --------------------------------------------------------------------------
 
@@ -444,30 +451,29 @@ class MemoryStore:
         field_list, length = content.fields(location)
         if length > MAX_CHAR_LIMIT:
             raise CharLimitExceeded(length, MAX_CHAR_LIMIT)
-        extra = [fence.key] if fence is not None else []
         record_pairs: list[str | int] = []
         if record is not None:
-            extra.append(record[0])
             record_pairs = [item for pair in record[1].items() for item in pair]
-        reply = self._set(
-            keys=self._keys(location, extra, held),
-            args=[
-                self.clock.now_ns(),
-                new_memory_id(),
-                location.member,
-                expected_version,
-                if_match_sha256,
-                "" if default_char_limit is None else default_char_limit,
-                "" if char_limit is None else char_limit,
-                written_by,
-                required_type,
-                "1" if refuse_pinned else "0",
-                fence.token if fence is not None else "",
-                len(record_pairs) // 2,
-                *record_pairs,
-                *field_list,
-                self._tail(location, held),
-            ],
+        reply = self._run(
+            self._set, MEMORY_SET, location, held,
+            {"fence": fence.key if fence is not None else None,
+             "record": record[0] if record is not None else None},
+            {
+                "now": self.clock.now_ns(),
+                "memory_id": new_memory_id(),
+                "member": location.member,
+                "expected_version": expected_version,
+                "if_match": if_match_sha256,
+                "default_char_limit": "" if default_char_limit is None else default_char_limit,
+                "char_limit": "" if char_limit is None else char_limit,
+                "written_by": written_by,
+                "required_type": required_type,
+                "refuse_pinned": "1" if refuse_pinned else "0",
+                "fence_token": fence.token if fence is not None else "",
+                "record_pairs": len(record_pairs) // 2,
+                "tail": self._tail(location, held),
+            },
+            more_args=[*record_pairs, *field_list],
         )
         return self._finish(location, reply, held)
 
@@ -479,18 +485,15 @@ class MemoryStore:
         flag is already so)."""
         if flag not in ("locked", "pinned"):
             raise ValueError(f"unknown flag {flag}")
-        reply = self._flag(
-            keys=self._keys(location, held=held),
-            args=[
-                self.clock.now_ns(),
-                flag,
-                "1" if on else "0",
-                written_by,
-                location.member,
-                memory_id,
-                self._tail(location, held),
-            ],
-        )
+        reply = self._run(self._flag, MEMORY_FLAG, location, held, {}, {
+            "now": self.clock.now_ns(),
+            "flag": flag,
+            "on": "1" if on else "0",
+            "written_by": written_by,
+            "member": location.member,
+            "memory_id": memory_id,
+            "tail": self._tail(location, held),
+        })
         return self._finish(location, reply, held)
 
     def delete(
@@ -499,11 +502,11 @@ class MemoryStore:
     ) -> Written | None:
         """Write a tombstone version; None when there is no row. ``changed`` False: it was
         already deleted."""
-        reply = self._delete(
-            keys=self._keys(location, held=held),
-            args=[self.clock.now_ns(), written_by, location.member, memory_id, source_trace,
-                  self._tail(location, held)],
-        )
+        reply = self._run(self._delete, MEMORY_DELETE, location, held, {}, {
+            "now": self.clock.now_ns(), "written_by": written_by, "member": location.member,
+            "memory_id": memory_id, "source_trace": source_trace,
+            "tail": self._tail(location, held),
+        })
         if reply[0] == "MISSING":
             return None
         return self._finish(location, reply, held)
@@ -513,18 +516,15 @@ class MemoryStore:
         held: HeldKey | None = None,
     ) -> Written:
         """Remove one version; the removal is a new version traced ``memory.delete_version:``."""
-        reply = self._delete_version(
-            keys=self._keys(location, held=held),
-            args=[
-                self.clock.now_ns(),
-                pad_version(version),
-                written_by,
-                location.member,
-                memory_id,
-                f"{DELETE_VERSION_TRACE}{version}",
-                self._tail(location, held),
-            ],
-        )
+        reply = self._run(self._delete_version, MEMORY_DELETE_VERSION, location, held, {}, {
+            "now": self.clock.now_ns(),
+            "version": pad_version(version),
+            "written_by": written_by,
+            "member": location.member,
+            "memory_id": memory_id,
+            "source_trace": f"{DELETE_VERSION_TRACE}{version}",
+            "tail": self._tail(location, held),
+        })
         return self._finish(location, reply, held, version=version)
 
     def revert(
@@ -534,18 +534,15 @@ class MemoryStore:
         """Bring back the content of a stored version as the row's next version: ``version``
         for a revert, None for a restore (a deleted row, with its newest version that is no
         deletion). Either is a change of the fact, dated now unless its valid_at dates it."""
-        reply = self._revert(
-            keys=self._keys(location, held=held),
-            args=[
-                self.clock.now_ns(),
-                "restore" if version is None else "revert",
-                "" if version is None else pad_version(version),
-                written_by,
-                location.member,
-                memory_id,
-                self._tail(location, held),
-            ],
-        )
+        reply = self._run(self._revert, MEMORY_REVERT, location, held, {}, {
+            "now": self.clock.now_ns(),
+            "change": "restore" if version is None else "revert",
+            "version": "" if version is None else pad_version(version),
+            "written_by": written_by,
+            "member": location.member,
+            "memory_id": memory_id,
+            "tail": self._tail(location, held),
+        })
         return self._finish(location, reply, held, version=version)
 
     def touch(
@@ -563,21 +560,18 @@ class MemoryStore:
         now; ``recall`` counts the use and keeps the row's last change."""
         if change not in ("restate", "reinforce", "recall"):
             raise ValueError(f"unknown change {change}")
-        reply = self._touch(
-            keys=self._keys(location, held=held),
-            args=[
-                self.clock.now_ns(),
-                change,
-                written_by,
-                location.member,
-                memory_id,
-                "" if confidence is None else format_confidence(confidence),
-                "",
-                "",
-                "",
-                self._tail(location, held),
-            ],
-        )
+        reply = self._run(self._touch, MEMORY_TOUCH, location, held, {}, {
+            "now": self.clock.now_ns(),
+            "change": change,
+            "written_by": written_by,
+            "member": location.member,
+            "memory_id": memory_id,
+            "confidence": "" if confidence is None else format_confidence(confidence),
+            "expected_version": "",
+            "recall_terms": "",
+            "vector_engine": "",
+            "tail": self._tail(location, held),
+        })
         return self._finish(location, reply, held)
 
     def backfill(self, location: Location, *, written_by: str, memory_id: str = "",
@@ -598,13 +592,18 @@ class MemoryStore:
                 if row is not None and not row.redacted
                 and indexable(row.memory_type, row.tags) else ""
             )
-            reply = self._touch(
-                keys=self._keys(location, held=held),
-                args=[self.clock.now_ns(), "backfill", written_by, location.member, memory_id,
-                      "", "" if row is None else str(row.version), terms,
-                      "1" if engine_of(self.redis) == VECTORSET else "",
-                      self._tail(location, held, request_vectors)],
-            )
+            reply = self._run(self._touch, MEMORY_TOUCH, location, held, {}, {
+                "now": self.clock.now_ns(),
+                "change": "backfill",
+                "written_by": written_by,
+                "member": location.member,
+                "memory_id": memory_id,
+                "confidence": "",
+                "expected_version": "" if row is None else str(row.version),
+                "recall_terms": terms,
+                "vector_engine": "1" if engine_of(self.redis) == VECTORSET else "",
+                "tail": self._tail(location, held, request_vectors),
+            })
             return self._finish(location, reply, held, request_vectors=request_vectors)
 
         return self._with_retries(attempt)
@@ -626,11 +625,11 @@ class MemoryStore:
         for derived_location in derived:
             derived_keys += [derived_location.row_key(),
                              keys.memory_versions(*derived_location.parts())]
-        reply = self._redact(
-            keys=self._keys(location, derived_keys, held),
-            args=[self.clock.now_ns(), written_by, memory_id, len(derived),
-                  self._tail(location, held, request_vectors=False)],
-        )
+        reply = self._run(self._redact, MEMORY_REDACT, location, held, {}, {
+            "now": self.clock.now_ns(), "written_by": written_by, "memory_id": memory_id,
+            "derived_count": len(derived),
+            "tail": self._tail(location, held, request_vectors=False),
+        }, more_keys=derived_keys)
         if reply[0] != "OK":
             self._refuse(location, reply)
         if held is not None:
@@ -846,11 +845,24 @@ class MemoryStore:
                     location.org, location.namespace, location.user_id, job_id)
         return written
 
-    def _keys(self, location: Location, extra: Sequence[str] = (),
-              held: HeldKey | None = None) -> list[str]:
-        """A write script's keys: the shared ones, the script's own ``extra``, then the
-        Idempotency-Key record the write answers, when it answers one."""
-        return [*location.script_keys(), *extra, *([held.redis_key] if held else [])]
+    def _run(self, run: Script, interface: ScriptInterface, location: Location,
+             held: HeldKey | None, own_keys: Mapping[str, str | None], args: Mapping[str, Any],
+             *, more_keys: Sequence[str] = (), more_args: Sequence[Any] = ()) -> Any:
+        """Run a memory write script: the keys every one shares (``location``'s, and the
+        Idempotency-Key record the write answers, when it answers one), the script's
+        ``own_keys`` and ``args`` by name, in the order ``interface`` declares."""
+        ordered_keys, ordered_args = interface.ordered(
+            {**location.write_keys(), "outcome": held.redis_key if held else None,
+             **self._namespace_keys(location), **own_keys},
+            args, more_keys, more_args)
+        return run(keys=ordered_keys, args=ordered_args)
+
+    def _namespace_keys(self, location: Location) -> Mapping[str, str | None]:
+        """The namespace-slot keys of a write (MEMORY_WRITE_NAMESPACE_KEYS): none to the
+        script on Redis Cluster, where its slot is the user's and the caller sends them."""
+        if self._clustered:
+            return dict.fromkeys(MEMORY_WRITE_NAMESPACE_KEYS)
+        return location.namespace_keys()
 
     def _tail(self, location: Location, held: HeldKey | None = None,
               request_vectors: bool = True) -> str:
@@ -866,15 +878,6 @@ class MemoryStore:
             "user_id": location.user_id,
             "pointer": keys.memory_pointer(org, namespace, ""),
             "pointer_value": location.pointer_value(),
-            "recall_users": keys.recall_users(org, namespace),
-            "recall_vector_set": keys.recall_namespace_vector_set(org, namespace),
-            "profile_users": keys.profile_users(org, namespace),
-            "label_users": keys.profile_label_users(org, namespace, location.key),
-            "agent_users": keys.profile_agent_users(org, namespace, location.agent),
-            "changed_users": keys.profile_changed_users(org, namespace),
-            "fold_changed": keys.consolidation_changed(org, namespace),
-            "fact_namespaces": keys.fact_namespaces(),
-            "structured_wakes": keys.structured_wakes(),
             "wake_member": namespace_member(org, namespace),
             "wakes_total": WAKES_TOTAL,
             "namespace_json": json.dumps([org, namespace]),
@@ -887,10 +890,12 @@ class MemoryStore:
         script answered (one pipeline; a process that dies before it leaves them until the
         row's next write re-asserts them), and a section's vector refresh."""
         if left:
+            # The script names each key by its declared name; the pointer by its key.
+            named = location.namespace_keys()
             pipe = self.redis.pipeline(transaction=False)
-            for command in left:
+            for word, key, *rest in left:
                 # The script's own words (SET, SADD, ZADD): redis-py leaves this one untyped.
-                pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+                pipe.execute_command(word, named.get(key, key), *rest)  # type: ignore[no-untyped-call]
             pipe.execute()
         if written.row.memory_type == PROFILE_TYPE:
             # loom_search's profile leg: the section's vector is refreshed off the request path.

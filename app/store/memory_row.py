@@ -125,30 +125,48 @@ class Location:
     def row_key(self) -> str:
         return keys.memory_row(*self.parts())
 
-    def script_keys(self) -> list[str]:
+    def write_keys(self) -> dict[str, str]:
+        """The keys every memory write script takes (app/store/script_interfaces.py
+        MEMORY_WRITE_KEYS but the Idempotency-Key record), by name; all in the user's slot."""
         parts = self.parts()
         user = (self.org, self.namespace, self.user_id)
-        return [
-            keys.memory_row(*parts),
-            keys.memory_versions(*parts),
-            keys.memory_version_order(*parts),
-            keys.memory_keys(*user),
-            keys.memory_ids(*user),
-            keys.profile_sections(*user),
-            keys.profile_sources(*user),
-            keys.profile_source_digest(*user),
-            keys.profile_source_expiry(*user),
-            keys.user_erasing(*user),
-            keys.memory_live(*user),
-            keys.recall_docs(*user),
-            keys.recall_postings(*user),
-            keys.recall_stats(*user),
-            keys.recall_vectors(*user),
-            keys.recall_vectors_due(*user),
-            keys.recall_vectors_generation(*user),
-            keys.recall_vector_set(*user),
-            keys.recall_vectors_queued(*user),
-        ]
+        return {
+            "row": keys.memory_row(*parts),
+            "versions": keys.memory_versions(*parts),
+            "version_order": keys.memory_version_order(*parts),
+            "rows": keys.memory_keys(*user),
+            "memory_ids": keys.memory_ids(*user),
+            "sections": keys.profile_sections(*user),
+            "sources": keys.profile_sources(*user),
+            "digest": keys.profile_source_digest(*user),
+            "source_expiry": keys.profile_source_expiry(*user),
+            "erasing": keys.user_erasing(*user),
+            "live": keys.memory_live(*user),
+            "recall_docs": keys.recall_docs(*user),
+            "recall_postings": keys.recall_postings(*user),
+            "recall_stats": keys.recall_stats(*user),
+            "recall_vectors": keys.recall_vectors(*user),
+            "recall_vectors_due": keys.recall_vectors_due(*user),
+            "recall_vectors_generation": keys.recall_vectors_generation(*user),
+            "recall_vector_set": keys.recall_vector_set(*user),
+            "recall_vectors_queued": keys.recall_vectors_queued(*user),
+        }
+
+    def namespace_keys(self) -> dict[str, str]:
+        """The namespace-slot keys a write of the row asserts (app/store/script_interfaces.py
+        MEMORY_WRITE_NAMESPACE_KEYS), by name."""
+        org, namespace = self.org, self.namespace
+        return {
+            "recall_users": keys.recall_users(org, namespace),
+            "namespace_vector_set": keys.recall_namespace_vector_set(org, namespace),
+            "profile_users": keys.profile_users(org, namespace),
+            "label_users": keys.profile_label_users(org, namespace, self.key),
+            "agent_users": keys.profile_agent_users(org, namespace, self.agent),
+            "changed_users": keys.profile_changed_users(org, namespace),
+            "fold_changed": keys.consolidation_changed(org, namespace),
+            "fact_namespaces": keys.fact_namespaces(),
+            "structured_wakes": keys.structured_wakes(),
+        }
 
     def pointer_value(self) -> str:
         return json.dumps([self.user_id, self.agent, self.session_id, self.key])

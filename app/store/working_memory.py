@@ -23,6 +23,12 @@ from app.store.idempotency import HeldKey, KeyedScript
 from app.store.identity import Identity
 from app.store.lua import raise_for_status
 from app.store.replies import optional_text, optional_texts, text_map, text_set
+from app.store.script_interfaces import (
+    WORKING_MEMORY_APPEND,
+    WORKING_MEMORY_DELETE,
+    WORKING_MEMORY_REPLACE,
+    WORKING_MEMORY_SET,
+)
 
 if TYPE_CHECKING:
     from app.store.services import StoreServices
@@ -119,12 +125,13 @@ class WorkingMemoryStore:
     def index_key(identity: Identity) -> str:
         return keys.working_memory_scopes(identity.org, identity.namespace, identity.user_id)
 
-    def _keys(self, identity: Identity) -> list[str]:
-        return [
-            self.scope_key(identity),
-            self.index_key(identity),
-            keys.user_erasing(identity.org, identity.namespace, identity.user_id),
-        ]
+    def _keys(self, identity: Identity) -> dict[str, str | None]:
+        """WORKING_MEMORY_KEYS by name."""
+        return {
+            "scope": self.scope_key(identity),
+            "index": self.index_key(identity),
+            "erasing": keys.user_erasing(identity.org, identity.namespace, identity.user_id),
+        }
 
     @staticmethod
     def write_of(block_key: str, reply: list[Any]) -> BlockWrite:
@@ -137,50 +144,42 @@ class WorkingMemoryStore:
         held: HeldKey | None = None,
     ) -> BlockWrite:
         """Replace the block. ``char_limit`` None keeps the block's cap (the default when new)."""
-        reply = self._set(
-            keys=self._keys(identity),
-            args=[
-                block_key,
-                self.clock.now_ns(),
-                "" if char_limit is None else char_limit,
-                content,
-                len(content),
-                DEFAULT_CHAR_LIMIT,
-            ],
-            held=held,
-        )
+        reply = self._set(*WORKING_MEMORY_SET.ordered(self._keys(identity), {
+            "block_key": block_key,
+            "now": self.clock.now_ns(),
+            "char_limit": "" if char_limit is None else char_limit,
+            "content": content,
+            "length": len(content),
+            "default_char_limit": DEFAULT_CHAR_LIMIT,
+        }), held=held)
         return self.write_of(block_key, reply)
 
     def append(
         self, identity: Identity, block_key: str, addition: str, separator: str,
         held: HeldKey | None = None,
     ) -> BlockWrite:
-        reply = self._append(
-            keys=self._keys(identity),
-            args=[
-                block_key,
-                self.clock.now_ns(),
-                addition,
-                len(addition),
-                separator,
-                len(separator),
-                DEFAULT_CHAR_LIMIT,
-            ],
-            held=held,
-        )
+        reply = self._append(*WORKING_MEMORY_APPEND.ordered(self._keys(identity), {
+            "block_key": block_key,
+            "now": self.clock.now_ns(),
+            "addition": addition,
+            "addition_length": len(addition),
+            "separator": separator,
+            "separator_length": len(separator),
+            "default_char_limit": DEFAULT_CHAR_LIMIT,
+        }), held=held)
         return self.write_of(block_key, reply)
 
     def replace(self, identity: Identity, block_key: str, old: str, new: str,
                 held: HeldKey | None = None) -> BlockWrite:
-        reply = self._replace(
-            keys=self._keys(identity),
-            args=[block_key, self.clock.now_ns(), old, len(old), new, len(new)],
-            held=held,
-        )
+        reply = self._replace(*WORKING_MEMORY_REPLACE.ordered(self._keys(identity), {
+            "block_key": block_key, "now": self.clock.now_ns(), "old": old,
+            "old_length": len(old), "new": new, "new_length": len(new),
+        }), held=held)
         return self.write_of(block_key, reply)
 
     def delete(self, identity: Identity, block_key: str, held: HeldKey | None = None) -> bool:
-        reply = self._delete(keys=self._keys(identity), args=[block_key], held=held)
+        reply = self._delete(*WORKING_MEMORY_DELETE.ordered(
+            self._keys(identity), {"block_key": block_key}), held=held)
         raise_for_status(FAMILY, reply)
         return bool(reply)
 

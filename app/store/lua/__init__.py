@@ -2,6 +2,8 @@
 
 A script file may start with ``--#include <name>`` lines; each is replaced by that file's text,
 so shared functions (the decimal version arithmetic, a store's parse helpers) are written once.
+A script declared in app/store/script_interfaces.py starts with a preamble naming its keys and
+arguments (``K_row``, ``A_now``), so its Lua refers to them by name.
 ``script(client, name)`` registers a script once per Redis client and hands back the same
 redis-py ``Script`` to every store built on that client; calling it runs EVALSHA and loads the
 script again only when the server has lost it.
@@ -49,15 +51,25 @@ from app.errors import (
     WorkingMemoryLimitExceeded,
     WriteContended,
 )
+from app.store.script_interfaces import interface_of
 
 _INCLUDE = re.compile(r"^--#include (\w+)[ \t]*$", re.MULTILINE)
 
 
 @cache
 def source(name: str) -> str:
-    """The text of ``<name>.lua`` with its includes expanded (read from the installed package)."""
+    """The text of ``<name>.lua`` with its includes expanded (read from the installed package),
+    after the preamble naming its keys and arguments when app/store/script_interfaces.py
+    declares them."""
+    interface = interface_of(name)
+    text = _expanded(name)
+    return text if interface is None else interface.preamble() + text
+
+
+@cache
+def _expanded(name: str) -> str:
     text = resources.files(__name__).joinpath(f"{name}.lua").read_text(encoding="utf-8")
-    return _INCLUDE.sub(lambda match: source(match.group(1)), text)
+    return _INCLUDE.sub(lambda match: _expanded(match.group(1)), text)
 
 
 # Keyed by the client object itself and dropped with it: a test's throwaway client does not

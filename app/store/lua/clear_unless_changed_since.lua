@@ -1,7 +1,7 @@
--- KEYS: 1 a sorted set of users scored by change time. ARGV: 1 user, 2 read-at score.
--- Removes the user only when no change came after the read, so a newer change stays listed.
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if score and tonumber(score) <= tonumber(ARGV[2]) then
-  return redis.call('ZREM', KEYS[1], ARGV[1])
+-- KEYS and ARGV: app/store/script_interfaces.py CLEAR_UNLESS_CHANGED_SINCE. Removes the user
+-- only when no change came after the read, so a newer change stays listed.
+local score = redis.call('ZSCORE', K_changed_users, A_user_id)
+if score and tonumber(score) <= tonumber(A_read_at) then
+  return redis.call('ZREM', K_changed_users, A_user_id)
 end
 return 0

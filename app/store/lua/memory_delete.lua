@@ -1,7 +1,6 @@
--- KEYS: see memory_write. ARGV: 1 now, 2 written_by, 3 rows-set member, 4 expected memory_id,
--- 5 source_trace.
+-- A tombstone version of the row. KEYS and ARGV: app/store/script_interfaces.py MEMORY_DELETE.
 --#include memory_write
-local r, err = target(ARGV[4])
+local r, err = target(A_memory_id)
 if err then return err end
 if r.deleted == '1' then return done('NOOP', false, r) end
 if r.locked == '1' then return {'LOCKED', r.memory_id} end
@@ -10,7 +9,7 @@ r.value = 'null'
 r.value_length = '4'
 r.content_sha256 = ''
 r.recall_terms = ''
-r.source_trace = ARGV[5]
-r.written_by = ARGV[2]
+r.source_trace = A_source_trace
+r.written_by = A_written_by
 mark(r, 'delete')
-return done('OK', commit(r, ARGV[1], ARGV[3], r.memory_type), r)
+return done('OK', commit(r, A_now, A_member, r.memory_type), r)

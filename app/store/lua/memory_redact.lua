@@ -1,11 +1,11 @@
--- KEYS: 1..SHARED_KEYS see memory_write, then per derived row its row key and versions key.
--- ARGV: 1 now, 2 written_by, 3 expected memory_id, 4 the number of derived rows. Scrubs every
+-- KEYS and ARGV: app/store/script_interfaces.py MEMORY_REDACT (per derived row, its row key and
+-- versions key after the declared keys). Scrubs every
 -- version of the row in place (no new version: the history keeps its shape, without the
 -- text), and every profile version of a derived row whose source_trace names the row's
 -- memory_id, the derived row's current fields too when they do. Refused whole when the row or
 -- a derived row is locked, so a redact is all or nothing and a retry reaches the same keys.
 --#include memory_write
-local r, err = target(ARGV[3])
+local r, err = target(A_memory_id)
 if err then return err end
 if r.locked == '1' then return {'LOCKED', r.memory_id} end
 local function names(trace, mid)
@@ -21,30 +21,30 @@ local function scrub(s)
   s.recall_terms = ''
   s.redacted = '1'
 end
-local derived = tonumber(ARGV[4])
+local derived = tonumber(A_derived_count)
 for d = 1, derived do
-  local flags = redis.call('HMGET', KEYS[SHARED_KEYS - 1 + 2 * d], 'locked', 'key', 'memory_id')
+  local flags = redis.call('HMGET', KEYS[K_derived_from - 2 + 2 * d], 'locked', 'key', 'memory_id')
   if flags[1] == '1' then return {'DERIVED_LOCKED', flags[2] or '', flags[3] or ''} end
 end
-local versions = redis.call('HGETALL', KEYS[2])
+local versions = redis.call('HGETALL', K_versions)
 local count = 0
 for i = 1, #versions, 2 do
   local s = cjson.decode(versions[i + 1])
   scrub(s)
-  redis.call('HSET', KEYS[2], versions[i], cjson.encode(s))
+  redis.call('HSET', K_versions, versions[i], cjson.encode(s))
   count = count + 1
 end
 scrub(r)
-r.redacted_by = ARGV[2]
-redis.call('HSET', KEYS[1], 'value', r.value, 'value_length', r.value_length,
-  'content_sha256', '', 'recall_terms', '', 'redacted', '1', 'redacted_by', ARGV[2])
+r.redacted_by = A_written_by
+redis.call('HSET', K_row, 'value', r.value, 'value_length', r.value_length,
+  'content_sha256', '', 'recall_terms', '', 'redacted', '1', 'redacted_by', A_written_by)
 -- A redacted fact is never found again: its terms leave the recall index with its text.
 index_recall(r)
 -- A redacted section renders nothing: it leaves the section index until it is written again.
 index_section(r.key, r.agent, r.session_id, false)
 local reached, rows = 0, 0
 for d = 1, derived do
-  local rk, vk = KEYS[SHARED_KEYS - 1 + 2 * d], KEYS[SHARED_KEYS + 2 * d]
+  local rk, vk = KEYS[K_derived_from - 2 + 2 * d], KEYS[K_derived_from - 1 + 2 * d]
   local touched = false
   local all = redis.call('HGETALL', vk)
   for i = 1, #all, 2 do
@@ -60,14 +60,14 @@ for d = 1, derived do
     'session_id')
   if current[1] == 'profile' and names(current[2], r.memory_id) then
     redis.call('HSET', rk, 'value', 'null', 'value_length', '4', 'content_sha256', '',
-      'redacted', '1', 'redacted_by', ARGV[2])
+      'redacted', '1', 'redacted_by', A_written_by)
     index_section(current[3], current[4], current[5], false)
     touched = true
   end
   if touched then rows = rows + 1 end
 end
-local moved = update_sources(KEYS[7], KEYS[8], KEYS[9], r.memory_id, nil, '', ARGV[1])
-local reply = reply_of('OK', moved, r, ARGV[1], true)
+local moved = update_sources(K_sources, K_digest, K_source_expiry, r.memory_id, nil, '', A_now)
+local reply = reply_of('OK', moved, r, A_now, true)
 reply[#reply + 1] = 'versions_redacted'
 reply[#reply + 1] = tostring(count)
 reply[#reply + 1] = 'derived_versions_redacted'

@@ -1,5 +1,4 @@
--- KEYS: see memory_write. ARGV: 1 now, 2 'revert' | 'restore', 3 padded version to bring back
--- (revert; '' for a restore), 4 written_by, 5 rows-set member, 6 expected memory_id ('' any).
+-- KEYS and ARGV: app/store/script_interfaces.py MEMORY_REVERT.
 -- The content of a stored version comes back as the row's next version: a revert names the
 -- version, a restore brings a deleted row back with its newest version that is no deletion.
 -- Row-level facts (id, birth, flags, cap, counts) stay the row's; the new version is a change
@@ -8,21 +7,21 @@
 local CONTENT = {'memory_type', 'value', 'value_length', 'content_sha256', 'confidence', 'tags',
   'tag_excluded', 'label', 'valid_at', 'valid_to', 'duplicate_of', 'provenance', 'source_trace',
   'actor', 'recall_terms'}
-local r, err = target(ARGV[6])
+local r, err = target(A_memory_id)
 if err then return err end
 if r.locked == '1' then return {'LOCKED', r.memory_id} end
-local padded, snapshot = ARGV[3], nil
-if ARGV[2] == 'revert' then
-  local stored = redis.call('HGET', KEYS[2], padded)
+local padded, snapshot = A_version, nil
+if A_change == 'revert' then
+  local stored = redis.call('HGET', K_versions, padded)
   if not stored then return {'NO_VERSION'} end
   snapshot = cjson.decode(stored)
   if snapshot.deleted == '1' or snapshot.redacted == '1' then return {'EMPTY_VERSION'} end
 else
   if r.deleted ~= '1' then return {'NOT_DELETED', r.memory_id} end
   -- Newest first: the last version before the delete that still holds content.
-  local order = redis.call('ZREVRANGEBYLEX', KEYS[3], '+', '-')
+  local order = redis.call('ZREVRANGEBYLEX', K_version_order, '+', '-')
   for _, candidate in ipairs(order) do
-    local s = cjson.decode(redis.call('HGET', KEYS[2], candidate))
+    local s = cjson.decode(redis.call('HGET', K_versions, candidate))
     if s.deleted ~= '1' and s.redacted ~= '1' then
       padded, snapshot = candidate, s
       break
@@ -37,6 +36,6 @@ if (r.char_limit or '') ~= '' and tonumber(r.value_length) > tonumber(r.char_lim
 end
 r.deleted = '0'
 r.redacted = '0'
-r.written_by = ARGV[4]
-mark(r, ARGV[2], string.gsub(padded, '^0+', '') .. '')
-return done('OK', commit(r, ARGV[1], ARGV[5], old_type), r)
+r.written_by = A_written_by
+mark(r, A_change, string.gsub(padded, '^0+', '') .. '')
+return done('OK', commit(r, A_now, A_member, old_type), r)

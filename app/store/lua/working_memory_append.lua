@@ -1,20 +1,19 @@
--- KEYS: scope, index, erasing marker. ARGV: block_key, now_ns, addition, addition length,
--- separator, separator length, default cap.
+-- KEYS and ARGV: app/store/script_interfaces.py WORKING_MEMORY_APPEND.
 --#include version
 --#include working_memory_parse
 if erasing() then return {'ERASING'} end
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
+local raw = redis.call('HGET', K_scope, A_block_key)
 local last, limit, length, content
 if raw then
   local v, l, n, pos = parse(raw)
   last, limit = v, l
-  length = n + tonumber(ARGV[6]) + tonumber(ARGV[4])
+  length = n + tonumber(A_separator_length) + tonumber(A_addition_length)
   if length > limit then return {'LIMIT', length, limit} end
-  content = string.sub(raw, pos) .. ARGV[5] .. ARGV[3]
+  content = string.sub(raw, pos) .. A_separator .. A_addition
 else
-  limit = tonumber(ARGV[7])
-  length = tonumber(ARGV[4])
+  limit = tonumber(A_default_char_limit)
+  length = tonumber(A_addition_length)
   if length > limit then return {'LIMIT', length, limit} end
-  content = ARGV[3]
+  content = A_addition
 end
-return store(KEYS[1], KEYS[2], ARGV[1], next_version(last, ARGV[2]), limit, length, content)
+return store(K_scope, K_index, A_block_key, next_version(last, A_now), limit, length, content)

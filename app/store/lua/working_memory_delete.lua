@@ -1,5 +1,5 @@
--- KEYS: scope, index. ARGV: block_key. The index entry goes with the scope's last block, so
+-- KEYS and ARGV: app/store/script_interfaces.py WORKING_MEMORY_DELETE. The index entry goes with the scope's last block, so
 -- erasure lists only live scopes.
-local removed = redis.call('HDEL', KEYS[1], ARGV[1])
-if redis.call('EXISTS', KEYS[1]) == 0 then redis.call('SREM', KEYS[2], KEYS[1]) end
+local removed = redis.call('HDEL', K_scope, A_block_key)
+if redis.call('EXISTS', K_scope) == 0 then redis.call('SREM', K_index, K_scope) end
 return removed

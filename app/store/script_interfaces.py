@@ -1,0 +1,253 @@
+"""What each Lua script takes: its KEYS and ARGV, declared once, by name.
+
+A script with a declaration here gets a preamble (app/store/lua ``source``) that names each of
+its keys ``K_<name>`` and each argument ``A_<name>``, so its Lua reads ``K_row`` and
+``A_written_by``, never ``KEYS[1]`` or ``ARGV[8]``; the store passes keyword arguments and
+``ScriptInterface.ordered`` puts them in the declared order. Python and Lua so agree on a name,
+not on a position kept in a comment, and a call that misses or misspells one fails in Python
+before it reaches Redis.
+
+A script whose tail varies in length (the derived rows of a redact, the field/value pairs of a
+write) declares it as ``more_keys``/``more_args``: the preamble names where it starts
+(``K_<name>_from``, ``A_<name>_from``), and the caller passes it as one sequence.
+
+An optional key (a worker's fence, an Idempotency-Key's record) is declared like any other: a
+call without one passes ``None``, and the script's first key goes in its place, so the key count
+and positions never move and the stand-in is in the script's slot by construction; the script
+reads that key only when an argument says it is there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ScriptInterface:
+    """One script's keys and arguments, in the order Redis gets them."""
+
+    name: str
+    keys: tuple[str, ...]
+    args: tuple[str, ...]
+    more_keys: str = ""
+    more_args: str = ""
+    _key_set: frozenset[str] = field(init=False, repr=False, compare=False)
+    _arg_set: frozenset[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for names, what in ((self.keys, "key"), (self.args, "argument")):
+            if len(set(names)) != len(names):
+                raise ValueError(f"script {self.name}: a {what} name is declared twice")
+            for name in names:
+                if not name.isidentifier():
+                    raise ValueError(f"script {self.name}: {what} {name!r} is no Lua name")
+        object.__setattr__(self, "_key_set", frozenset(self.keys))
+        object.__setattr__(self, "_arg_set", frozenset(self.args))
+
+    def preamble(self) -> str:
+        """The Lua lines naming every key and argument; prepended to the script's text."""
+        lines = [f"-- {self.name}: keys and arguments as app/store/script_interfaces.py declares"]
+        lines += [f"local K_{name} = KEYS[{i}]" for i, name in enumerate(self.keys, 1)]
+        if self.more_keys:
+            lines.append(f"local K_{self.more_keys}_from = {len(self.keys) + 1}")
+        lines += [f"local A_{name} = ARGV[{i}]" for i, name in enumerate(self.args, 1)]
+        if self.more_args:
+            lines.append(f"local A_{self.more_args}_from = {len(self.args) + 1}")
+        return "\n".join(lines) + "\n"
+
+    def ordered(
+        self,
+        keys: Mapping[str, str | None],
+        args: Mapping[str, Any],
+        more_keys: Iterable[str] = (),
+        more_args: Iterable[Any] = (),
+    ) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV in the declared order from named ``keys`` and ``args`` (every declared
+        name, no other); a ``None`` key stands for an absent optional key."""
+        _check(self.name, "key", self._key_set, keys)
+        _check(self.name, "argument", self._arg_set, args)
+        if (more_keys or more_args) and not (self.more_keys or self.more_args):
+            raise TypeError(f"script {self.name} declares no variable tail")
+        first = keys[self.keys[0]]
+        if first is None:
+            raise TypeError(f"script {self.name}: its first key {self.keys[0]!r} is required")
+        ordered_keys = [first if (found := keys[name]) is None else found for name in self.keys]
+        ordered_args = [args[name] for name in self.args]
+        ordered_keys.extend(more_keys)
+        ordered_args.extend(more_args)
+        return ordered_keys, ordered_args
+
+
+def _check(script: str, what: str, declared: frozenset[str], given: Mapping[str, Any]) -> None:
+    if given.keys() == declared:
+        return
+    missing = sorted(declared - given.keys())
+    unknown = sorted(given.keys() - declared)
+    raise TypeError(f"script {script}: {what}s missing {missing}, not declared {unknown}")
+
+
+# Every memory write script (app/store/lua/memory_write.lua, which each of them includes)
+# takes these keys first: the user's slot's (app/store/memory_row.py Location.write_keys), then
+# the namespace's (MEMORY_WRITE_NAMESPACE_KEYS, below).
+MEMORY_WRITE_KEYS: tuple[str, ...] = (
+    "row",  # the row's current fields
+    "versions",  # padded version -> JSON snapshot
+    "version_order",
+    "rows",  # the user's rows (key NUL agent NUL session_id)
+    "memory_ids",  # memory_id -> row key
+    "sections",  # renderable profile sections
+    "sources",  # profile-src
+    "digest",  # profile-digest
+    "source_expiry",
+    "erasing",  # the user's erasure marker
+    "live",  # live rows by type
+    "recall_docs",
+    "recall_postings",
+    "recall_stats",
+    "recall_vectors",
+    "recall_vectors_due",
+    "recall_vectors_generation",
+    "recall_vector_set",  # only ever present on a server with Redis 8's vector sets
+    "recall_vectors_queued",
+    # The Idempotency-Key record the write answers (None: no key; the tail's holder says which).
+    "outcome",
+)
+
+# The namespace-slot keys a memory write asserts (memory_write.lua namespace_commands). On one
+# server they follow MEMORY_WRITE_KEYS and the script writes them; on Redis Cluster they are in
+# another slot than the user's, so they are passed as None and the script answers its commands
+# by these names for the caller to resolve and send (app/store/memory.py _after_write).
+MEMORY_WRITE_NAMESPACE_KEYS: tuple[str, ...] = (
+    "recall_users",
+    "namespace_vector_set",
+    "profile_users",
+    "label_users",  # the users with a section of the row's label
+    "agent_users",  # the users with a section of the row's agent
+    "changed_users",
+    "fold_changed",
+    "fact_namespaces",
+    "structured_wakes",
+)
+MEMORY_WRITE_KEYS += MEMORY_WRITE_NAMESPACE_KEYS
+
+MEMORY_SET = ScriptInterface(
+    "memory_set",
+    keys=(
+        *MEMORY_WRITE_KEYS,
+        "fence",  # a worker lease's fence on the user (None: no lease; fence_token says)
+        "record",  # a hash written with the row (None: none; record_pairs says)
+    ),
+    args=(
+        "now",
+        "memory_id",  # for a new row
+        "member",  # in the user's rows
+        "expected_version",  # '' none, '-' no live row
+        "if_match",  # content sha ('' none)
+        "default_char_limit",  # '' none
+        "char_limit",  # '' keeps the row's
+        "written_by",
+        "required_type",  # of a live row ('' any)
+        "refuse_pinned",  # '1': refuse a pinned or high row
+        "fence_token",  # '' none
+        "record_pairs",  # how many field/value pairs of the record lead the tail
+        "tail",  # JSON (app/store/memory.py _tail)
+    ),
+    # The record's field/value pairs, then the new content's.
+    more_args="pairs",
+)
+
+# The arguments most memory writes share: now (ns), written_by, the row's member in the
+# user's rows, the memory_id the caller addressed ('' any: addressed by key), the tail.
+MEMORY_FLAG = ScriptInterface(
+    "memory_flag", keys=MEMORY_WRITE_KEYS,
+    # flag: locked | pinned; on: '0' | '1'
+    args=("now", "flag", "on", "written_by", "member", "memory_id", "tail"),
+)
+
+MEMORY_DELETE = ScriptInterface(
+    "memory_delete", keys=MEMORY_WRITE_KEYS,
+    args=("now", "written_by", "member", "memory_id", "source_trace", "tail"),
+)
+
+MEMORY_DELETE_VERSION = ScriptInterface(
+    "memory_delete_version", keys=MEMORY_WRITE_KEYS,
+    # version: the padded version to remove; source_trace: the marker the removal is traced with
+    args=("now", "version", "written_by", "member", "memory_id", "source_trace", "tail"),
+)
+
+MEMORY_REVERT = ScriptInterface(
+    "memory_revert", keys=MEMORY_WRITE_KEYS,
+    # change: revert | restore; version: padded, to bring back ('' for a restore)
+    args=("now", "change", "version", "written_by", "member", "memory_id", "tail"),
+)
+
+MEMORY_TOUCH = ScriptInterface(
+    "memory_touch", keys=MEMORY_WRITE_KEYS,
+    # change: restate | reinforce | recall | backfill. confidence (reinforce): to raise the
+    # row's to ('' keeps it). Backfill: expected_version, the version the terms were computed
+    # from; recall_terms, as this release computes them; vector_engine, '1' when the server's
+    # vectors live in vector sets (K_recall_vector_set), so a vector counts only where the set
+    # holds it (a database moved onto the engine keeps int8 payloads in K_recall_vectors that no
+    # search reads).
+    args=("now", "change", "written_by", "member", "memory_id", "confidence",
+          "expected_version", "recall_terms", "vector_engine", "tail"),
+)
+
+MEMORY_REDACT = ScriptInterface(
+    "memory_redact", keys=MEMORY_WRITE_KEYS,
+    # derived_count: how many derived rows follow the declared keys
+    args=("now", "written_by", "memory_id", "derived_count", "tail"),
+    # Per derived row: its row key, then its versions.
+    more_keys="derived",
+)
+
+# Sources whose valid_to passed (by now) leave the user's digest.
+MEMORY_EXPIRE_SOURCES = ScriptInterface(
+    "memory_expire_sources", keys=("sources", "digest", "source_expiry"), args=("now",),
+)
+
+# A user leaves a sorted set of users scored by change time, only when no change came after
+# read_at (a score).
+CLEAR_UNLESS_CHANGED_SINCE = ScriptInterface(
+    "clear_unless_changed_since", keys=("changed_users",), args=("user_id", "read_at"),
+)
+
+# Every working-memory write script: the scope"s hash, the user"s index of scopes, the user"s
+# erasure marker (app/store/working_memory.py WorkingMemoryStore._keys). The scripts run as
+# KeyedScripts: the keyed wrapper takes the Idempotency-Key"s record and holder off the end of
+# KEYS and ARGV before this preamble names the rest.
+WORKING_MEMORY_KEYS: tuple[str, ...] = ("scope", "index", "erasing")
+# char_limit: '' keeps the block's cap (default_char_limit for a new block); length: the
+# content's, in characters.
+WORKING_MEMORY_SET = ScriptInterface(
+    "working_memory_set", keys=WORKING_MEMORY_KEYS,
+    args=("block_key", "now", "char_limit", "content", "length", "default_char_limit"),
+)
+WORKING_MEMORY_APPEND = ScriptInterface(
+    "working_memory_append", keys=WORKING_MEMORY_KEYS,
+    args=("block_key", "now", "addition", "addition_length", "separator", "separator_length",
+          "default_char_limit"),
+)
+WORKING_MEMORY_REPLACE = ScriptInterface(
+    "working_memory_replace", keys=WORKING_MEMORY_KEYS,
+    args=("block_key", "now", "old", "old_length", "new", "new_length"),
+)
+WORKING_MEMORY_DELETE = ScriptInterface(
+    "working_memory_delete", keys=WORKING_MEMORY_KEYS,
+    args=("block_key",),
+)
+
+INTERFACES: dict[str, ScriptInterface] = {
+    interface.name: interface
+    for interface in (MEMORY_SET, MEMORY_FLAG, MEMORY_DELETE, MEMORY_DELETE_VERSION,
+                      MEMORY_REVERT, MEMORY_TOUCH, MEMORY_REDACT, MEMORY_EXPIRE_SOURCES,
+                      CLEAR_UNLESS_CHANGED_SINCE, WORKING_MEMORY_SET, WORKING_MEMORY_APPEND,
+                      WORKING_MEMORY_REPLACE, WORKING_MEMORY_DELETE)
+}
+
+
+def interface_of(name: str) -> ScriptInterface | None:
+    return INTERFACES.get(name)
+

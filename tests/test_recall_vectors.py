@@ -864,6 +864,7 @@ def test_without_an_endpoint_no_fact_waits_for_a_vector(app_factory):
     assert ok(client, "memory.search", query="tea")["vectors_pending"] == 0
 
 
+@on_cluster_skip  # the recording client is a single server's
 def test_exact_cosine_reads_a_users_vectors_a_bounded_part_a_call(redis_url, tmp_path,
                                                                    monkeypatch):
     """Without the engine a user's vectors are read in parts of at most VECTORS_PER_CALL (an

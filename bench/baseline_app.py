@@ -28,6 +28,7 @@ import redis
 from flask import Flask, jsonify, request
 
 from app.clock import Clock
+from app.job_dispatch import JobDispatcher
 from app.settings import load_settings
 from app.store.activity import ActivityStore
 from app.store.identity import Identity
@@ -63,6 +64,9 @@ class _Services:
     queue_redis = r
     clock = Clock()
     settings = load_settings(environ={}, overrides={"redis_url": os.environ["REDIS_URL"]})
+    # The one dispatcher, as Loom's services hold it: with no embeddings endpoint it is never
+    # asked to enqueue, but the vector store takes it when it is built.
+    jobs = JobDispatcher(lambda: r)
     _stores: dict[type, object] = {}
 
     def store(self, store_class: type) -> object:

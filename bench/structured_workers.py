@@ -228,8 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             redis_for_bench(Path(tmp)) as redis_url, \
             ScriptedModelServer(default=slow) as model:
         case = Case(redis_url, Path(tmp), model)
-        server = redis.Redis.from_url(redis_url).info("server")
-        at_start = results.machine(results.server_name(server))
+        at_start = results.machine(results.server_at(redis_url))
         print(f"{args.users} users x {args.facts} facts, a model call takes {args.delay:.2f} s, "
               f"the default interval ({DEFAULT_INTERVAL} s), N workers on every queue")
         for cap in caps:

@@ -35,7 +35,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import redis
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,8 +154,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="loom-vector-latency-") as tmp:
         folder = Path(tmp)
         server = RedisServerProcess(folder / "redis", appendonly=False).start()
-        at_start = results.machine(results.server_name(
-            redis.Redis.from_url(server.url).info("server")))
+        at_start = results.machine(results.server_at(server.url))
         endpoint = None
         writer = None
         try:

@@ -162,24 +162,6 @@ def settings_page() -> str:
 # --- errors -------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ErrorCode:
-    code: str
-    status: int
-    meaning: str
-    details: tuple[str, ...]
-
-
-def error_catalogue() -> list[ErrorCode]:
-    """Every error code Loom answers, with its status, meaning and detail fields, as the one
-    catalogue (``app.error_catalogue``) declares them."""
-    from app.error_catalogue import CATALOGUE
-
-    return sorted((ErrorCode(entry.code, entry.status, entry.meaning,
-                             tuple(detail.name for detail in entry.details))
-                   for entry in CATALOGUE), key=lambda entry: (entry.status, entry.code))
-
-
 def errors_page() -> str:
     from app.error_reference import markdown_table
 

@@ -118,7 +118,7 @@ def test_a_memory_write_takes_every_key_but_the_pointer_as_a_declared_key(name: 
     assert body.count("t.pointer ..") == 1
 
 
-# --- every script is declared ----------------------------------------------------------------------
+# --- every script is declared ------------------------------------------------------------------
 
 LUA = ROOT / "app" / "store" / "lua"
 SCRIPT_FILES = sorted(path.stem for path in LUA.glob("*.lua"))

@@ -14,13 +14,14 @@ import time
 from typing import Any
 
 import pytest
+import redis
 
 from app.clock import FrozenClock
 from app.ops import load_ops
 from app.store import keys
 from app.store.agent_state import AgentStateStore
 from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint
-from tests.conftest import TEST_SECRET
+from tests.conftest import TEST_SECRET, on_cluster_skip
 from tests.support.api import op_helpers
 from tests.support.redis_dump import dump_everything
 
@@ -645,6 +646,36 @@ def test_erase_op_erases_a_scope_for_every_agent_and_is_audited(client, redis_cl
     assert entry["erased"] == 0 and entry["actor"] == "single-user"
     # Only the other conversation's keys remain.
     assert len(state_keys(redis_client)) == 1
+
+
+@on_cluster_skip  # on a cluster the audit list is in another slot: the entry is its own step
+@pytest.mark.parametrize("headers", [{}, {"Idempotency-Key": "erase-cut"}])
+def test_an_erase_cut_right_after_its_script_still_leaves_its_audit_entry(client, monkeypatch,
+                                                                          headers):
+    enable(client)
+    put(client, {"step": "sizes"})
+    store = store_of(client.application)
+
+    def cut(*_args, **_kwargs):
+        # The erasing script ran; the connection resets (or the worker dies) before the next
+        # step, the index entries' cleanup.
+        raise redis.ConnectionError("connection reset after the script ran")
+
+    monkeypatch.setattr(store, "_unindex_entries", cut)
+    status, _out = call(client, "agent_state.erase", headers, scope=CONVERSATION)
+    assert status >= 500
+    monkeypatch.undo()
+    assert read(client)[1]["version"] == 0
+    # The states and their entry went in the same step: the cut could not part them.
+    entries = call(client, "audit.list")[1]["entries"]
+    erasures = [(e["scope_kind"], e["erased"]) for e in entries
+                if e["action"] == "agent_state.erase"]
+    assert erasures == [("conversation", 1)]
+    if headers:
+        # The retry gets the kept count and audits nothing twice.
+        status, retried = call(client, "agent_state.erase", headers, scope=CONVERSATION)
+        assert (status, retried["erased"]) == (200, 1)
+        assert len(call(client, "audit.list")[1]["entries"]) == len(entries)
 
 
 def test_erase_needs_the_admin_role(app_factory):

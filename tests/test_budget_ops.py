@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+import redis
 
 from app.store.budget import BudgetStore
 from tests.auth_support import ADMIN_TOKEN, auth_app, bearer, mint
@@ -197,3 +198,37 @@ def test_budget_ops_answer_503_with_retry_after_while_redis_is_down(tmp_path):
         assert got["calls"] == 1  # the refused set wrote nothing
     finally:
         server.stop()
+
+
+@on_cluster_skip  # on a cluster the audit list is in another slot: the entry is its own step
+@pytest.mark.parametrize("headers", [{}, {"Idempotency-Key": "set-cut"}])
+def test_a_set_cut_right_after_its_script_still_leaves_its_audit_entry(client, monkeypatch,
+                                                                       headers):
+    client.post("/v1/budget.set", json={"namespace": "support", "calls": 3})
+    store = client.application.extensions["loom"].store(BudgetStore)
+    real_set = store._set
+
+    def cut(*args, **kwargs):
+        real_set(*args, **kwargs)
+        # The connection resets (or the worker dies) once the script ran: nothing after it.
+        raise redis.ConnectionError("connection reset after the script ran")
+
+    monkeypatch.setattr(store, "_set", cut)
+    body = {"namespace": "support", "calls": 5, "tokens": 9}
+    assert client.post("/v1/budget.set", json=body, headers=headers).status_code >= 500
+    monkeypatch.undo()
+
+    def audited() -> list[tuple[object, ...]]:
+        entries = client.post("/v1/audit.list", json={"namespace": "support"}).get_json()
+        return [(e["old_calls"], e["old_tokens"], e["new_calls"], e["new_tokens"])
+                for e in entries["entries"]]
+
+    # The caps and their entry came in the same step: the cut could not part them.
+    assert audited() == [(3, None, 5, 9), (None, None, 3, None)]
+    got = client.post("/v1/budget.get", json={"namespace": "support"}).get_json()
+    assert (got["calls"], got["tokens"]) == (5, 9)
+    if headers:
+        # The retry gets the kept answer and audits nothing twice.
+        retry = client.post("/v1/budget.set", json=body, headers=headers)
+        assert retry.status_code == 200 and retry.get_json()["calls"] == 5
+        assert len(audited()) == 2

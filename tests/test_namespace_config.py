@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from types import SimpleNamespace
 
 import pytest
 
+from app.clock import FrozenClock
 from app.object_types import validate_object_types
 from app.store.namespace_config import (
     AuditLog,
@@ -222,3 +224,18 @@ def test_namespace_ops_are_not_mcp_tools_and_need_no_agent():
         if declared.plane in ("features", "object_types", "audit"):
             assert (declared.role, declared.mcp, declared.needs_agent) == ("admin", False, False)
             assert declared.example
+
+
+def test_an_entry_cut_for_a_script_is_the_entry_once_its_values_are_put_in() -> None:
+    # The actor's text holds what the cut looks for: only the key itself is cut at.
+    audit = AuditLog(SimpleNamespace(redis=None, clock=FrozenClock()))  # type: ignore[arg-type]
+    actor = 'tok "old_calls":0 "erased":0'
+    head, middle, tail = audit.parts(actor, "budget.set", ("old_calls", "old_tokens"),
+                                     scope="namespace", new_calls=None, new_tokens=7)
+    entry = json.loads(head + "12" + middle + "null" + tail)
+    assert entry == {**entry, "actor": actor, "action": "budget.set", "old_calls": 12,
+                     "old_tokens": None, "new_calls": None, "new_tokens": 7}
+    assert set(entry) == {"at", "at_ns", "actor", "action", "scope", "old_calls", "old_tokens",
+                          "new_calls", "new_tokens"}
+    with pytest.raises(ValueError, match="order"):
+        audit.parts(actor, "budget.set", ("old_tokens", "old_calls"))

@@ -32,7 +32,6 @@ from app.scope_ids import (
 from app.store import keys
 from app.store.agent_state import AgentStateStore
 from app.store.idempotency import kept_reply
-from app.store.namespace_config import AuditLog
 
 SCOPE = "agent_state"
 _WHO = {
@@ -288,10 +287,7 @@ def agent_state_erase(call: Call) -> dict[str, Any]:
         # Other scopes hold states of many customers; a pinned token erases only its own.
         raise AuthInsufficient("a token pinned to a user erases only that user's subject "
                                "scope", field="scope")
+    # Audited by the store in the erasing script's own step.
     erased = _store(call).erase_scope(identity.org, identity.namespace, kind, canonical_id,
-                                      held=call.held_key)
-    call.services.store(AuditLog).record(
-        identity.org, identity.namespace, call.principal.actor,
-        "agent_state.erase", scope_kind=kind, erased=erased,
-    )
+                                      held=call.held_key, actor=call.principal.actor)
     return {"erased": erased}

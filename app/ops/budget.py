@@ -17,8 +17,7 @@ from app.clock import iso_from_ns
 from app.registry import Call, op
 from app.schemas.common import Answer, IdentityArgs, StrictInt
 from app.store import keys
-from app.store.budget import ORG, BudgetStore, Window
-from app.store.namespace_config import AuditLog
+from app.store.budget import BudgetStore, Window
 
 # Large enough for any real budget, small enough to stay exact in JavaScript and in Lua.
 MAX_CAP = 2**53 - 1
@@ -108,13 +107,9 @@ def budget_set(call: Call) -> dict[str, Any]:
     """Cap a namespace's (or, with namespace "*", the org's) model calls and tokens; audited."""
     ident = call.identity
     store = call.services.store(BudgetStore)
-    old, new = store.set(ident.org, ident.namespace, call.args["calls"], call.args["tokens"],
-                         call.principal.actor, held=call.held_key)
-    call.services.store(AuditLog).record(
-        ident.org, ident.namespace, call.principal.actor, "budget.set",
-        scope="org" if ident.namespace == ORG else "namespace",
-        old_calls=old.calls, old_tokens=old.tokens, new_calls=new.calls, new_tokens=new.tokens,
-    )
+    # The store audits the change in the write's own step.
+    store.set(ident.org, ident.namespace, call.args["calls"], call.args["tokens"],
+              call.principal.actor, held=call.held_key)
     return _answer(call, store.get(ident.org, ident.namespace))
 
 

@@ -24,6 +24,7 @@ from app.store import keys
 from app.store.identity import Identity
 from app.store.lua import script
 from app.store.replies import optional_texts, scored
+from app.store.script_interfaces import ACTIVITY_RECORD
 
 if TYPE_CHECKING:
     from app.store.services import StoreServices
@@ -58,9 +59,10 @@ class ActivityStore:
         self._record = script(self.redis, "activity_record")
 
     @staticmethod
-    def _keys(identity: Identity) -> list[str]:
+    def _keys(identity: Identity) -> tuple[str, str]:
+        """The user's readers (a sorted set) and each reader's last op (a hash)."""
         user = (identity.org, identity.namespace, identity.user_id)
-        return [keys.profile_reads(*user), keys.profile_reads_meta(*user)]
+        return keys.profile_reads(*user), keys.profile_reads_meta(*user)
 
     def record(self, identity: Identity, client: str, op: str, *, by_console: bool = False
                ) -> bool:
@@ -70,10 +72,12 @@ class ActivityStore:
             return False
         now_us = self.clock.now_ns() // 1000
         member = json.dumps([identity.agent, client[:MAX_CLIENT_CHARS]], ensure_ascii=False)
-        self._record(
-            keys=self._keys(identity),
-            args=[now_us, member, op, now_us - RETENTION_DAYS * _DAY_US, MAX_READERS],
-        )
+        readers, last_op = self._keys(identity)
+        self._record(*ACTIVITY_RECORD.ordered(
+            {"readers": readers, "last_op": last_op},
+            {"now_us": now_us, "member": member, "op": op,
+             "cutoff_us": now_us - RETENTION_DAYS * _DAY_US, "most_readers": MAX_READERS},
+        ))
         return True
 
     def readers(self, identity: Identity, lookback_days: int, limit: int = 20) -> list[Reader]:

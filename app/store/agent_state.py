@@ -70,7 +70,13 @@ from app.store import keys
 from app.store.batching import batches, pairs
 from app.store.idempotency import HeldKey, KeyedScript
 from app.store.lua import LEASE_LOST, STATUS_ERRORS, raise_for_status, script
-from app.store.namespace_config import NamespaceConfig, NamespaceConfigStore
+from app.store.namespace_config import AUDIT_MAX_ENTRIES, NamespaceConfig, NamespaceConfigStore
+from app.store.script_interfaces import (
+    AGENT_STATE_DELETE_IF,
+    AGENT_STATE_ERASE,
+    AGENT_STATE_UNINDEX,
+    AGENT_STATE_WRITE,
+)
 
 if TYPE_CHECKING:
     from app.store.services import StoreServices
@@ -83,6 +89,7 @@ MAX_ATTEMPTS = 64
 SWEEP_BATCH = 500
 
 NOT_DECLARED_FIELD = "not_declared_field"
+ERASE_ACTION = "agent_state.erase"  # the audit entry's action
 OVER_CAP = "over_cap"
 
 
@@ -427,12 +434,13 @@ class AgentStateStore:
         its reply as ``held``'s answer in its own step)."""
         state_key = keys.agent_state(org, namespace, digest, agent)
         expires = state["expires_at"]
-        script_keys = [state_key, keys.agent_state_agents(org, namespace, digest)]
-        if erasing_marker is not None:
-            script_keys.append(erasing_marker)
-        script_args: list[Any] = [expected_etag, expires, agent]
-        for name, value in state.items():
-            script_args += [name, value]
+        script_keys, script_args = AGENT_STATE_WRITE.ordered(
+            {"state": state_key, "scope_agents": keys.agent_state_agents(org, namespace, digest),
+             "erasing": erasing_marker},
+            {"erasing_checked": "" if erasing_marker is None else "1",
+             "expected_etag": expected_etag, "expires_ms": expires, "agent": agent},
+            more_args=[item for pair in state.items() for item in pair],
+        )
         write = self._write.plain
         if held is not None:
             write = self._write.keyed
@@ -592,35 +600,71 @@ class AgentStateStore:
         return erased
 
     def erase_scope(self, org: str, namespace: str, kind: str, scope_id: Any,
-                    held: HeldKey | None = None) -> int:
+                    held: HeldKey | None = None, actor: str | None = None) -> int:
         """Delete every agent's state of one scope; the count deleted. With ``held`` (a call's
         Idempotency-Key, in the scope's slot) the count is kept as the key's answer in the
-        deleting script's step."""
+        deleting script's step; with ``actor``, the erasure's audit entry (kind and count,
+        never the id) is appended in that step too."""
         canonical = canonical_scope_id(kind, scope_id, namespace)
         digest = self.scope_digest(org, namespace, kind, canonical)
         agents = cast(list[str], self.redis.hkeys(keys.agent_state_agents(org, namespace, digest)))
         state_keys = [keys.agent_state(org, namespace, digest, agent) for agent in agents]
-        return self._erase_states(org, namespace, self._hashes(state_keys), held)
+        return self._erase_states(org, namespace, self._hashes(state_keys), held,
+                                  None if actor is None else (actor, kind))
 
     def _erase_states(
         self, org: str, namespace: str, found: Iterable[tuple[str, Mapping[str, str]]],
-        held: HeldKey | None = None,
+        held: HeldKey | None = None, audited_by: tuple[str, str] | None = None,
     ) -> int:
         """Delete states (one script per scope, atomic with its agents hash), then their index
-        entries."""
+        entries. With ``audited_by`` (actor, scope kind: the erasure of one scope) the script
+        appends the erasure's audit entry in its own step; on a cluster, where the audit list
+        (the namespace's slot) is out of its reach, the entry follows as its own step."""
         by_scope: dict[str, list[tuple[str, Mapping[str, str]]]] = {}
         for key, raw in found:
             if raw:
                 by_scope.setdefault(raw["scope"], []).append((key, raw))
-        if not by_scope:
-            return 0
+        if audited_by is not None and len(by_scope) > 1:
+            raise ValueError("an audited erasure erases one scope")
+        in_step = audited_by is not None and not self._clustered and bool(by_scope)
+        head, tail = ("", "")
+        if in_step:
+            assert audited_by is not None
+            actor, kind = audited_by
+            head, tail = self.config.audit.parts(actor, ERASE_ACTION, ("erased",),
+                                                 scope_kind=kind)
         calls = [
-            (
-                [keys.agent_state_agents(org, namespace, digest), *(key for key, _raw in states)],
-                [raw["agent"] for _key, raw in states],
+            AGENT_STATE_ERASE.ordered(
+                {"scope_agents": keys.agent_state_agents(org, namespace, digest),
+                 "audit": keys.namespace_audit(org, namespace) if in_step else None},
+                {"audit_head": head, "audit_tail": tail, "audit_max": AUDIT_MAX_ENTRIES},
+                more_keys=[key for key, _raw in states],
+                more_args=[raw["agent"] for _key, raw in states],
             )
             for digest, states in by_scope.items()
         ]
+        erased = self._run_erase(calls, held)
+        if audited_by is not None and not in_step:
+            # Nothing to erase (the entry is the one write), or a cluster.
+            actor, kind = audited_by
+            self.config.audit.record(org, namespace, actor, ERASE_ACTION, scope_kind=kind,
+                                     erased=erased)
+        self._unindex_entries(
+            org,
+            namespace,
+            [
+                (key, raw["expires_at"], raw.get("subject", ""), True)
+                for states in by_scope.values()
+                for key, raw in states
+            ],
+        )
+        return erased
+
+    def _run_erase(self, calls: list[tuple[list[str], list[Any]]],
+                   held: HeldKey | None) -> int:
+        """Run the erase script's calls (one per scope); the count of states deleted."""
+        if not calls:
+            return 0
         if held is not None:
             # One scope's erasure answering a key, in that scope's slot.
             [(script_keys, script_args)] = calls
@@ -635,15 +679,6 @@ class AgentStateStore:
             for script_keys, script_args in calls:
                 self._erase(script_keys, script_args, client=pipe)
             erased = sum(int(n) for n in pipe.execute())
-        self._unindex_entries(
-            org,
-            namespace,
-            [
-                (key, raw["expires_at"], raw.get("subject", ""), True)
-                for states in by_scope.values()
-                for key, raw in states
-            ],
-        )
         return erased
 
     def _unindex_entries(
@@ -652,14 +687,16 @@ class AgentStateStore:
         if not entries:
             return
         expiry_key = keys.agent_state_expiry(org, namespace)
-        script_keys = [expiry_key, keys.agent_state_subjects(org, namespace)]
-        args: list[str] = []
+        subject_indexes: list[str] = []
+        fields: list[str] = []
         for key, expires, subject, from_expiry in entries:
-            script_keys.append(
+            subject_indexes.append(
                 keys.agent_state_subject(org, namespace, subject) if subject else expiry_key
             )
-            args += [key, str(expires), subject, "1" if from_expiry else "0"]
-        self._unindex(keys=script_keys, args=args)
+            fields += [key, str(expires), subject, "1" if from_expiry else "0"]
+        self._unindex(*AGENT_STATE_UNINDEX.ordered(
+            {"expiry": expiry_key, "subjects": keys.agent_state_subjects(org, namespace)}, {},
+            more_keys=subject_indexes, more_args=fields))
 
     # --- retention sweep ------------------------------------------------------------------------
 
@@ -689,10 +726,11 @@ class AgentStateStore:
             if not raw:
                 continue
             state = live_state(raw, now, _retention_type(config, raw.get("type"), raw["agent"]))
-            if not state.exists and self._delete_if(
-                keys=[key, keys.agent_state_agents(org, namespace, raw["scope"])],
-                args=[raw["etag"], raw["agent"]],
-            ):
+            if not state.exists and self._delete_if(*AGENT_STATE_DELETE_IF.ordered(
+                {"state": key,
+                 "scope_agents": keys.agent_state_agents(org, namespace, raw["scope"])},
+                {"expected_etag": raw["etag"], "agent": raw["agent"]},
+            )):
                 counts["states_removed"] += 1
         counts["index_entries_removed"] += self.redis.zremrangebyscore(expiry_key, "-inf", now_ms)
 

@@ -13,7 +13,9 @@ first takes the entries older than the window out of the sums, so each leaves on
 
 Every key of an org's budgets carries the org's hash tag (``app.store.keys``), so each script
 touches one slot, on Redis Cluster too. The window's entries name namespaces and amounts, never
-a user.
+a user. A ``set`` appends its audit entry to the namespace's audit list in the script's own
+step; that list is in the namespace's slot, so on Redis Cluster the entry is its own step, right
+after the write.
 """
 
 from __future__ import annotations
@@ -22,9 +24,19 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from app.store import keys
 from app.store.idempotency import HeldKey, KeyedScript
 from app.store.lua import raise_for_status, script
+from app.store.namespace_config import AUDIT_MAX_ENTRIES, AuditLog
+from app.store.script_interfaces import (
+    BUDGET_READ,
+    BUDGET_RESERVE,
+    BUDGET_SET,
+    BUDGET_SETTLE,
+    BUDGET_TIMELINE,
+)
 
 if TYPE_CHECKING:
     from app.store.services import StoreServices
@@ -99,6 +111,8 @@ class BudgetStore:
         self._read = script(self.redis, "budget_read")
         self._set = KeyedScript(self.redis, "budget_set", "budget")
         self._timeline = script(self.redis, "budget_timeline")
+        self.audit = AuditLog(services)
+        self._clustered = isinstance(self.redis, redis.RedisCluster)
 
     @staticmethod
     def _limits_key(org: str, namespace: str) -> str:
@@ -109,32 +123,50 @@ class BudgetStore:
     def _times(self) -> tuple[int, int]:
         return self.clock.now_ns() // 1_000_000, self.window_seconds * 1000
 
+    @staticmethod
+    def _window_keys(org: str) -> dict[str, str]:
+        return {"window": keys.budget_window(org), "reservations": keys.budget_reservations(org),
+                "spent": keys.budget_spent(org)}
+
     # --- the caps ------------------------------------------------------------------------------
 
     def set(
         self, org: str, namespace: str, calls: int | None, tokens: int | None, actor: str,
         held: HeldKey | None = None,
     ) -> tuple[Limits, Limits]:
-        """Replace the budget's caps (``namespace "*"``: the org's); answers (old, new). With
-        ``held`` (an Idempotency-Key in the org's slot) the script keeps its reply there."""
+        """Replace the budget's caps (``namespace "*"``: the org's) and audit the change (old
+        and new caps) in the same script step; answers (old, new). With ``held`` (an
+        Idempotency-Key in the org's slot) the script keeps its reply there too."""
         now = self.clock.now_ns()
-        reply = self._set(
-            [self._limits_key(org, namespace)],
-            ["" if calls is None else calls, "" if tokens is None else tokens, actor, now],
-            held,
-        )
+        action = "budget.set"
+        details: dict[str, Any] = {"scope": "org" if namespace == ORG else "namespace",
+                                   "new_calls": calls, "new_tokens": tokens}
+        # On a cluster the audit list (the namespace's slot) is out of the script's reach.
+        head, middle, tail = ("", "", "") if self._clustered else self.audit.parts(
+            actor, action, ("old_calls", "old_tokens"), **details)
+        reply = self._set(*BUDGET_SET.ordered(
+            {"limits": self._limits_key(org, namespace),
+             "audit": None if self._clustered else keys.namespace_audit(org, namespace)},
+            {"calls": "" if calls is None else calls, "tokens": "" if tokens is None else tokens,
+             "set_by": actor, "set_at": now, "audit_head": head, "audit_middle": middle,
+             "audit_tail": tail, "audit_max": AUDIT_MAX_ENTRIES},
+        ), held)
         raise_for_status("budget", reply)
         old_calls, old_tokens = reply
-        return Limits(_cap(old_calls), _cap(old_tokens)), Limits(calls, tokens, actor, now)
+        old = Limits(_cap(old_calls), _cap(old_tokens))
+        if self._clustered:
+            self.audit.record(org, namespace, actor, action, old_calls=old.calls,
+                              old_tokens=old.tokens, **details)
+        return old, Limits(calls, tokens, actor, now)
 
     def get(self, org: str, namespace: str) -> Window:
         """The budget's caps and what the window spent (``namespace "*"``: the org's)."""
         now_ms, window_ms = self._times()
         spent_calls, spent_tokens, calls, tokens, set_by, set_at = self._read(
-            keys=[keys.budget_window(org), keys.budget_reservations(org),
-                  keys.budget_spent(org), self._limits_key(org, namespace)],
-            args=[now_ms, window_ms, "" if namespace == ORG else namespace],
-        )
+            *BUDGET_READ.ordered(
+                {**self._window_keys(org), "limits": self._limits_key(org, namespace)},
+                {"now_ms": now_ms, "window_ms": window_ms,
+                 "namespace": "" if namespace == ORG else namespace}))
         limits = Limits(_cap(calls), _cap(tokens), set_by or "", _cap(set_at))
         return Window(limits, int(spent_calls), int(spent_tokens))
 
@@ -142,10 +174,10 @@ class BudgetStore:
         """The window's calls and tokens in ``buckets`` equal slices, oldest first, for one
         namespace (``namespace "*"``: the whole org)."""
         now_ms, window_ms = self._times()
-        sums = self._timeline(
-            keys=[keys.budget_window(org), keys.budget_reservations(org)],
-            args=[now_ms, window_ms, "" if namespace == ORG else namespace, buckets],
-        )
+        sums = self._timeline(*BUDGET_TIMELINE.ordered(
+            {"window": keys.budget_window(org), "reservations": keys.budget_reservations(org)},
+            {"now_ms": now_ms, "window_ms": window_ms,
+             "namespace": "" if namespace == ORG else namespace, "buckets": buckets}))
         start, width = now_ms - window_ms, window_ms / buckets
         return [Bucket(start + int(index * width), int(sums[2 * index]), int(sums[2 * index + 1]))
                 for index in range(buckets)]
@@ -156,12 +188,13 @@ class BudgetStore:
         """Reserve one call and ``tokens`` against the namespace's and the org's budgets."""
         reservation_id = uuid.uuid4().hex
         now_ms, window_ms = self._times()
-        reply = self._reserve(
-            keys=[keys.budget_org_limits(org), keys.budget_namespace_limits(org, namespace),
-                  keys.budget_window(org), keys.budget_reservations(org),
-                  keys.budget_spent(org), keys.budget_deferral_logged(org, namespace)],
-            args=[now_ms, window_ms, reservation_id, namespace, int(tokens)],
-        )
+        reply = self._reserve(*BUDGET_RESERVE.ordered(
+            {"org_limits": keys.budget_org_limits(org),
+             "namespace_limits": keys.budget_namespace_limits(org, namespace),
+             **self._window_keys(org),
+             "deferral_logged": keys.budget_deferral_logged(org, namespace)},
+            {"now_ms": now_ms, "window_ms": window_ms, "reservation_id": reservation_id,
+             "namespace": namespace, "estimated_tokens": int(tokens)}))
         if int(reply[0]) == 1:
             return Reservation(org, namespace, reservation_id, int(tokens), granted=True)
         return Reservation(org, namespace, reservation_id, int(tokens), granted=False,
@@ -181,9 +214,9 @@ class BudgetStore:
             return False
         now_ms, window_ms = self._times()
         org = reservation.org
-        changed = self._settle(
-            keys=[keys.budget_window(org), keys.budget_reservations(org), keys.budget_spent(org)],
-            args=[now_ms, window_ms, reservation.reservation_id, mode,
-                  "" if real_tokens is None else int(real_tokens)],
-        )
+        changed = self._settle(*BUDGET_SETTLE.ordered(
+            self._window_keys(org),
+            {"now_ms": now_ms, "window_ms": window_ms,
+             "reservation_id": reservation.reservation_id, "mode": mode,
+             "real_tokens": "" if real_tokens is None else int(real_tokens)}))
         return bool(changed)

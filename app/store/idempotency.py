@@ -37,6 +37,7 @@ from app.store.lua import (
 )
 from app.store.replies import optional_text as text_or_none
 from app.store.replies import text
+from app.store.script_interfaces import IDEMPOTENCY_BEGIN, IDEMPOTENCY_RENEW, IDEMPOTENCY_SETTLE
 
 if TYPE_CHECKING:
     from app.store.services import StoreServices
@@ -156,9 +157,10 @@ class IdempotencyStore:
         """Reserve the key for ``holder`` for ``lease_ms``, or say what holds it. With
         ``recorded`` (the op's write keeps its answer in the record), a lapsed lease hands the
         key to ``holder``; without, it is an outcome nobody will report."""
-        reply = self._begin(keys=[record.redis_key],
-                            args=[fingerprint, holder, self._now_ms(), lease_ms, DAY_MS,
-                                  "1" if recorded else "0"])
+        reply = self._begin(*IDEMPOTENCY_BEGIN.ordered(
+            {"record": record.redis_key},
+            {"fingerprint": fingerprint, "holder": holder, "now_ms": self._now_ms(),
+             "lease_ms": lease_ms, "life_ms": DAY_MS, "recorded": "1" if recorded else "0"}))
         state: State = text(reply[0])  # type: ignore[assignment]  # the script's words
         if state in ("DONE", "RECORDED"):
             return Begun(state, answer=text(reply[1]))
@@ -172,24 +174,34 @@ class IdempotencyStore:
         until = self._now_ms() + lease_ms
         if isinstance(self.redis, redis.RedisCluster):
             # A cluster pipeline does not load a script the node lacks: one call per lease.
-            return sum(int(self._renew(keys=[record.redis_key], args=[holder, until]))
+            return sum(int(self._renew(*self._renewal(record, holder, until)))
                        for record, holder in leases)
         pipe = self.redis.pipeline(transaction=False)
         for record, holder in leases:
-            self._renew(keys=[record.redis_key], args=[holder, until], client=pipe)
+            self._renew(*self._renewal(record, holder, until), client=pipe)
         return sum(int(held) for held in pipe.execute())
+
+    @staticmethod
+    def _renewal(record: KeyRecord, holder: str, until: int) -> tuple[list[str], list[Any]]:
+        return IDEMPOTENCY_RENEW.ordered({"record": record.redis_key},
+                                         {"holder": holder, "lease_until_ms": until})
 
     def _now_ms(self) -> int:
         return self.clock.now_ns() // 1_000_000
 
     def finish(self, record: KeyRecord, holder: str, answer: str) -> bool:
         """Store the first answer; False when this call no longer holds the key."""
-        return bool(self._settle(keys=[record.redis_key], args=[holder, "done", answer]))
+        return self._settled(record, holder, "done", answer)
 
     def abandon(self, record: KeyRecord, holder: str) -> bool:
         """The call ended without a known outcome: repeats are told so, never run again."""
-        return bool(self._settle(keys=[record.redis_key], args=[holder, "unknown"]))
+        return self._settled(record, holder, "unknown")
 
     def release(self, record: KeyRecord, holder: str) -> bool:
         """Nothing was applied and nothing is to be answered again: the key is free."""
-        return bool(self._settle(keys=[record.redis_key], args=[holder, "release"]))
+        return self._settled(record, holder, "release")
+
+    def _settled(self, record: KeyRecord, holder: str, outcome: str, answer: str = "") -> bool:
+        return bool(self._settle(*IDEMPOTENCY_SETTLE.ordered(
+            {"record": record.redis_key},
+            {"holder": holder, "outcome": outcome, "answer": answer})))

@@ -22,6 +22,12 @@ from typing import TYPE_CHECKING
 from app.store import keys
 from app.store.lua import script
 from app.store.replies import optional_texts
+from app.store.script_interfaces import (
+    LEASE_ACQUIRE,
+    LEASE_FENCE_CLAIM,
+    RELEASE_IF_HELD,
+    RENEW_IF_HELD,
+)
 
 if TYPE_CHECKING:
     from app.store.services import StoreServices
@@ -129,11 +135,11 @@ class LeaseStore:
 
     def acquire(self, name: str, holder: str, ttl_seconds: float) -> Lease | None:
         ttl_ms = max(1, int(ttl_seconds * 1000))
-        token = self._acquire(
-            keys=[keys.worker_lease(name), keys.worker_lease_generation(name),
-                  keys.worker_lease_acquired(name)],
-            args=[holder, ttl_ms, repr(self.clock.now())],
-        )
+        token = self._acquire(*LEASE_ACQUIRE.ordered(
+            {"lease": keys.worker_lease(name), "generation": keys.worker_lease_generation(name),
+             "acquired": keys.worker_lease_acquired(name)},
+            {"holder": holder, "ttl_ms": ttl_ms, "now_s": repr(self.clock.now())},
+        ))
         if token is None:
             return None
         return Lease(self, name, holder, int(token), ttl_ms)
@@ -145,7 +151,8 @@ class LeaseStore:
 
     def renew(self, lease: Lease, ttl_ms: int | None = None) -> bool:
         ttl = lease.ttl_ms if ttl_ms is None else ttl_ms
-        return bool(self._renew(keys=[keys.worker_lease(lease.name)], args=[lease.value, ttl]))
+        return bool(self._renew(*RENEW_IF_HELD.ordered(
+            {"lock": keys.worker_lease(lease.name)}, {"holder": lease.value, "ttl_ms": ttl})))
 
     def claim_fence(
         self, lease: Lease, org: str, namespace: str, user_id: str, ttl_seconds: float
@@ -153,10 +160,10 @@ class LeaseStore:
         """Take one user under the lease's token for ``ttl_seconds``; None while the user is
         being erased. LeaseLost when a later holder of the lease has taken them."""
         key = keys.worker_lease_fence(lease.name, org, namespace, user_id)
-        taken = int(self._claim(
-            keys=[key, keys.user_erasing(org, namespace, user_id)],
-            args=[lease.token, max(1, int(ttl_seconds * 1000))],
-        ))
+        taken = int(self._claim(*LEASE_FENCE_CLAIM.ordered(
+            {"fence": key, "erasing": keys.user_erasing(org, namespace, user_id)},
+            {"token": lease.token, "ttl_ms": max(1, int(ttl_seconds * 1000))},
+        )))
         if taken < 0:
             raise LeaseLost(f"lease {lease.name}: a later token took a user of token "
                             f"{lease.token}")
@@ -164,14 +171,16 @@ class LeaseStore:
 
     def renew_fence(self, fence: Fence, ttl_seconds: float) -> bool:
         """Extend a fence while it still holds its token (a lapsed one is never recreated)."""
-        return bool(self._renew(keys=[fence.key],
-                                args=[fence.token, max(1, int(ttl_seconds * 1000))]))
+        return bool(self._renew(*RENEW_IF_HELD.ordered(
+            {"lock": fence.key},
+            {"holder": fence.token, "ttl_ms": max(1, int(ttl_seconds * 1000))})))
 
     def release_fence(self, fence: Fence) -> None:
-        self._release(keys=[fence.key], args=[fence.token])
+        self._release(*RELEASE_IF_HELD.ordered({"lock": fence.key}, {"holder": fence.token}))
 
     def release(self, lease: Lease) -> None:
-        self._release(keys=[keys.worker_lease(lease.name)], args=[lease.value])
+        self._release(*RELEASE_IF_HELD.ordered(
+            {"lock": keys.worker_lease(lease.name)}, {"holder": lease.value}))
 
     def holder_age(self, name: str) -> float | None:
         """Seconds since the current holder took the lease; None while nobody holds it."""

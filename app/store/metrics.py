@@ -24,6 +24,7 @@ import redis
 from app.store import keys
 from app.store.lua import script
 from app.store.replies import text
+from app.store.script_interfaces import METRICS_ADD_BY_ORG
 
 if TYPE_CHECKING:
     from app.store.services import StoreServices
@@ -83,14 +84,16 @@ class JobMetricsStore:
 
     def add_by_org(self, org: str, counts: Mapping[str, int]) -> str:
         """Add org-labelled counters; answers the label used (the org, or ``_other``)."""
-        args: list[str | int] = [self.max_orgs, org]
+        counters: list[str | int] = []
         for name, amount in counts.items():
             if amount:
-                args += [field_name(name, {"org": org}), field_name(name, {"org": OTHER_ORG}),
-                         int(amount)]
-        if len(args) == 2:
+                counters += [field_name(name, {"org": org}),
+                             field_name(name, {"org": OTHER_ORG}), int(amount)]
+        if not counters:
             return org
-        own = self._add_by_org(keys=[keys.job_metrics(), keys.job_metrics_orgs()], args=args)
+        own = self._add_by_org(*METRICS_ADD_BY_ORG.ordered(
+            {"metrics": keys.job_metrics(), "orgs": keys.job_metrics_orgs()},
+            {"cap": self.max_orgs, "org": org}, more_args=counters))
         return org if own else OTHER_ORG
 
     def read(self) -> dict[tuple[str, Labels], float]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
@@ -139,9 +139,10 @@ class AuditLog:
 
     ``record(org, namespace, actor, action, **details)`` appends one entry
     ``{"at", "at_ns", "actor", "action", **details}``; pass ``pipeline=`` to fold it into the
-    caller's MULTI (the key is under the namespace's hash tag). Details must never hold content
-    or raw ids: the convention is the sha256 of the old and new documents
-    (``old_sha256``/``new_sha256``) and counts.
+    caller's MULTI (the key is under the namespace's hash tag). A write script appends the
+    entry itself, in its own step, from ``parts``. Details must never hold content or raw ids:
+    the convention is the sha256 of the old and new documents (``old_sha256``/``new_sha256``)
+    and counts.
     """
 
     def __init__(self, services: StoreServices) -> None:
@@ -158,8 +159,7 @@ class AuditLog:
         pipeline: Pipeline | None = None,
         **details: Any,
     ) -> dict[str, Any]:
-        now = self.clock.now_ns()
-        entry = {"at": iso_from_ns(now), "at_ns": now, "actor": actor, "action": action, **details}
+        entry = self._entry(actor, action, details)
         key = keys.namespace_audit(org, namespace)
         connection = pipeline if pipeline is not None else self.redis.pipeline(transaction=True)
         connection.lpush(key, canonical_json(entry))
@@ -167,6 +167,29 @@ class AuditLog:
         if pipeline is None:
             connection.execute()
         return entry
+
+    def _entry(self, actor: str, action: str, details: Mapping[str, Any]) -> dict[str, Any]:
+        now = self.clock.now_ns()
+        return {"at": iso_from_ns(now), "at_ns": now, "actor": actor, "action": action,
+                **details}
+
+    def parts(
+        self, actor: str, action: str, filled: Sequence[str], **details: Any
+    ) -> list[str]:
+        """The entry's JSON cut where a write script puts the values named ``filled`` (each a
+        JSON number or null, in the order of their names): a value only the script knows (a
+        count it deleted, the caps it replaced) so goes into the entry in the write's step."""
+        if list(filled) != sorted(filled):
+            raise ValueError("filled values are named in the order canonical_json writes them")
+        text = canonical_json(self._entry(actor, action, {**details, **dict.fromkeys(filled, 0)}))
+        cut: list[str] = []
+        for name in filled:
+            # A name's text with its quotes is found only as the key: a quote inside a value
+            # is escaped.
+            head, found, text = text.partition(f'"{name}":0')
+            assert found, name
+            cut.append(f'{head}"{name}":')
+        return [*cut, text]
 
     def entries(
         self, org: str, namespace: str, limit: int = AUDIT_DEFAULT_LIMIT

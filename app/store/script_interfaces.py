@@ -239,12 +239,156 @@ WORKING_MEMORY_DELETE = ScriptInterface(
     args=("block_key",),
 )
 
+# --- typed agent state (app/store/agent_state.py) ------------------------------------------------
+
+# The compare-and-set write of one state. erasing: the subject's erasure marker, for a subject
+# scope (None otherwise; erasing_checked '1' says it is there). expected_etag: '' nothing stored;
+# expires_ms: a decimal string. The tail: the state hash's field/value pairs.
+AGENT_STATE_WRITE = ScriptInterface(
+    "agent_state_write", keys=("state", "scope_agents", "erasing"),
+    args=("erasing_checked", "expected_etag", "expires_ms", "agent"),
+    more_args="fields",
+)
+# The sweep's delete: only the state it judged expired (by its etag), never one rewritten since.
+AGENT_STATE_DELETE_IF = ScriptInterface(
+    "agent_state_delete_if", keys=("state", "scope_agents"), args=("expected_etag", "agent"),
+)
+# Deletes states of one scope (the tail of keys) and their agents (the tail of arguments, one
+# per state). audit: the namespace's audit list, which gets the entry in the same step when
+# audit_head is not '' (the entry's JSON is audit_head .. the count erased .. audit_tail), and
+# keeps audit_max entries; None where it is in another slot (Redis Cluster).
+AGENT_STATE_ERASE = ScriptInterface(
+    "agent_state_erase", keys=("scope_agents", "audit"),
+    args=("audit_head", "audit_tail", "audit_max"),
+    more_keys="states", more_args="state_agents",
+)
+# Drops index entries of erased states. The key tail: one subject index per entry (the expiry
+# set again when the entry names none); the argument tail, per entry: state key, the expiry (ms)
+# its erased state carried, the subject digest ('' none), '1' to drop it from the expiry set.
+AGENT_STATE_UNINDEX = ScriptInterface(
+    "agent_state_unindex", keys=("expiry", "subjects"), args=(),
+    more_keys="subject_indexes", more_args="entries",
+)
+
+# --- model-call budgets (app/store/budget.py): every key in the org's slot ----------------------
+
+BUDGET_WINDOW_KEYS: tuple[str, ...] = ("window", "reservations", "spent")
+# namespace: '' for the org's own sums.
+BUDGET_READ = ScriptInterface(
+    "budget_read", keys=(*BUDGET_WINDOW_KEYS, "limits"),
+    args=("now_ms", "window_ms", "namespace"),
+)
+BUDGET_RESERVE = ScriptInterface(
+    "budget_reserve",
+    keys=("org_limits", "namespace_limits", *BUDGET_WINDOW_KEYS, "deferral_logged"),
+    args=("now_ms", "window_ms", "reservation_id", "namespace", "estimated_tokens"),
+)
+# mode: settle | release; real_tokens: '' unknown (the estimate stands).
+BUDGET_SETTLE = ScriptInterface(
+    "budget_settle", keys=BUDGET_WINDOW_KEYS,
+    args=("now_ms", "window_ms", "reservation_id", "mode", "real_tokens"),
+)
+# namespace: '' for the whole org; buckets: how many slices of the window.
+BUDGET_TIMELINE = ScriptInterface(
+    "budget_timeline", keys=("window", "reservations"),
+    args=("now_ms", "window_ms", "namespace", "buckets"),
+)
+# Replaces a budget's caps ('' none). audit: the namespace's audit list, which gets the entry in
+# the same step when audit_head is not '': audit_head .. old calls cap .. audit_middle .. old
+# tokens cap .. audit_tail (each a JSON number or null), keeping audit_max entries; None where
+# it is in another slot than the org's (Redis Cluster).
+BUDGET_SET = ScriptInterface(
+    "budget_set", keys=("limits", "audit"),
+    args=("calls", "tokens", "set_by", "set_at", "audit_head", "audit_middle", "audit_tail",
+          "audit_max"),
+)
+
+# --- the erasure saga (app/store/erasure/saga.py) ------------------------------------------------
+
+# Deletes keys of the user's slot (the key tail; one kind per key in the argument tail: row,
+# versions, blocks, activity, index) and counts them on the marker. structured_key: the
+# structured profile's row key, counted apart.
+ERASURE_DROP = ScriptInterface(
+    "erasure_drop", keys=("marker",), args=("structured_key",),
+    more_keys="dropped", more_args="kinds",
+)
+# Counts removals made outside the user's slot on the marker: (kind, n) pairs.
+ERASURE_ADD_COUNTS = ScriptInterface(
+    "erasure_add_counts", keys=("marker",), args=(), more_args="counts",
+)
+
+# --- Idempotency-Key records (app/store/idempotency.py) ------------------------------------------
+
+# recorded: '1' when the op's write keeps its answer in the record in the same step.
+IDEMPOTENCY_BEGIN = ScriptInterface(
+    "idempotency_begin", keys=("record",),
+    args=("fingerprint", "holder", "now_ms", "lease_ms", "life_ms", "recorded"),
+)
+IDEMPOTENCY_RENEW = ScriptInterface(
+    "idempotency_renew", keys=("record",), args=("holder", "lease_until_ms"),
+)
+# outcome: done (with answer) | unknown | release (answer '').
+IDEMPOTENCY_SETTLE = ScriptInterface(
+    "idempotency_settle", keys=("record",), args=("holder", "outcome", "answer"),
+)
+
+# --- leases and locks (app/store/lease.py, the erasure saga's lock) ------------------------------
+
+# now_s: seconds, when the lease was taken.
+LEASE_ACQUIRE = ScriptInterface(
+    "lease_acquire", keys=("lease", "generation", "acquired"),
+    args=("holder", "ttl_ms", "now_s"),
+)
+LEASE_FENCE_CLAIM = ScriptInterface(
+    "lease_fence_claim", keys=("fence", "erasing"), args=("token", "ttl_ms"),
+)
+RENEW_IF_HELD = ScriptInterface("renew_if_held", keys=("lock",), args=("holder", "ttl_ms"))
+RELEASE_IF_HELD = ScriptInterface("release_if_held", keys=("lock",), args=("holder",))
+
+# --- structured profiles (app/store/structured.py): the namespace's slot ------------------------
+
+# on: '1' blacklist | '0' lift it; audit_entry: JSON; audit_max: how many entries the list keeps.
+STRUCTURED_BLACKLIST = ScriptInterface(
+    "structured_blacklist", keys=("blacklist", "audit", "parked", "changed_users"),
+    args=("user", "on", "now", "audit_entry", "audit_max"),
+)
+# parked_until and read_at: ns.
+STRUCTURED_PARK = ScriptInterface(
+    "structured_park", keys=("changed_users", "parked"),
+    args=("user", "parked_until", "read_at"),
+)
+STRUCTURED_UNPARK_DUE = ScriptInterface(
+    "structured_unpark_due", keys=("parked", "changed_users"), args=("now",),
+)
+
+# --- reads and counters (app/store/activity.py, app/store/metrics.py) ----------------------------
+
+# now_us and cutoff_us: microseconds; most_readers: the cap.
+ACTIVITY_RECORD = ScriptInterface(
+    "activity_record", keys=("readers", "last_op"),
+    args=("now_us", "member", "op", "cutoff_us", "most_readers"),
+)
+# cap: how many orgs keep a label of their own. The tail: (field for a labelled org, field for
+# any other, amount) per counter.
+METRICS_ADD_BY_ORG = ScriptInterface(
+    "metrics_add_by_org", keys=("metrics", "orgs"), args=("cap", "org"),
+    more_args="counters",
+)
+
 INTERFACES: dict[str, ScriptInterface] = {
     interface.name: interface
     for interface in (MEMORY_SET, MEMORY_FLAG, MEMORY_DELETE, MEMORY_DELETE_VERSION,
                       MEMORY_REVERT, MEMORY_TOUCH, MEMORY_REDACT, MEMORY_EXPIRE_SOURCES,
                       CLEAR_UNLESS_CHANGED_SINCE, WORKING_MEMORY_SET, WORKING_MEMORY_APPEND,
-                      WORKING_MEMORY_REPLACE, WORKING_MEMORY_DELETE)
+                      WORKING_MEMORY_REPLACE, WORKING_MEMORY_DELETE,
+                      AGENT_STATE_WRITE, AGENT_STATE_DELETE_IF, AGENT_STATE_ERASE,
+                      AGENT_STATE_UNINDEX,
+                      BUDGET_READ, BUDGET_RESERVE, BUDGET_SETTLE, BUDGET_TIMELINE, BUDGET_SET,
+                      ERASURE_DROP, ERASURE_ADD_COUNTS,
+                      IDEMPOTENCY_BEGIN, IDEMPOTENCY_RENEW, IDEMPOTENCY_SETTLE,
+                      LEASE_ACQUIRE, LEASE_FENCE_CLAIM, RENEW_IF_HELD, RELEASE_IF_HELD,
+                      STRUCTURED_BLACKLIST, STRUCTURED_PARK, STRUCTURED_UNPARK_DUE,
+                      ACTIVITY_RECORD, METRICS_ADD_BY_ORG)
 }
 
 

@@ -41,6 +41,12 @@ from app.store.memory import (
 from app.store.namespace_config import AUDIT_MAX_ENTRIES, canonical_json
 from app.store.profile_schema import WAKES_TOTAL, StoredSchema, parse_stored
 from app.store.replies import text_map, text_set, texts
+from app.store.script_interfaces import (
+    CLEAR_UNLESS_CHANGED_SINCE,
+    STRUCTURED_BLACKLIST,
+    STRUCTURED_PARK,
+    STRUCTURED_UNPARK_DUE,
+)
 
 if TYPE_CHECKING:
     from app.store.services import StoreServices
@@ -303,7 +309,9 @@ class StructuredStore:
     def forget_expiry(self, org: str, namespace: str, user_id: str, due_ns: int) -> None:
         """Drop a user's expiry entry once its facts were taken out (the next build writes the
         next one), unless a build wrote a later one meanwhile."""
-        self._forget(keys=[keys.structured_expiry(org, namespace)], args=[user_id, due_ns])
+        self._forget(*CLEAR_UNLESS_CHANGED_SINCE.ordered(
+            {"changed_users": keys.structured_expiry(org, namespace)},
+            {"user_id": user_id, "read_at": due_ns}))
 
     def records(
         self, org: str, namespace: str, user_ids: list[str]
@@ -358,12 +366,14 @@ class StructuredStore:
         now = self.clock.now_ns()
         entry = {"at": iso_from_ns(now), "at_ns": now, "actor": actor,
                  "action": "structured.blacklist", **audit}
-        reply = self._blacklist(
-            [keys.structured_blacklist(org, namespace), keys.namespace_audit(org, namespace),
-             keys.structured_parked(org, namespace), keys.profile_changed_users(org, namespace)],
-            [user_id, "1" if on else "0", now, canonical_json(entry), AUDIT_MAX_ENTRIES],
-            held,
-        )
+        reply = self._blacklist(*STRUCTURED_BLACKLIST.ordered(
+            {"blacklist": keys.structured_blacklist(org, namespace),
+             "audit": keys.namespace_audit(org, namespace),
+             "parked": keys.structured_parked(org, namespace),
+             "changed_users": keys.profile_changed_users(org, namespace)},
+            {"user": user_id, "on": "1" if on else "0", "now": now,
+             "audit_entry": canonical_json(entry), "audit_max": AUDIT_MAX_ENTRIES},
+        ), held)
         raise_for_status("structured", reply)
         return self.blacklisted_of(reply)
 
@@ -377,28 +387,27 @@ class StructuredStore:
 
         A change newer than the build's read stays listed (the same rule as clear_changed).
         """
-        self._park(
-            keys=[keys.profile_changed_users(org, namespace),
-                  keys.structured_parked(org, namespace)],
-            args=[user_id, until_ns, read_at],
-        )
+        self._park(*STRUCTURED_PARK.ordered(
+            {"changed_users": keys.profile_changed_users(org, namespace),
+             "parked": keys.structured_parked(org, namespace)},
+            {"user": user_id, "parked_until": until_ns, "read_at": read_at},
+        ))
 
     def unpark_due(self, org: str, namespace: str, now_ns: int) -> int:
         """List again, as changed now, the parked users whose wait is over."""
-        return int(self._unpark(
-            keys=[keys.structured_parked(org, namespace),
-                  keys.profile_changed_users(org, namespace)],
-            args=[now_ns],
-        ))
+        return self._unpark_until(org, namespace, now_ns)
 
     def unpark_all(self, org: str, namespace: str) -> int:
         """List every parked user again, whatever their wait: the waits started over (another
         process took the worker lease)."""
-        return int(self._unpark(
-            keys=[keys.structured_parked(org, namespace),
-                  keys.profile_changed_users(org, namespace)],
-            args=["+inf"],
-        ))
+        return self._unpark_until(org, namespace, "+inf")
+
+    def _unpark_until(self, org: str, namespace: str, now: int | str) -> int:
+        return int(self._unpark(*STRUCTURED_UNPARK_DUE.ordered(
+            {"parked": keys.structured_parked(org, namespace),
+             "changed_users": keys.profile_changed_users(org, namespace)},
+            {"now": now},
+        )))
 
     def unpark(self, org: str, namespace: str, user_id: str, now_ns: int) -> None:
         """List a parked user again at once (its profile row was unlocked, unpinned, ...)."""
@@ -412,8 +421,9 @@ class StructuredStore:
         """Drop users a scan found current from the changed index (they were listed by a
         change that left their sources as built), unless they changed again since."""
         for user_id in user_ids:
-            self._forget(keys=[keys.profile_changed_users(org, namespace)],
-                         args=[user_id, read_at])
+            self._forget(*CLEAR_UNLESS_CHANGED_SINCE.ordered(
+                {"changed_users": keys.profile_changed_users(org, namespace)},
+                {"user_id": user_id, "read_at": read_at}))
 
     def list_built_users_for_schema(self, org: str, namespace: str, schema_sha: str) -> int:
         """Once per schema: list every built user as changed, so the passes rebuild them.

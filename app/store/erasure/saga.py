@@ -77,6 +77,12 @@ from app.store.intents import RunErasure
 from app.store.lua import raise_for_status, script
 from app.store.namespace_config import AuditLog
 from app.store.recall_vectors import VECTORSET, engine_of
+from app.store.script_interfaces import (
+    ERASURE_ADD_COUNTS,
+    ERASURE_DROP,
+    RELEASE_IF_HELD,
+    RENEW_IF_HELD,
+)
 from app.store.structured import PROFILE_KEY
 from app.store.tokens import TokenStore
 
@@ -206,7 +212,8 @@ class ErasureStore:
             )
 
     def renew(self, run: ErasureRun) -> bool:
-        return bool(self._renew(keys=[run.lock], args=[run.token, LOCK_TTL_MS]))
+        return bool(self._renew(*RENEW_IF_HELD.ordered(
+            {"lock": run.lock}, {"holder": run.token, "ttl_ms": LOCK_TTL_MS})))
 
     # --- in the background ----------------------------------------------------------------------
 
@@ -231,7 +238,7 @@ class ErasureStore:
                 self._open(run, record, attempt=False)
                 self._enqueue(run, record.get("job_id", ""))
         finally:
-            self._release(keys=[run.lock], args=[run.token])
+            self._release(*RELEASE_IF_HELD.ordered({"lock": run.lock}, {"holder": run.token}))
         return self.status(org, namespace, run.erasure_id)
 
     def _enqueue(self, run: ErasureRun, stale_job_id: str) -> None:
@@ -256,7 +263,7 @@ class ErasureStore:
         try:
             return self._attempt(run)
         finally:
-            self._release(keys=[run.lock], args=[run.token])
+            self._release(*RELEASE_IF_HELD.ordered({"lock": run.lock}, {"holder": run.token}))
 
     def interrupted(self) -> list[tuple[str, str, str]]:
         """(org, namespace, erasure_id) of every erasure due whose run is dead."""
@@ -292,7 +299,8 @@ class ErasureStore:
             self._enqueue(probe, record.get("job_id", ""))
             return True
         finally:
-            self._release(keys=[probe.lock], args=[probe.token])
+            self._release(*RELEASE_IF_HELD.ordered({"lock": probe.lock},
+                                                   {"holder": probe.token}))
 
     # --- in this process ----------------------------------------------------------------------
 
@@ -313,7 +321,7 @@ class ErasureStore:
         try:
             return self._attempt(run)
         finally:
-            self._release(keys=[run.lock], args=[run.token])
+            self._release(*RELEASE_IF_HELD.ordered({"lock": run.lock}, {"holder": run.token}))
 
     # --- one attempt ----------------------------------------------------------------------------
 
@@ -404,8 +412,9 @@ class ErasureStore:
     def _drop_keys(self, run: ErasureRun, found: Iterable[str]) -> None:
         """Delete keys of the user's slot, counting what they held on the marker."""
         for batch in batches((k for k in found if k != run.marker), BATCH):
-            reply = self._drop(keys=[run.marker, *batch],
-                               args=[*(kind_of(k) for k in batch), PROFILE_KEY])
+            reply = self._drop(*ERASURE_DROP.ordered(
+                {"marker": run.marker}, {"structured_key": PROFILE_KEY},
+                more_keys=batch, more_args=[kind_of(k) for k in batch]))
             try:
                 raise_for_status("erasure", reply, erasure_id=run.erasure_id)
             except ErasureRunning:
@@ -415,7 +424,7 @@ class ErasureStore:
     def _count(self, run: ErasureRun, **counts: int) -> None:
         pairs = [item for kind, n in counts.items() if n for item in (kind, n)]
         if pairs:
-            self._add(keys=[run.marker], args=pairs)
+            self._add(*ERASURE_ADD_COUNTS.ordered({"marker": run.marker}, {}, more_args=pairs))
 
     # --- steps ----------------------------------------------------------------------------------
 

@@ -1,15 +1,14 @@
--- KEYS: 1 readers, 2 last op. ARGV: 1 now (us), 2 member, 3 op, 4 cutoff (us), 5 most readers.
 -- Records one read and drops the readers past the window or past the cap, with their ops.
-redis.call('ZADD', KEYS[1], ARGV[1], ARGV[2])
-redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
-local old = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[4])
-for _, member in ipairs(old) do redis.call('HDEL', KEYS[2], member) end
-if #old > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. ARGV[4]) end
-local extra = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[5])
+redis.call('ZADD', K_readers, A_now_us, A_member)
+redis.call('HSET', K_last_op, A_member, A_op)
+local old = redis.call('ZRANGEBYSCORE', K_readers, '-inf', '(' .. A_cutoff_us)
+for _, member in ipairs(old) do redis.call('HDEL', K_last_op, member) end
+if #old > 0 then redis.call('ZREMRANGEBYSCORE', K_readers, '-inf', '(' .. A_cutoff_us) end
+local extra = redis.call('ZCARD', K_readers) - tonumber(A_most_readers)
 if extra > 0 then
-  for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, extra - 1)) do
-    redis.call('HDEL', KEYS[2], member)
+  for _, member in ipairs(redis.call('ZRANGE', K_readers, 0, extra - 1)) do
+    redis.call('HDEL', K_last_op, member)
   end
-  redis.call('ZREMRANGEBYRANK', KEYS[1], 0, extra - 1)
+  redis.call('ZREMRANGEBYRANK', K_readers, 0, extra - 1)
 end
 return 1

@@ -1,20 +1,20 @@
--- KEYS: the namespace's expiry set, its subjects set, then one subject index per entry (the
--- expiry set again when the entry names none). ARGV per entry: state key, the expiry (ms) its
--- erased state carried, the subject digest ('' none), '1' to drop it from the expiry set.
+-- Drops the index entries of erased states (the declaration says what each entry holds).
 -- An entry is dropped only while its score is not above that expiry: a write made since has
 -- raised the score (ZADD GT) and keeps its entry.
 local function drop(key, member, expires)
   local score = redis.call('ZSCORE', key, member)
   if score and tonumber(score) <= tonumber(expires) then redis.call('ZREM', key, member) end
 end
-for i = 1, #ARGV / 4 do
-  local member, expires, subject = ARGV[4 * i - 3], ARGV[4 * i - 2], ARGV[4 * i - 1]
-  if ARGV[4 * i] == '1' then drop(KEYS[1], member, expires) end
+for i = 0, (#ARGV - A_entries_from + 1) / 4 - 1 do
+  local at = A_entries_from + 4 * i
+  local member, expires, subject = ARGV[at], ARGV[at + 1], ARGV[at + 2]
+  local subject_index = KEYS[K_subject_indexes_from + i]
+  if ARGV[at + 3] == '1' then drop(K_expiry, member, expires) end
   if subject ~= '' then
-    drop(KEYS[2 + i], member, expires)
+    drop(subject_index, member, expires)
     -- A writer adds to the subject index before the subjects set, so an empty index here
     -- means no write naming this subject is half done.
-    if redis.call('ZCARD', KEYS[2 + i]) == 0 then redis.call('ZREM', KEYS[2], subject) end
+    if redis.call('ZCARD', subject_index) == 0 then redis.call('ZREM', K_subjects, subject) end
   end
 end
 return 0

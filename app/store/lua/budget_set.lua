@@ -1,15 +1,24 @@
--- Replace a budget's caps and answer the old ones, in one step (the audit entry's old values
--- are the caps this write replaced).
--- KEYS: limits. ARGV: calls cap ('' = none), tokens cap ('' = none), set_by, set_at (ns).
+-- Replace a budget's caps and answer the old ones, in one step with the audit entry that
+-- records the change (its old values are the caps this write replaced).
 -- Answers {old calls cap, old tokens cap} (false = none).
-local old = redis.call('HMGET', KEYS[1], 'calls', 'tokens')
-redis.call('HSET', KEYS[1], 'set_by', ARGV[3], 'set_at', ARGV[4])
-local names = {'calls', 'tokens'}
+local old = redis.call('HMGET', K_limits, 'calls', 'tokens')
+redis.call('HSET', K_limits, 'set_by', A_set_by, 'set_at', A_set_at)
+local names, caps = {'calls', 'tokens'}, {A_calls, A_tokens}
 for i = 1, 2 do
-  if ARGV[i] == '' then
-    redis.call('HDEL', KEYS[1], names[i])
+  if caps[i] == '' then
+    redis.call('HDEL', K_limits, names[i])
   else
-    redis.call('HSET', KEYS[1], names[i], ARGV[i])
+    redis.call('HSET', K_limits, names[i], caps[i])
   end
+end
+if A_audit_head ~= '' then
+  -- A cap as the entry's JSON: its decimal text (at most 2^53 - 1), or null for none.
+  local function cap_json(raw)
+    if raw == false or raw == '' then return 'null' end
+    return raw
+  end
+  redis.call('LPUSH', K_audit,
+             A_audit_head .. cap_json(old[1]) .. A_audit_middle .. cap_json(old[2]) .. A_audit_tail)
+  redis.call('LTRIM', K_audit, 0, tonumber(A_audit_max) - 1)
 end
 return old

@@ -1,23 +1,21 @@
 -- Settle a reservation with what the call really cost, or release it (the call was not made
 -- or failed). A reservation settles once: a second settle or release changes nothing.
--- KEYS: window, reservations, spent. ARGV: now ms, window ms, reservation id, 'settle' or
--- 'release', real tokens ('' = unknown: the estimate stands).
 -- Answers 1 when the reservation was changed, else 0 (unknown, already settled, or expired).
 --#include budget_window
-local now_ms, window_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
-budget_trim(KEYS[1], KEYS[2], KEYS[3], now_ms, window_ms)
-local entry = redis.call('HGET', KEYS[2], ARGV[3])
+local now_ms, window_ms = tonumber(A_now_ms), tonumber(A_window_ms)
+budget_trim(K_window, K_reservations, K_spent, now_ms, window_ms)
+local entry = redis.call('HGET', K_reservations, A_reservation_id)
 if not entry then return 0 end
 local reserved, settled, ns = budget_parse(entry)
 if settled == '1' then return 0 end
-if ARGV[4] == 'release' then
-  budget_add(KEYS[3], ns, -1, -reserved)
-  redis.call('HDEL', KEYS[2], ARGV[3])
-  redis.call('ZREM', KEYS[1], ARGV[3])
+if A_mode == 'release' then
+  budget_add(K_spent, ns, -1, -reserved)
+  redis.call('HDEL', K_reservations, A_reservation_id)
+  redis.call('ZREM', K_window, A_reservation_id)
   return 1
 end
 local real = reserved
-if ARGV[5] ~= '' then real = tonumber(ARGV[5]) end
-budget_add(KEYS[3], ns, 0, real - reserved)
-redis.call('HSET', KEYS[2], ARGV[3], real .. '\t1\t' .. ns)
+if A_real_tokens ~= '' then real = tonumber(A_real_tokens) end
+budget_add(K_spent, ns, 0, real - reserved)
+redis.call('HSET', K_reservations, A_reservation_id, real .. '\t1\t' .. ns)
 return 1

@@ -1,12 +1,11 @@
 -- Deletes keys of one user's slot and adds what they held to the erasure marker's counts,
 -- in one step, so a crash neither loses nor doubles a count.
--- KEYS: 1 the user's erasure marker, 2.. keys of the same slot.
--- ARGV: the kind of each of KEYS[2..] (row, versions, blocks, activity, index), then the
--- structured profile's key.
+-- The dropped keys are of the marker's slot, each with its kind (row, versions, blocks,
+-- activity, index).
 -- Without the marker it does nothing: counts land only in a running erasure, and a late call
 -- from a process that lost the erasure cannot bring the marker back.
-if redis.call('EXISTS', KEYS[1]) == 0 then return {'NOMARK'} end
-local structured_key = ARGV[#KEYS]
+if redis.call('EXISTS', K_marker) == 0 then return {'NOMARK'} end
+local structured_key = A_structured_key
 local counts = {}
 local function add(kind, n)
   if n > 0 then counts[kind] = (counts[kind] or 0) + n end
@@ -20,9 +19,9 @@ local function size(key)
   if t == 'none' then return 0 end
   return 1
 end
-for i = 2, #KEYS do
-  local key, kind = KEYS[i], ARGV[i - 1]
-  if key ~= KEYS[1] and redis.call('EXISTS', key) == 1 then
+for i = 0, #ARGV - A_kinds_from do
+  local key, kind = KEYS[K_dropped_from + i], ARGV[A_kinds_from + i]
+  if key ~= K_marker and redis.call('EXISTS', key) == 1 then
     if kind == 'row' then
       local f = redis.call('HMGET', key, 'memory_type', 'key', 'agent', 'session_id')
       if f[1] == 'profile' and f[2] == structured_key and f[3] == '-' and f[4] == '-' then
@@ -46,7 +45,7 @@ for i = 2, #KEYS do
 end
 local reply = {'OK'}
 for kind, n in pairs(counts) do
-  redis.call('HINCRBY', KEYS[1], kind, n)
+  redis.call('HINCRBY', K_marker, kind, n)
   reply[#reply + 1] = kind
   reply[#reply + 1] = tostring(n)
 end

@@ -1,6 +1,6 @@
--- KEYS: lease, generation counter, acquired-at. ARGV: holder, ttl ms, now (seconds).
-if redis.call('EXISTS', KEYS[1]) == 1 then return false end
-local token = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], ARGV[1] .. '|' .. token, 'PX', ARGV[2])
-redis.call('HSET', KEYS[3], 'token', token, 'at', ARGV[3])
+-- Takes the lease when free: its value is holder|token, the token the next of its generation.
+if redis.call('EXISTS', K_lease) == 1 then return false end
+local token = redis.call('INCR', K_generation)
+redis.call('SET', K_lease, A_holder .. '|' .. token, 'PX', A_ttl_ms)
+redis.call('HSET', K_acquired, 'token', token, 'at', A_now_s)
 return token

@@ -1,4 +1,4 @@
--- KEYS: 1 a lock or lease. ARGV: 1 the holder's value, 2 ttl ms. Only the holder extends it.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+-- A lock or lease: only its holder extends it.
+if redis.call('GET', K_lock) ~= A_holder then return 0 end
+redis.call('PEXPIRE', K_lock, A_ttl_ms)
 return 1

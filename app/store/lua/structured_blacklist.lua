@@ -1,23 +1,20 @@
--- KEYS: 1 the namespace's blacklisted users, 2 its audit list, 3 its parked users, 4 its
--- changed-users index. ARGV: 1 user, 2 '1' blacklist | '0' lift it, 3 now (ns), 4 the audit
--- entry (JSON), 5 how many audit entries the list keeps.
 -- Answers {'OK', changed (0|1), since (ns, '' when not blacklisted)}. A change and its audit
 -- entry commit together, so the audit list holds exactly the changes, in their order.
 -- Lifting it lists the user again with no date of its own (score 0, unless a change already
 -- listed it): the scan dates it by the user's digest, so a build refused under the blacklist
 -- is tried at the next scan if the sources moved since the build, with no new cooldown.
-local since = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if ARGV[2] == '1' then
+local since = redis.call('ZSCORE', K_blacklist, A_user)
+if A_on == '1' then
   if since then return {'OK', 0, since} end
-  redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
-  since = ARGV[3]
+  redis.call('ZADD', K_blacklist, A_now, A_user)
+  since = A_now
 else
   if not since then return {'OK', 0, ''} end
-  redis.call('ZREM', KEYS[1], ARGV[1])
-  redis.call('ZREM', KEYS[3], ARGV[1])
-  redis.call('ZADD', KEYS[4], 'NX', 0, ARGV[1])
+  redis.call('ZREM', K_blacklist, A_user)
+  redis.call('ZREM', K_parked, A_user)
+  redis.call('ZADD', K_changed_users, 'NX', 0, A_user)
   since = ''
 end
-redis.call('LPUSH', KEYS[2], ARGV[4])
-redis.call('LTRIM', KEYS[2], 0, tonumber(ARGV[5]) - 1)
+redis.call('LPUSH', K_audit, A_audit_entry)
+redis.call('LTRIM', K_audit, 0, tonumber(A_audit_max) - 1)
 return {'OK', 1, since}

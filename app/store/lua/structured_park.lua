@@ -1,9 +1,8 @@
--- KEYS: 1 the changed-users index, 2 the parked users. ARGV: 1 user, 2 until (ns), 3 read-at (ns).
--- Parks a refused or failed user until ARGV[2]; a change newer than the build's read stays
--- listed (the same rule as clear_unless_changed_since).
-local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if score and tonumber(score) <= tonumber(ARGV[3]) then
-  redis.call('ZREM', KEYS[1], ARGV[1])
+-- Parks a refused or failed user until A_parked_until; a change newer than the build's read
+-- stays listed (the same rule as clear_unless_changed_since).
+local score = redis.call('ZSCORE', K_changed_users, A_user)
+if score and tonumber(score) <= tonumber(A_read_at) then
+  redis.call('ZREM', K_changed_users, A_user)
 end
-redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+redis.call('ZADD', K_parked, A_parked_until, A_user)
 return 1

@@ -93,7 +93,7 @@ def _check(script: str, what: str, declared: frozenset[str], given: Mapping[str,
 # the namespace's (MEMORY_WRITE_NAMESPACE_KEYS, below).
 MEMORY_WRITE_KEYS: tuple[str, ...] = (
     "row",  # the row's current fields
-    "versions",  # padded version -> JSON snapshot
+    "versions",  # padded version -> JSON snapshot, of the versions before the current one
     "version_order",
     "rows",  # the user's rows (key NUL agent NUL session_id)
     "memory_ids",  # memory_id -> row key
@@ -120,6 +120,7 @@ MEMORY_WRITE_KEYS: tuple[str, ...] = (
 # another slot than the user's, so they are passed as None and the script answers its commands
 # by these names for the caller to resolve and send (app/store/memory.py _after_write).
 MEMORY_WRITE_NAMESPACE_KEYS: tuple[str, ...] = (
+    "pointers",  # memory_id -> where the row lives (keys.memory_pointers)
     "recall_users",
     "namespace_vector_set",
     "profile_users",
@@ -239,12 +240,25 @@ WORKING_MEMORY_DELETE = ScriptInterface(
     args=("block_key",),
 )
 
+# The release step's move of one row written by the earlier layout (app/release.py): the row
+# and its snapshots without the fields at their default, the current version out of the
+# versions hash (the row holds it).
+MEMORY_RELAYOUT = ScriptInterface(
+    "memory_relayout", keys=("row", "versions", "version_order"), args=(),
+)
+
+# The release step's move of one earlier layout's pointer key into the namespace's hash.
+MEMORY_POINTER_MOVE = ScriptInterface(
+    "memory_pointer_move", keys=("legacy_pointer", "pointers"), args=("memory_id",),
+)
+
 INTERFACES: dict[str, ScriptInterface] = {
     interface.name: interface
     for interface in (MEMORY_SET, MEMORY_FLAG, MEMORY_DELETE, MEMORY_DELETE_VERSION,
                       MEMORY_REVERT, MEMORY_TOUCH, MEMORY_REDACT, MEMORY_EXPIRE_SOURCES,
                       CLEAR_UNLESS_CHANGED_SINCE, WORKING_MEMORY_SET, WORKING_MEMORY_APPEND,
-                      WORKING_MEMORY_REPLACE, WORKING_MEMORY_DELETE)
+                      WORKING_MEMORY_REPLACE, WORKING_MEMORY_DELETE, MEMORY_RELAYOUT,
+                      MEMORY_POINTER_MOVE)
 }
 
 

@@ -1,8 +1,10 @@
 -- Deletes keys of one user's slot and adds what they held to the erasure marker's counts,
 -- in one step, so a crash neither loses nor doubles a count.
 -- KEYS: 1 the user's erasure marker, 2.. keys of the same slot.
--- ARGV: the kind of each of KEYS[2..] (row, versions, blocks, activity, index), then the
--- structured profile's key.
+-- ARGV: the kind of each of KEYS[2..] (row, versions, snapshots, blocks, activity, index),
+-- then the structured profile's key. A row's versions are counted from its version order
+-- (versions), which lists every one; its snapshots hash holds the earlier ones only and adds
+-- no count.
 -- Without the marker it does nothing: counts land only in a running erasure, and a late call
 -- from a process that lost the erasure cannot bring the marker back.
 if redis.call('EXISTS', KEYS[1]) == 0 then return {'NOMARK'} end
@@ -34,6 +36,9 @@ for i = 2, #KEYS do
       end
     elseif kind == 'versions' then
       add('memory_versions', size(key))
+    elseif kind == 'snapshots' then
+      -- Counted by the row's version order.
+      add('memory_versions', 0)
     elseif kind == 'blocks' then
       add('working_memory_blocks', size(key))
     elseif kind == 'activity' then

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 import redis
 
-from app.store.lua import _expanded
+from app.store.lua import _expanded, script
+from app.store.memory_row import ROW_DEFAULTS
 from app.store.recall_terms import row_terms
-from app.store.script_interfaces import ScriptInterface
+from app.store.script_interfaces import MEMORY_RELAYOUT, ScriptInterface
 
 TAG = "{effects}"
 NUL = "\0"
@@ -179,3 +181,32 @@ def test_the_answer_include_keeps_the_reply_without_the_text_for_the_holding_try
     redis_client.delete(key("outcome"))
     assert answer({"holder": ""})[0] == "OK"
     assert not redis_client.exists(key("outcome"))
+
+
+def test_the_row_defaults_are_one_table_in_lua_and_python() -> None:
+    lua = _expanded("memory_row_form")
+    table = lua[lua.index("local ROW_DEFAULTS = {"):lua.index("}\n", lua.index("ROW_DEFAULTS"))]
+    assert dict(re.findall(r"(\w+) = '([^']*)'", table)) == dict(ROW_DEFAULTS)
+
+
+def test_the_relayout_moves_an_earlier_row_once(redis_client: redis.Redis) -> None:
+    relayout = script(redis_client, "memory_relayout")
+    names = {"row": key("row"), "versions": key("versions"), "version_order": key("version_order")}
+    full = {**ROW_DEFAULTS, "memory_id": "m1", "version": "18", "key": "k", "agent": "a",
+            "user_id": "u", "session_id": "-", "memory_type": "semantic", "value": '"b"',
+            "label": "high"}
+    first = {**full, "version": "17", "value": '"a"'}
+    redis_client.hset(key("row"), mapping=full)
+    redis_client.hset(key("versions"), mapping={"17".zfill(20): json.dumps(first),
+                                                "18".zfill(20): json.dumps(full)})
+    redis_client.zadd(key("version_order"), {"17".zfill(20): 0, "18".zfill(20): 0})
+    assert relayout(*MEMORY_RELAYOUT.ordered(names, {})) == 1
+    # The row without its defaults (label high is no default), the current version out of the
+    # snapshots, the earlier one without its defaults, the order as it was.
+    assert redis_client.hgetall(key("row")) == {
+        k: v for k, v in full.items() if ROW_DEFAULTS.get(k) != v}
+    assert redis_client.hkeys(key("versions")) == ["17".zfill(20)]
+    assert json.loads(redis_client.hget(key("versions"), "17".zfill(20)) or "") == {
+        k: v for k, v in first.items() if ROW_DEFAULTS.get(k) != v}
+    assert redis_client.zcard(key("version_order")) == 2
+    assert relayout(*MEMORY_RELAYOUT.ordered(names, {})) == 0

@@ -15,6 +15,12 @@ Steps, in order:
   facts waiting for a vector are left to the periodic embeddings sweep, which requests them at
   its pace).
 
+- ``memory layout``: every row and its versions onto the row layout that stores a row's current
+  version once (in the row) and no field at its default, and every memory_id pointer key into
+  its namespace's pointer hash (``MemoryStore.relayout_user``, ``MemoryStore.move_pointers``).
+  A process of the earlier version writing meanwhile leaves its rows and pointers in the
+  earlier form, which every reader still takes; the next run moves them.
+
 A version that changes a stored format adds its step here, after the ones before it.
 """
 
@@ -48,7 +54,24 @@ def recall_step(services: Services, say: Callable[[str], None]) -> StepResult:
         f"recall entries brought up to date ({done.rows} live facts of {done.users} users)")
 
 
-STEPS: tuple[Callable[[Services, Callable[[str], None]], StepResult], ...] = (recall_step,)
+def memory_layout_step(services: Services, say: Callable[[str], None]) -> StepResult:
+    from app.store.memory import MemoryStore
+
+    memory = services.store(MemoryStore)
+    users = rows = 0
+    for org, namespace, user_id in memory.users_with_rows():
+        users += 1
+        rows += memory.relayout_user(org, namespace, user_id)
+    say(f"memory layout: {rows} rows of {users} users moved")
+    pointers = memory.move_pointers()
+    return StepResult(
+        "memory layout", rows + pointers,
+        f"{rows} rows moved to the current row layout ({users} users), {pointers} memory_id "
+        "pointers moved into their namespace's pointer hash")
+
+
+STEPS: tuple[Callable[[Services, Callable[[str], None]], StepResult], ...] = (
+    recall_step, memory_layout_step)
 
 
 def run_release(services: Services, say: Callable[[str], None] = print) -> list[StepResult]:

@@ -364,7 +364,10 @@ def look_up(run: Run, client: redis.Redis, writers: int) -> dict[str, Any]:
     pipe = client.pipeline(transaction=False)
     sets = [w for w in run.writes if w.plane == "facts"]
     for w in sets:
-        pipe.hlen(keys.memory_versions(ORG, NAMESPACE, user_of(w.writer), AGENT, "-", w.name))
+        # The version order lists every version, the current one too (the versions hash holds
+        # the earlier ones only).
+        pipe.zcard(keys.memory_version_order(ORG, NAMESPACE, user_of(w.writer), AGENT, "-",
+                                             w.name))
     versions = dict(zip((id(w) for w in sets), pipe.execute(), strict=True))
     figures: dict[str, Any] = {}
     for keyed in (False, True):

@@ -98,7 +98,7 @@ WRITES: list[tuple[str, Callable[[Loom, str], dict[str, Any]]]] = [
 def namespace_entries(memory_id: str, user_id: str) -> dict[str, tuple[str, str]]:
     """The entries outside the user's slot a fact's write asserts: (kind, key) by name."""
     return {
-        "pointer": ("string", keys.memory_pointer(ORG, NS, memory_id)),
+        "pointer": ("hash field", keys.memory_pointers(ORG, NS)),
         "recall users": ("set", keys.recall_users(ORG, NS)),
     }
 
@@ -118,7 +118,7 @@ def test_a_memory_write_is_one_round_trip(loom, op, setup):
     memory_id = loom.redis.hget(row_key, "memory_id") or ""
     entries = namespace_entries(memory_id, user_id)
     if memory_id:
-        loom.redis.delete(entries["pointer"][1])
+        loom.redis.hdel(entries["pointer"][1], memory_id)
     loom.redis.srem(entries["recall users"][1], user_id)
     loom.redis.zrem(keys.profile_changed_users(ORG, NS), user_id)
 
@@ -128,7 +128,7 @@ def test_a_memory_write_is_one_round_trip(loom, op, setup):
     assert log.round_trips == 1, log.commands
     assert [command[0] for command in log.commands] == ["EVALSHA"]
     memory_id = answer["memory_id"]
-    assert loom.redis.get(keys.memory_pointer(ORG, NS, memory_id)) is not None
+    assert loom.redis.hget(keys.memory_pointers(ORG, NS), memory_id) is not None
     assert loom.redis.sismember(keys.recall_users(ORG, NS), user_id)
     if answer.get("digest_moved") or op in ("memory.set", "memory.delete"):
         # The fact's source entry moved: both workers' change lists name the user.
@@ -154,13 +154,13 @@ def test_a_write_that_changes_nothing_asserts_nothing(loom):
     loom.fact("u-9", "Prefers EUR invoices.")
     loom.post("memory.pin", "u-9", key=KEY)
     memory_id = loom.redis.hget(keys.memory_row(ORG, NS, "u-9", AGENT, "-", KEY), "memory_id")
-    pointer = keys.memory_pointer(ORG, NS, memory_id)
-    loom.redis.delete(pointer)
+    pointers = keys.memory_pointers(ORG, NS)
+    loom.redis.hdel(pointers, memory_id)
     with loom.log.recording() as log:
         answer = loom.post("memory.pin", "u-9", key=KEY)
     assert answer["changed"] is False
     assert log.round_trips == 1
-    assert loom.redis.get(pointer) is None
+    assert loom.redis.hget(pointers, memory_id) is None
 
 
 @pytest.mark.parametrize("op", ["memory.redact", "memory.backfill"])

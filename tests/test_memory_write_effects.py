@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 import redis
 
-from app.store.lua import _expanded
+from app.store.lua import _expanded, script
+from app.store.memory_row import ROW_DEFAULTS
 from app.store.recall_terms import row_terms
-from app.store.script_interfaces import ScriptInterface
+from app.store.script_interfaces import MEMORY_RELAYOUT, ScriptInterface
 
 TAG = "{effects}"
 NUL = "\0"
@@ -52,28 +54,39 @@ def test_the_row_include_writes_the_row_its_version_and_the_user_indexes(
     redis_client: redis.Redis,
 ) -> None:
     write = _harness(redis_client, ["memory_write_row"], ROW_KEYS,
-                     "write_row(cjson.decode(A_row), A_member, A_old_type ~= '' and A_old_type "
-                     "or nil)\nreturn 'ok'", args=("row", "member", "old_type"))
+                     "load_row()\nwrite_row(cjson.decode(A_row), A_member, A_old_type ~= '' "
+                     "and A_old_type or nil)\nreturn 'ok'", args=("row", "member", "old_type"))
     member = f"persona{NUL}agent{NUL}-"
     row = {"memory_id": "m1", "version": "17", "key": "persona", "agent": "agent",
            "session_id": "-", "memory_type": "profile", "deleted": "0", "redacted": "0",
            "value": "Terse."}
     assert write(row=json.dumps(row), member=member, old_type="") == "ok"
-    assert redis_client.hgetall(key("row"))["value"] == "Terse."
+    # The row is its first version, without the fields at their default; no snapshot repeats it.
+    stored = redis_client.hgetall(key("row"))
+    assert stored["value"] == "Terse." and "deleted" not in stored and "redacted" not in stored
+    assert redis_client.exists(key("versions")) == 0
     padded = "17".zfill(20)
-    assert json.loads(redis_client.hget(key("versions"), padded) or "")["memory_id"] == "m1"
     assert redis_client.zrange(key("version_order"), 0, -1) == [padded]
     assert redis_client.zrange(key("rows"), 0, -1) == [member]
     assert redis_client.hget(key("memory_ids"), "m1") == key("row")
     assert redis_client.zcard(key("sections")) == 3
     assert set(redis_client.zrange(key("live"), 0, -1)) == {f"profile{NUL}{member}",
                                                            f"{NUL}{member}"}
-    # Deleted, and of another type than before: out of the sections and the live rows.
+    # Deleted, and of another type than before: out of the sections and the live rows; the
+    # version it replaced is kept as a snapshot, the row holds the new one.
     deleted = {**row, "version": "18", "deleted": "1", "memory_type": "semantic"}
     write(row=json.dumps(deleted), member=member, old_type="profile")
     assert redis_client.zcard(key("sections")) == 0
     assert redis_client.zcard(key("live")) == 0
-    assert redis_client.zcard(key("version_order")) == 2
+    assert redis_client.zrange(key("version_order"), 0, -1) == [padded, "18".zfill(20)]
+    first = json.loads(redis_client.hget(key("versions"), padded) or "")
+    assert first["memory_id"] == "m1" and first["value"] == "Terse." and "deleted" not in first
+    assert redis_client.hkeys(key("versions")) == [padded]
+    assert redis_client.hget(key("row"), "deleted") == "1"
+    # Back at its default, a field leaves the row.
+    write(row=json.dumps({**row, "version": "19"}), member=member, old_type="semantic")
+    assert redis_client.hget(key("row"), "deleted") is None
+    assert json.loads(redis_client.hget(key("versions"), "18".zfill(20)) or "")["deleted"] == "1"
 
 
 VECTOR_KEYS = ("recall_vectors", "recall_vectors_generation", "recall_vector_set",
@@ -168,3 +181,32 @@ def test_the_answer_include_keeps_the_reply_without_the_text_for_the_holding_try
     redis_client.delete(key("outcome"))
     assert answer({"holder": ""})[0] == "OK"
     assert not redis_client.exists(key("outcome"))
+
+
+def test_the_row_defaults_are_one_table_in_lua_and_python() -> None:
+    lua = _expanded("memory_row_form")
+    table = lua[lua.index("local ROW_DEFAULTS = {"):lua.index("}\n", lua.index("ROW_DEFAULTS"))]
+    assert dict(re.findall(r"(\w+) = '([^']*)'", table)) == dict(ROW_DEFAULTS)
+
+
+def test_the_relayout_moves_an_earlier_row_once(redis_client: redis.Redis) -> None:
+    relayout = script(redis_client, "memory_relayout")
+    names = {"row": key("row"), "versions": key("versions"), "version_order": key("version_order")}
+    full = {**ROW_DEFAULTS, "memory_id": "m1", "version": "18", "key": "k", "agent": "a",
+            "user_id": "u", "session_id": "-", "memory_type": "semantic", "value": '"b"',
+            "label": "high"}
+    first = {**full, "version": "17", "value": '"a"'}
+    redis_client.hset(key("row"), mapping=full)
+    redis_client.hset(key("versions"), mapping={"17".zfill(20): json.dumps(first),
+                                                "18".zfill(20): json.dumps(full)})
+    redis_client.zadd(key("version_order"), {"17".zfill(20): 0, "18".zfill(20): 0})
+    assert relayout(*MEMORY_RELAYOUT.ordered(names, {})) == 1
+    # The row without its defaults (label high is no default), the current version out of the
+    # snapshots, the earlier one without its defaults, the order as it was.
+    assert redis_client.hgetall(key("row")) == {
+        k: v for k, v in full.items() if ROW_DEFAULTS.get(k) != v}
+    assert redis_client.hkeys(key("versions")) == ["17".zfill(20)]
+    assert json.loads(redis_client.hget(key("versions"), "17".zfill(20)) or "") == {
+        k: v for k, v in first.items() if ROW_DEFAULTS.get(k) != v}
+    assert redis_client.zcard(key("version_order")) == 2
+    assert relayout(*MEMORY_RELAYOUT.ordered(names, {})) == 0

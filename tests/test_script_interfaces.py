@@ -89,9 +89,8 @@ def test_a_declared_script_names_every_key_and_argument_it_reads(name: str) -> N
     assert set(re.findall(r"\b[KA]_\w+", body)) <= declared
 
 
-# What memory_write.lua reads from its JSON tail: values, and the pointer's prefix, the one key
-# name still made in Lua (its name holds the memory_id, which a write by key reads from the row).
-TAIL_FIELDS = {"apply", "user_id", "pointer", "pointer_value", "wake_member", "wakes_total",
+# What memory_write.lua reads from its JSON tail: values only, never a key name.
+TAIL_FIELDS = {"apply", "user_id", "pointer_value", "wake_member", "wakes_total",
                "namespace_json", "structured_row", "holder", "embed_job", "embed_ttl"}
 
 
@@ -109,13 +108,15 @@ def _raw(name: str) -> str:
 
 
 @pytest.mark.parametrize("name", MEMORY_WRITES)
-def test_a_memory_write_takes_every_key_but_the_pointer_as_a_declared_key(name: str) -> None:
+def test_a_memory_write_takes_every_key_as_a_declared_key(name: str) -> None:
     body = _code(name)
     fields = set(re.findall(r"\b(?:TAIL|t)\.(\w+)", body))
     assert fields <= TAIL_FIELDS, fields - TAIL_FIELDS
-    # No key is made by joining text onto a declared one.
+    # No key is made by joining text onto a declared one, and none is escaped in Lua: the
+    # memory_id's pointer is a field of the declared pointer hash.
     assert re.findall(r"K_\w+\s*\.\.|\.\.\s*K_\w+", body) == []
-    assert body.count("t.pointer ..") == 1
+    assert "escape" not in body and "t.pointer .." not in body
+    assert "{'HSET', 'pointers', r.memory_id, t.pointer_value}" in body
 
 
 # --- every script is declared ------------------------------------------------------------------

@@ -179,7 +179,9 @@ def memory_row(
 def memory_versions(
     org: str, namespace: str, user_id: str, agent: str, session_id: str, key: str
 ) -> str:
-    """Hash of a row's versions: zero-padded version -> the JSON snapshot of that version."""
+    """Hash of a row's earlier versions: zero-padded version -> the JSON snapshot of that
+    version. The row's current version lives once, in the row (an earlier layout kept it here
+    too; readers take it from either)."""
     return (
         f"{PREFIX}:mem-v:{user_tag(org, namespace, user_id)}:"
         f"{escape(agent)}:{escape(session_id)}:{escape(key)}"
@@ -189,7 +191,8 @@ def memory_versions(
 def memory_version_order(
     org: str, namespace: str, user_id: str, agent: str, session_id: str, key: str
 ) -> str:
-    """Sorted set (all scores 0) of a row's zero-padded versions, so lex order is age order."""
+    """Sorted set (all scores 0) of a row's zero-padded versions, the current one included, so
+    lex order is age order."""
     return (
         f"{PREFIX}:mem-vo:{user_tag(org, namespace, user_id)}:"
         f"{escape(agent)}:{escape(session_id)}:{escape(key)}"
@@ -211,9 +214,25 @@ def memory_ids(org: str, namespace: str, user_id: str) -> str:
     return f"{PREFIX}:mem-ids:{user_tag(org, namespace, user_id)}"
 
 
+def memory_pointers(org: str, namespace: str) -> str:
+    """Hash memory_id -> where it lives (JSON ``[user_id, agent, session_id, key]``); the
+    namespace's slot. One hash per namespace, declared to the write scripts, so no script
+    builds a key name from an id."""
+    return f"{PREFIX}:mem-ptr:{namespace_tag(org, namespace)}"
+
+
 def memory_pointer(org: str, namespace: str, memory_id: str) -> str:
-    """Where a memory_id lives (its user, agent, session and key); namespace slot."""
+    """The earlier layout's pointer, one string key per memory_id (same value as a field of
+    ``memory_pointers``): read while a store holds it, moved by the release step."""
     return f"{PREFIX}:mem-at:{namespace_tag(org, namespace)}:{escape(memory_id)}"
+
+
+def memory_pointer_parts(key: str) -> tuple[str, str, str]:
+    """(org, namespace, memory_id) of an earlier layout's pointer key (``memory_pointer``)."""
+    # escape() writes only %XX escapes, which unquote undoes; the tag and the id hold no ':'.
+    tag, memory_id = key.split(":", 2)[2].rsplit(":", 1)
+    org, namespace = tag.strip("{}").split("/")
+    return unquote(org), unquote(namespace), unquote(memory_id)
 
 
 def user_erasing(org: str, namespace: str, user_id: str) -> str:
@@ -560,8 +579,13 @@ def user_pattern(org: str, namespace: str, user_id: str) -> str:
 
 
 def memory_pointer_pattern(org: str, namespace: str) -> str:
-    """Every memory_id pointer of a namespace."""
+    """Every earlier layout's memory_id pointer of a namespace (``memory_pointer``)."""
     return f"{PREFIX}:mem-at:{glob_escape(namespace_tag(org, namespace))}:*"
+
+
+def memory_pointers_everywhere_pattern() -> str:
+    """Every earlier layout's memory_id pointer of every namespace (the release moves them)."""
+    return f"{PREFIX}:mem-at:*"
 
 
 def worker_state_pattern() -> str:

@@ -5,9 +5,12 @@ import one module); this module is the store, and its scripts are
 ``app/store/lua/memory_*.lua`` (the part every write shares in ``memory_write.lua``).
 
 A row is named by (org, namespace, user_id, agent, session_id, key) and lives under its user's
-hash tag ``{org/namespace/user_id}``. Per row: a hash of its current fields, a hash of its
-versions (zero-padded version -> JSON snapshot of every field at that version) and a sorted set
-of those versions (all scores 0, so lex order is age order). Per user: a sorted set of the rows
+hash tag ``{org/namespace/user_id}``. Per row: a hash of its current fields (which is its
+current version), a hash of its earlier versions (zero-padded version -> JSON snapshot of every
+field at that version) and a sorted set of all its versions, the current one too (all scores 0,
+so lex order is age order). A field at its default is stored in neither (memory_row.py
+``ROW_DEFAULTS``); the earlier layout stored every field and the current version twice, and
+readers take either until the release step has moved a store. Per user: a sorted set of the rows
 (``key NUL agent NUL session_id``, for ``memory.list`` and key lookups across agents), a hash
 memory_id -> row key, the set of live profile-section rows (for ``profile.render``), and the
 inputs of the structured-profile worker:
@@ -30,14 +33,14 @@ Lua has no sha256, so the per-entry hash is ``redis.sha1hex``; the digest detect
 does not authenticate. ``source_digest_of`` computes the same value in Python. A script's
 refusals become errors through ``STATUS_ERRORS["memory"]`` (app/store/lua/__init__.py).
 
-Outside the user's slot, the same script decides what a write asserts: the memory_id pointer
-(``{org/namespace}``), the namespace's sets of users with facts or sections, its sorted sets of
-users whose sources changed, and the list of fact namespaces. On one server the script writes
-them itself, so a write is one round trip; on Redis Cluster, where a script reaches one slot,
-it answers them as commands and the store sends them in one pipeline after it. They are
-re-asserted on every write of the row; a process that dies between the two round trips leaves
-them behind until the row's next write, and the structured pass compares digests, so a lost
-"changed" entry is repaired by its scan (docs/decisions.md).
+Outside the user's slot, the same script decides what a write asserts: the memory_id's field in
+the namespace's pointer hash (``{org/namespace}``), the namespace's sets of users with facts or
+sections, its sorted sets of users whose sources changed, and the list of fact namespaces. On
+one server the script writes them itself, so a write is one round trip; on Redis Cluster, where
+a script reaches one slot, it answers them as commands and the store sends them in one pipeline
+after it. They are re-asserted on every write of the row; a process that dies between the two
+round trips leaves them behind until the row's next write, and the structured pass compares
+digests, so a lost "changed" entry is repaired by its scan (docs/decisions.md).
 
 Content (its length and hash) is computed in Python, so ``append`` and ``replace`` read,
 compute and write with a compare-and-swap on the row's version, retrying when another writer
@@ -98,6 +101,7 @@ from app.store.memory_row import (
     source_entry,
     tags_exclude,
     trace_names,
+    version_snapshots,
 )
 from app.store.profile_schema import WAKES_TOTAL, namespace_member
 from app.store.profile_vectors import ProfileVectorStore
@@ -116,7 +120,9 @@ from app.store.script_interfaces import (
     MEMORY_DELETE_VERSION,
     MEMORY_EXPIRE_SOURCES,
     MEMORY_FLAG,
+    MEMORY_POINTER_MOVE,
     MEMORY_REDACT,
+    MEMORY_RELAYOUT,
     MEMORY_REVERT,
     MEMORY_SET,
     MEMORY_TOUCH,
@@ -190,6 +196,8 @@ class MemoryStore:
         self._touch = script(self.redis, "memory_touch")
         self._expire = script(self.redis, "memory_expire_sources")
         self._clear_changed = script(self.redis, "clear_unless_changed_since")
+        self._relayout = script(self.redis, "memory_relayout")
+        self._pointer_move = script(self.redis, "memory_pointer_move")
         self._section_vectors = ProfileVectorStore(services)
         self._clustered = isinstance(self.redis, redis.RedisCluster)
 
@@ -202,7 +210,11 @@ class MemoryStore:
 
     def locate(self, org: str, namespace: str, memory_id: str) -> Location | None:
         """Where ``memory_id`` lives, from its pointer in the namespace's slot."""
-        raw = self.redis.get(keys.memory_pointer(org, namespace, memory_id))
+        raw = self.redis.hget(keys.memory_pointers(org, namespace), memory_id)
+        if raw is None:
+            # The earlier layout's pointer key, until the release step moves it (a process of
+            # that layout may still write one during the move).
+            raw = self.redis.get(keys.memory_pointer(org, namespace, memory_id))
         if raw is None:
             return None
         user_id, agent, session_id, key = json.loads(raw)
@@ -291,8 +303,14 @@ class MemoryStore:
         padded = padded[:limit]
         if not padded:
             return [], False
-        snapshots = self.redis.hmget(keys.memory_versions(*location.parts()), padded)
-        rows = [MemoryRow.from_fields(json.loads(s)) for s in snapshots if s is not None]
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hmget(keys.memory_versions(*location.parts()), padded)
+        pipe.hgetall(location.row_key())
+        stored, row = pipe.execute()
+        # The current version is the row (the earlier layout kept it among the snapshots too).
+        versions = version_snapshots(
+            text_map(row), {p: s for p, s in zip(padded, stored, strict=True) if s is not None})
+        rows = [MemoryRow.from_fields(versions[p]) for p in padded if p in versions]
         return rows, more
 
     def profile_sections(
@@ -415,6 +433,39 @@ class MemoryStore:
         return bool(self._clear_changed(*CLEAR_UNLESS_CHANGED_SINCE.ordered(
             {"changed_users": keys.profile_changed_users(org, namespace)},
             {"user_id": user_id, "read_at": built_at_ns})))
+
+    # --- the release step's move from the earlier layout (app/release.py) -----------------
+
+    def relayout_user(self, org: str, namespace: str, user_id: str) -> int:
+        """Every row of the user onto this layout (memory_relayout.lua, one step per row, so a
+        write of the earlier layout landing meanwhile is moved or left for the next run, and
+        readers take both forms); how many rows it rewrote, 0 when all were moved already."""
+        rows_key = keys.memory_keys(org, namespace, user_id)
+        moved = 0
+        after = "-"
+        while True:
+            members = texts(self.redis.zrangebylex(rows_key, after, "+", start=0, num=100))
+            if not members:
+                return moved
+            for member in members:
+                parts = Location.from_member(org, namespace, user_id, member).parts()
+                moved += int(self._relayout(*MEMORY_RELAYOUT.ordered(
+                    {"row": keys.memory_row(*parts), "versions": keys.memory_versions(*parts),
+                     "version_order": keys.memory_version_order(*parts)}, {})))
+            after = "(" + members[-1]
+
+    def move_pointers(self) -> int:
+        """Every pointer key of the earlier layout, on every node, into its namespace's pointer
+        hash (memory_pointer_move.lua, one step each); how many moved."""
+        moved = 0
+        for found in self.redis.scan_iter(match=keys.memory_pointers_everywhere_pattern(),
+                                          count=1000):
+            key = found.decode() if isinstance(found, bytes) else str(found)
+            org, namespace, memory_id = keys.memory_pointer_parts(key)
+            moved += int(self._pointer_move(*MEMORY_POINTER_MOVE.ordered(
+                {"legacy_pointer": key, "pointers": keys.memory_pointers(org, namespace)},
+                {"memory_id": memory_id})))
+        return moved
 
     # --- writes --------------------------------------------------------------------------
 
@@ -677,12 +728,16 @@ class MemoryStore:
             pipe = self.redis.pipeline(transaction=False)
             for other in others:
                 pipe.hvals(keys.memory_versions(*other.parts()))
-            for other, snapshots in zip(others, pipe.execute(), strict=True):
-                for snapshot in snapshots:
-                    version = json.loads(snapshot)
+                pipe.hmget(other.row_key(), _DERIVED_FIELDS)
+            replies = pipe.execute()
+            for i, other in enumerate(others):
+                # The earlier versions, then the current one (the row).
+                current = dict(zip(_DERIVED_FIELDS, optional_texts(replies[2 * i + 1]),
+                                   strict=True))
+                for version in [*map(json.loads, replies[2 * i]), current]:
                     if (
                         version.get("memory_type") == PROFILE_TYPE
-                        and trace_names(version.get("source_trace", ""), memory_id)
+                        and trace_names(version.get("source_trace") or "", memory_id)
                         and not (unredacted_only and version.get("redacted") == "1")
                     ):
                         found.append(other)
@@ -876,7 +931,6 @@ class MemoryStore:
             "embed_ttl": QUEUED_MARKER_SECONDS,
             "apply": not self._clustered,
             "user_id": location.user_id,
-            "pointer": keys.memory_pointer(org, namespace, ""),
             "pointer_value": location.pointer_value(),
             "wake_member": namespace_member(org, namespace),
             "wakes_total": WAKES_TOTAL,
@@ -890,7 +944,7 @@ class MemoryStore:
         script answered (one pipeline; a process that dies before it leaves them until the
         row's next write re-asserts them), and a section's vector refresh."""
         if left:
-            # The script names each key by its declared name; the pointer by its key.
+            # The script names each key by its declared name.
             named = location.namespace_keys()
             pipe = self.redis.pipeline(transaction=False)
             for word, key, *rest in left:
@@ -901,6 +955,10 @@ class MemoryStore:
             # loom_search's profile leg: the section's vector is refreshed off the request path.
             self._section_vectors.section_written(location.org, location.namespace,
                                                   location.user_id)
+
+
+# What derived_rows reads of a row's current version.
+_DERIVED_FIELDS = ("memory_type", "source_trace", "redacted")
 
 
 def _is_structured_row(location: Location) -> bool:

@@ -3,11 +3,13 @@
 build compares. Nothing here speaks Redis: the store (app/store/memory.py) does.
 
 The stored form is flat strings, the row's hash of current fields and one JSON snapshot of the
-same fields per version; ``MemoryRow.from_fields`` reads either. Content is computed here:
-``value_length`` is the length of the value's canonical JSON (compact, sorted keys, non-ASCII
-kept) and ``content_sha256`` the sha256 of it. ``MemoryRow.is_source`` and ``source_digest_of``
-state in Python the rules the write scripts keep (app/store/lua/memory_write.lua), for builds
-and tests; the scripts are the authority.
+same fields per earlier version (the row is its current version); a field at its default
+(``ROW_DEFAULTS``) is not stored, and ``MemoryRow.from_fields`` reads either form, with or
+without the defaults (an earlier layout stored every field, and its current version twice).
+Content is computed here: ``value_length`` is the length of the value's canonical JSON (compact,
+sorted keys, non-ASCII kept) and ``content_sha256`` the sha256 of it. ``MemoryRow.is_source``
+and ``source_digest_of`` state in Python the rules the write scripts keep
+(app/store/lua/memory_write.lua), for builds and tests; the scripts are the authority.
 """
 
 from __future__ import annotations
@@ -37,6 +39,17 @@ DELETE_VERSION_TRACE = "memory.delete_version:"
 ZERO_DIGEST = "0" * 40
 VERSION_WIDTH = 20
 NUL = "\x00"
+
+
+# The fields a row or a snapshot does not store at these values (app/store/lua/
+# memory_row_form.lua, the authority, says the same); a reader takes an absent one as its
+# default, as ``MemoryRow.from_fields`` does.
+ROW_DEFAULTS: Mapping[str, str] = {
+    "pinned": "0", "locked": "0", "deleted": "0", "redacted": "0", "tag_excluded": "0",
+    "valid_at": "", "valid_to": "", "duplicate_of": "", "source_trace": "", "actor": "",
+    "char_limit": "", "from_version": "", "recall_terms": "", "tags": "[]", "label": "normal",
+    "provenance": "stated",
+}
 
 
 def canonical_json(value: Any) -> str:
@@ -76,6 +89,23 @@ def source_digest_of(entries: Mapping[str, str]) -> str:
 
 def new_memory_id() -> str:
     return "mem_" + secrets.token_hex(8)
+
+
+def version_snapshots(
+    row: Mapping[str, str], stored: Mapping[str, Any]
+) -> dict[str, Mapping[str, Any]]:
+    """Every version of a row by padded version: the earlier ones from ``stored`` (the versions
+    hash, padded version -> JSON) and the current one from ``row`` (its fields), which an
+    earlier layout also kept in ``stored``."""
+    found: dict[str, Mapping[str, Any]] = {
+        _text(padded): json.loads(raw) for padded, raw in stored.items()}
+    if row:
+        found.setdefault(pad_version(row["version"]), row)
+    return found
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def trace_names(source_trace: str, memory_id: str) -> bool:
@@ -157,6 +187,7 @@ class Location:
         MEMORY_WRITE_NAMESPACE_KEYS), by name."""
         org, namespace = self.org, self.namespace
         return {
+            "pointers": keys.memory_pointers(org, namespace),
             "recall_users": keys.recall_users(org, namespace),
             "namespace_vector_set": keys.recall_namespace_vector_set(org, namespace),
             "profile_users": keys.profile_users(org, namespace),

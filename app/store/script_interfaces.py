@@ -93,7 +93,7 @@ def _check(script: str, what: str, declared: frozenset[str], given: Mapping[str,
 # the namespace's (MEMORY_WRITE_NAMESPACE_KEYS, below).
 MEMORY_WRITE_KEYS: tuple[str, ...] = (
     "row",  # the row's current fields
-    "versions",  # padded version -> JSON snapshot
+    "versions",  # padded version -> JSON snapshot, of the versions before the current one
     "version_order",
     "rows",  # the user's rows (key NUL agent NUL session_id)
     "memory_ids",  # memory_id -> row key
@@ -120,6 +120,7 @@ MEMORY_WRITE_KEYS: tuple[str, ...] = (
 # another slot than the user's, so they are passed as None and the script answers its commands
 # by these names for the caller to resolve and send (app/store/memory.py _after_write).
 MEMORY_WRITE_NAMESPACE_KEYS: tuple[str, ...] = (
+    "pointers",  # memory_id -> where the row lives (keys.memory_pointers)
     "recall_users",
     "namespace_vector_set",
     "profile_users",
@@ -375,6 +376,18 @@ METRICS_ADD_BY_ORG = ScriptInterface(
     more_args="counters",
 )
 
+# The release step's move of one row written by the earlier layout (app/release.py): the row
+# and its snapshots without the fields at their default, the current version out of the
+# versions hash (the row holds it).
+MEMORY_RELAYOUT = ScriptInterface(
+    "memory_relayout", keys=("row", "versions", "version_order"), args=(),
+)
+
+# The release step's move of one earlier layout's pointer key into the namespace's hash.
+MEMORY_POINTER_MOVE = ScriptInterface(
+    "memory_pointer_move", keys=("legacy_pointer", "pointers"), args=("memory_id",),
+)
+
 INTERFACES: dict[str, ScriptInterface] = {
     interface.name: interface
     for interface in (MEMORY_SET, MEMORY_FLAG, MEMORY_DELETE, MEMORY_DELETE_VERSION,
@@ -388,7 +401,8 @@ INTERFACES: dict[str, ScriptInterface] = {
                       IDEMPOTENCY_BEGIN, IDEMPOTENCY_RENEW, IDEMPOTENCY_SETTLE,
                       LEASE_ACQUIRE, LEASE_FENCE_CLAIM, RENEW_IF_HELD, RELEASE_IF_HELD,
                       STRUCTURED_BLACKLIST, STRUCTURED_PARK, STRUCTURED_UNPARK_DUE,
-                      ACTIVITY_RECORD, METRICS_ADD_BY_ORG)
+                      ACTIVITY_RECORD, METRICS_ADD_BY_ORG,
+                      MEMORY_RELAYOUT, MEMORY_POINTER_MOVE)
 }
 
 

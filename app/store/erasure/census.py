@@ -24,7 +24,10 @@ _SAMPLE = ("o", "n", "u")
 # What a key of the user's slot holds, from its builder's prefix.
 _KIND_OF_PREFIX = {
     keys.prefix_of(keys.memory_row(*_SAMPLE, "a", "s", "k")): "row",
-    keys.prefix_of(keys.memory_versions(*_SAMPLE, "a", "s", "k")): "versions",
+    # A row's versions are counted from its version order, which lists every one (the
+    # versions hash holds the earlier ones only).
+    keys.prefix_of(keys.memory_version_order(*_SAMPLE, "a", "s", "k")): "versions",
+    keys.prefix_of(keys.memory_versions(*_SAMPLE, "a", "s", "k")): "snapshots",
     keys.prefix_of(keys.working_memory_scope(*_SAMPLE, "a", "s", "r")): "blocks",
     keys.prefix_of(keys.profile_reads(*_SAMPLE)): "activity",
 }
@@ -32,6 +35,7 @@ _KIND_OF_PREFIX = {
 _CENSUS_KIND = {
     "row": "memory_rows",
     "versions": "memory_versions",
+    "snapshots": "memory_versions",
     "blocks": "working_memory_blocks",
     "activity": "activity_entries",
     "index": "index_entries",
@@ -47,7 +51,7 @@ def take_census(services: StoreServices, run: ErasureRun) -> Census:
     found = zero_counts()
     for key in leftovers.user_keys(client, run):
         found[_CENSUS_KIND[kind_of(key)]] += 1
-    found["index_entries"] += len(leftovers.pointers_naming(client, run))
+    found["index_entries"] += leftovers.pointers_naming(client, run, remove=False)
     found["index_entries"] += leftovers.namespace_sets(client, run, remove=False)
     found["index_entries"] += leftovers.namespace_vectors(client, run, remove=False)
     states, entries = leftovers.agent_state_left(client, run)

@@ -8,7 +8,6 @@ the agent-state subject, so it runs unchanged on a Redis Cluster.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
@@ -20,7 +19,7 @@ from app.store.agent_state import AgentStateStore
 from app.store.erasure.run import PROGRESS, Progress
 from app.store.erasure.scanning import text
 from app.store.identity import Identity
-from app.store.memory_row import PROFILE_TYPE, MemoryRow
+from app.store.memory_row import PROFILE_TYPE, MemoryRow, version_snapshots
 from app.store.profile_vectors import ProfileVectorStore
 from app.store.structured import PROFILE_KEY
 from app.store.working_memory import decode_block
@@ -130,9 +129,10 @@ class SubjectExportStore:
                 row, versions = replies[2 * i], replies[2 * i + 1]
                 if not row:
                     continue
+                # The earlier versions' snapshots, and the current one, which the row holds.
+                snapshots = version_snapshots(row, versions)
                 yield MemoryRow.from_fields(row), [
-                    MemoryRow.from_fields(json.loads(versions[padded]))
-                    for padded in sorted(versions)
+                    MemoryRow.from_fields(snapshots[padded]) for padded in sorted(snapshots)
                 ]
             after = "(" + members[-1]
 

@@ -1,7 +1,8 @@
 """What is left of a user anywhere in the data plane: the searches the sweep and the census share.
 
 Each search reaches every primary (``scanning.scan_keys``): the keys under the user's hash tag,
-the namespace's memory_id pointers naming the user, the user as a member of the namespace's
+the namespace's memory_id pointers naming the user (its pointer hash's fields, and the earlier
+layout's pointer keys), the user as a member of the namespace's
 sets and sorted sets, the user's elements in the namespace's vector set, and the agent states
 still naming one of the user's subjects.
 """
@@ -46,17 +47,26 @@ def user_keys(client: Any, run: ErasureRun) -> Iterator[str]:
             yield key
 
 
-def pointers_naming(client: Any, run: ErasureRun) -> list[str]:
-    """The namespace's memory_id pointers whose value names the user (a full scan of the
-    namespace's pointers: what the user's own indexes may have lost)."""
-    found = []
-    pattern = keys.memory_pointer_pattern(run.org, run.namespace)
-    for batch in batches(scan_keys(client, pattern), 500):
-        # The pointers share the namespace's slot: one MGET reaches them.
+def pointers_naming(client: Any, run: ErasureRun, *, remove: bool) -> int:
+    """The namespace's memory_id pointers that name the user (a full scan of the namespace's
+    pointer hash and of the earlier layout's pointer keys: what the user's own indexes may have
+    lost), removed or only counted."""
+    total = 0
+    pointers = keys.memory_pointers(run.org, run.namespace)
+    for batch in batches(client.hscan_iter(pointers, count=500), 500):
+        mine = [text(mid) for mid, value in batch if pointer_user(value) == run.user_id]
+        if mine and remove:
+            client.hdel(pointers, *mine)
+        total += len(mine)
+    for batch in batches(scan_keys(client, keys.memory_pointer_pattern(run.org, run.namespace)),
+                         500):
+        # The earlier layout's pointers share the namespace's slot: one MGET reaches them.
         values = client.mget(batch)
-        found += [k for k, v in zip(batch, values, strict=True)
-                  if pointer_user(v) == run.user_id]
-    return found
+        mine = [k for k, v in zip(batch, values, strict=True) if pointer_user(v) == run.user_id]
+        if mine and remove:
+            client.delete(*mine)
+        total += len(mine)
+    return total
 
 
 def namespace_sets(client: Any, run: ErasureRun, *, remove: bool) -> int:

@@ -436,10 +436,17 @@ class ErasureStore:
         # Pointers first: the id index still lists every row's memory_id until it is dropped.
         removed = 0
         ids = (text(mid) for mid, _ in self.redis.hscan_iter(keys.memory_ids(*user), count=500))
+        pointers = keys.memory_pointers(run.org, run.namespace)
         for batch in batches(ids, BATCH):
-            pointers = [keys.memory_pointer(run.org, run.namespace, mid) for mid in batch]
-            values = self.redis.mget(pointers)
-            doomed = [p for p, v in zip(pointers, values, strict=True)
+            values = self.redis.hmget(pointers, batch)
+            doomed = [mid for mid, v in zip(batch, values, strict=True)
+                      if leftovers.pointer_user(v) == run.user_id]
+            if doomed:
+                removed += self.redis.hdel(pointers, *doomed)
+            # The earlier layout's pointer keys, until the release step has moved them.
+            legacy = [keys.memory_pointer(run.org, run.namespace, mid) for mid in batch]
+            values = self.redis.mget(legacy)
+            doomed = [p for p, v in zip(legacy, values, strict=True)
                       if leftovers.pointer_user(v) == run.user_id]
             if doomed:
                 removed += self.redis.delete(*doomed)
@@ -558,8 +565,7 @@ class ErasureStore:
 
     def _step_sweep(self, run: ErasureRun) -> None:
         self._drop_keys(run, list(leftovers.user_keys(self.redis, run)))
-        pointers = leftovers.pointers_naming(self.redis, run)
-        removed = int(self.redis.delete(*pointers)) if pointers else 0
+        removed = leftovers.pointers_naming(self.redis, run, remove=True)
         removed += leftovers.namespace_sets(self.redis, run, remove=True)
         removed += leftovers.namespace_vectors(self.redis, run, remove=True)
         self._count(run, index_entries=removed)

@@ -1,7 +1,8 @@
 -- Deletes keys of one user's slot and adds what they held to the erasure marker's counts,
 -- in one step, so a crash neither loses nor doubles a count.
--- The dropped keys are of the marker's slot, each with its kind (row, versions, blocks,
--- activity, index).
+-- The dropped keys are of the marker's slot, each with its kind (row, versions, snapshots,
+-- blocks, activity, index). A row's versions are counted from its version order (versions),
+-- which lists every one; its snapshots hash holds the earlier ones only and adds no count.
 -- Without the marker it does nothing: counts land only in a running erasure, and a late call
 -- from a process that lost the erasure cannot bring the marker back.
 if redis.call('EXISTS', K_marker) == 0 then return {'NOMARK'} end
@@ -33,6 +34,9 @@ for i = 0, #ARGV - A_kinds_from do
       end
     elseif kind == 'versions' then
       add('memory_versions', size(key))
+    elseif kind == 'snapshots' then
+      -- Counted by the row's version order.
+      add('memory_versions', 0)
     elseif kind == 'blocks' then
       add('working_memory_blocks', size(key))
     elseif kind == 'activity' then

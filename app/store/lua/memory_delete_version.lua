@@ -5,13 +5,13 @@
 local r, err = target(A_memory_id)
 if err then return err end
 if r.locked == '1' then return {'LOCKED', r.memory_id} end
-if redis.call('HEXISTS', K_versions, A_version) == 0 then return {'NO_VERSION'} end
+if not has_version(A_version) then return {'NO_VERSION'} end
 redis.call('HDEL', K_versions, A_version)
 redis.call('ZREM', K_version_order, A_version)
 local newest = redis.call('ZREVRANGEBYLEX', K_version_order, '+', '-', 'LIMIT', 0, 1)
 local n = {}
 if newest[1] then
-  for k, v in pairs(cjson.decode(redis.call('HGET', K_versions, newest[1]))) do n[k] = v end
+  n = snapshot_of(newest[1])
 else
   for k, v in pairs(r) do n[k] = v end
   n.deleted = '1'

@@ -31,13 +31,16 @@ local count = 0
 for i = 1, #versions, 2 do
   local s = cjson.decode(versions[i + 1])
   scrub(s)
-  redis.call('HSET', K_versions, versions[i], cjson.encode(s))
+  redis.call('HSET', K_versions, versions[i], stored_json(s))
   count = count + 1
 end
+-- The current version, which lives in the row (unless the earlier layout kept it here too).
+if redis.call('HEXISTS', K_versions, pad(r.version)) == 0 then count = count + 1 end
 scrub(r)
 r.redacted_by = A_written_by
 redis.call('HSET', K_row, 'value', r.value, 'value_length', r.value_length,
-  'content_sha256', '', 'recall_terms', '', 'redacted', '1', 'redacted_by', A_written_by)
+  'content_sha256', '', 'redacted', '1', 'redacted_by', A_written_by)
+redis.call('HDEL', K_row, 'recall_terms')
 -- A redacted fact is never found again: its terms leave the recall index with its text.
 index_recall(r)
 -- A redacted section renders nothing: it leaves the section index until it is written again.
@@ -51,17 +54,19 @@ for d = 1, derived do
     local s = cjson.decode(all[i + 1])
     if s.memory_type == 'profile' and names(s.source_trace, r.memory_id) then
       scrub(s)
-      redis.call('HSET', vk, all[i], cjson.encode(s))
+      redis.call('HSET', vk, all[i], stored_json(s))
       reached = reached + 1
       touched = true
     end
   end
   local current = redis.call('HMGET', rk, 'memory_type', 'source_trace', 'key', 'agent',
-    'session_id')
+    'session_id', 'version')
   if current[1] == 'profile' and names(current[2], r.memory_id) then
     redis.call('HSET', rk, 'value', 'null', 'value_length', '4', 'content_sha256', '',
       'redacted', '1', 'redacted_by', A_written_by)
     index_section(current[3], current[4], current[5], false)
+    -- Its current version lives in the row (unless the earlier layout kept it in vk too).
+    if redis.call('HEXISTS', vk, pad(current[6])) == 0 then reached = reached + 1 end
     touched = true
   end
   if touched then rows = rows + 1 end

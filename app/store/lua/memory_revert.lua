@@ -12,17 +12,16 @@ if err then return err end
 if r.locked == '1' then return {'LOCKED', r.memory_id} end
 local padded, snapshot = A_version, nil
 if A_change == 'revert' then
-  local stored = redis.call('HGET', K_versions, padded)
-  if not stored then return {'NO_VERSION'} end
-  snapshot = cjson.decode(stored)
+  snapshot = snapshot_of(padded)
+  if not snapshot then return {'NO_VERSION'} end
   if snapshot.deleted == '1' or snapshot.redacted == '1' then return {'EMPTY_VERSION'} end
 else
   if r.deleted ~= '1' then return {'NOT_DELETED', r.memory_id} end
   -- Newest first: the last version before the delete that still holds content.
   local order = redis.call('ZREVRANGEBYLEX', K_version_order, '+', '-')
   for _, candidate in ipairs(order) do
-    local s = cjson.decode(redis.call('HGET', K_versions, candidate))
-    if s.deleted ~= '1' and s.redacted ~= '1' then
+    local s = snapshot_of(candidate)
+    if s and s.deleted ~= '1' and s.redacted ~= '1' then
       padded, snapshot = candidate, s
       break
     end

@@ -47,23 +47,17 @@ local function commit(r, now, member, old_type, keep_change)
   return update_sources(K_sources, K_digest, K_source_expiry, r.memory_id, entry, valid_to, r.version)
 end
 
--- keys.escape: a memory_id as a component of a key name.
-local function escape(component)
-  return (string.gsub(component, '[%%{}/:]',
-    function(c) return string.format('%%%02X', string.byte(c)) end))
-end
-
 -- The entries outside the user's slot that a write of r asserts, as commands: the memory_id's
--- pointer, the namespace's sets of users with facts or sections, and its change lists when the
--- sources moved (or a caller wrote the structured worker's row). changed_at scores the change.
+-- pointer (a field of the namespace's pointer hash), the namespace's sets of users with facts
+-- or sections, and its change lists when the sources moved (or a caller wrote the structured
+-- worker's row). changed_at scores the change.
 -- A command names its key by its declared name (app/store/script_interfaces.py
 -- MEMORY_WRITE_NAMESPACE_KEYS): on one server that key is one of this script's KEYS and the
 -- script writes it (reply_of); on Redis Cluster it is in another slot, so it is not, and the
--- caller resolves the name. The pointer is the one key still named here: its name holds the
--- row's memory_id, which a write addressed by key learns only from the row (docs/decisions.md).
+-- caller resolves the name. No key name is built here.
 local function namespace_commands(r, moved, changed_at, redacted)
   local t = TAIL
-  local commands = {{'SET', t.pointer .. escape(r.memory_id), t.pointer_value}}
+  local commands = {{'HSET', 'pointers', r.memory_id, t.pointer_value}}
   if r.memory_type == 'profile' then
     commands[#commands + 1] = {'SADD', 'profile_users', t.user_id}
     commands[#commands + 1] = {'SADD', 'label_users', t.user_id}
@@ -105,6 +99,7 @@ local function reply_of(status, moved, r, changed_at, redacted)
     local commands = namespace_commands(r, moved, changed_at or r.version, redacted)
     if TAIL.apply then
       local named = {
+        pointers = K_pointers,
         recall_users = K_recall_users, namespace_vector_set = K_namespace_vector_set,
         profile_users = K_profile_users, label_users = K_label_users,
         agent_users = K_agent_users, changed_users = K_changed_users,

@@ -1,23 +1,42 @@
 -- A memory write's row and versions (included by memory_write): the row's fields, its version
 -- snapshots and order, and its entries in the user's rows, ids, sections and live rows.
+-- The row holds its current version once: the versions hash keeps the earlier ones (a row
+-- written by the earlier layout also holds its current one there; a write replaces it).
+--#include memory_row_form
+
+-- The row as this script found it (every field), kept as a version when the write replaces it.
+local LOADED = nil
+
 local function load_row()
   local flat = redis.call('HGETALL', K_row)
   if #flat == 0 then return nil end
-  local r = {}
-  for i = 1, #flat, 2 do r[flat[i]] = flat[i + 1] end
-  return r
-end
-
-local function flatten(r)
-  local flat = {}
-  for k, v in pairs(r) do
-    flat[#flat + 1] = k
-    flat[#flat + 1] = v
+  local r, loaded = {}, {}
+  for i = 1, #flat, 2 do
+    r[flat[i]] = flat[i + 1]
+    loaded[flat[i]] = flat[i + 1]
   end
-  return flat
+  LOADED = expanded(loaded)
+  return expanded(r)
 end
 
-local function pad(v) return string.rep('0', 20 - #v) .. v end
+-- The snapshot of the padded version (every field), or nil when the row has no such version:
+-- an earlier one from the versions hash, the current one from the row as found.
+local function snapshot_of(padded)
+  local stored = redis.call('HGET', K_versions, padded)
+  if stored then return expanded(cjson.decode(stored)) end
+  if LOADED and padded == pad(LOADED.version)
+    and redis.call('ZSCORE', K_version_order, padded) then
+    local copy = {}
+    for k, v in pairs(LOADED) do copy[k] = v end
+    return copy
+  end
+  return nil
+end
+
+-- Whether the row has the padded version (the order lists every version, the current one too).
+local function has_version(padded)
+  return redis.call('ZSCORE', K_version_order, padded) ~= false
+end
 
 -- What wrote a version (memory.history shows it): the op's word, and for a revert or a
 -- restore the version whose content it brought back ('' otherwise).
@@ -57,13 +76,17 @@ local function index_live(r, old_type, member)
   end
 end
 
--- r as the row's current fields and its version's snapshot, listed in the user's rows, ids,
--- sections and live rows. old_type: the row's memory_type before the write (nil for a new row).
+-- r as the row's current fields and newest version, listed in the user's rows, ids, sections
+-- and live rows; the version it replaces (unless a delete_version removed it) moves to the
+-- versions hash. old_type: the row's memory_type before the write (nil for a new row).
 local function write_row(r, member, old_type)
-  redis.call('HSET', K_row, unpack(flatten(r)))
-  local padded = pad(r.version)
-  redis.call('HSET', K_versions, padded, cjson.encode(r))
-  redis.call('ZADD', K_version_order, 0, padded)
+  if LOADED and LOADED.version ~= r.version and has_version(pad(LOADED.version)) then
+    redis.call('HSET', K_versions, pad(LOADED.version), stored_json(LOADED))
+  end
+  -- Whole, so a field back at its default leaves the row.
+  redis.call('DEL', K_row)
+  redis.call('HSET', K_row, unpack(stored_flat(r)))
+  redis.call('ZADD', K_version_order, 0, pad(r.version))
   redis.call('ZADD', K_rows, 0, member)
   redis.call('HSET', K_memory_ids, r.memory_id, K_row)
   index_section(r.key, r.agent, r.session_id,

@@ -229,10 +229,14 @@ def recall_backfill(vectors: bool) -> None:
 
 
 @loom_cli.command("release")
+@click.option("--contract", is_flag=True,
+              help="Also run the moves only this version reads; once the earlier version "
+                   "has stopped.")
 @with_appcontext
-def release() -> None:
+def release(contract: bool) -> None:
     """Every upgrade step this version needs of a store an earlier one wrote (the Procfile's
-    release line runs the same): safe to run twice and while the old version serves."""
+    release line runs the same): safe to run twice and while the old version serves; with
+    --contract also the moves only this version reads, run after the deploy."""
     from app.release import run_release
 
-    run_release(current_app.extensions["loom"], click.echo)
+    run_release(current_app.extensions["loom"], click.echo, contract=contract)

@@ -8,18 +8,25 @@ release phase runs before the new processes start). A second run finds nothing t
 so. A failure (a bad setting, the store unreachable) exits non-zero, which stops a platform's
 deploy before the new version replaces the one serving.
 
-Steps, in order:
+A move that a process of the earlier version could not read is not a release step but a
+*contract* step, run by ``python -m app.release --contract`` once no process of the earlier
+version serves (after the deploy): this version reads both forms, so until then the store works
+unmoved, and no earlier-version process ever meets a form it does not know.
+
+Steps, in order (every run):
 
 - ``recall``: each user's lexical index onto the current posting layout, and every live fact's
   recall entry up to this version's terms (``app.recall_backfill.backfill_all``; the
   facts waiting for a vector are left to the periodic embeddings sweep, which requests them at
   its pace).
 
+Contract steps (``--contract``), after those:
+
 - ``memory layout``: every row and its versions onto the row layout that stores a row's current
   version once (in the row) and no field at its default, and every memory_id pointer key into
   its namespace's pointer hash (``MemoryStore.relayout_user``, ``MemoryStore.move_pointers``).
-  A process of the earlier version writing meanwhile leaves its rows and pointers in the
-  earlier form, which every reader still takes; the next run moves them.
+  An earlier-version process would miss a moved row's current version in history, drop it when
+  it rewrote the row, and not find a moved pointer: hence after the deploy.
 
 A version that changes a stored format adds its step here, after the ones before it.
 """
@@ -70,14 +77,20 @@ def memory_layout_step(services: Services, say: Callable[[str], None]) -> StepRe
         "pointers moved into their namespace's pointer hash")
 
 
-STEPS: tuple[Callable[[Services, Callable[[str], None]], StepResult], ...] = (
-    recall_step, memory_layout_step)
+Step = Callable[["Services", Callable[[str], None]], StepResult]
+
+# Safe beside a process of the earlier version: every release runs them.
+STEPS: tuple[Step, ...] = (recall_step,)
+# Moves only this version reads: run with --contract once the earlier version has stopped.
+CONTRACT_STEPS: tuple[Step, ...] = (memory_layout_step,)
 
 
-def run_release(services: Services, say: Callable[[str], None] = print) -> list[StepResult]:
-    """Every step, in order; what each did."""
+def run_release(services: Services, say: Callable[[str], None] = print, *,
+                contract: bool = False) -> list[StepResult]:
+    """Every step, in order (and the contract steps after them with ``contract``); what each
+    did."""
     results = []
-    for step in STEPS:
+    for step in STEPS + (CONTRACT_STEPS if contract else ()):
         result = step(services, lambda line: say(f"release: {line}"))
         say(f"release: {result.name}: {result.summary}")
         results.append(result)
@@ -86,11 +99,20 @@ def run_release(services: Services, say: Callable[[str], None] = print) -> list[
     return results
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
     from app.logs import configure_logging
     from app.services import Services
     from app.settings import SettingsError, load_settings
 
+    parser = argparse.ArgumentParser(
+        prog="python -m app.release", description="The upgrade steps of this Loom version.")
+    parser.add_argument(
+        "--contract", action="store_true",
+        help="also run the moves only this version reads (the row layout); run it once no "
+             "process of the earlier version serves, after the deploy")
+    options = parser.parse_args(argv)
     configure_logging()
     try:
         # The processes' own services, as a worker builds them: the release needs no web app.
@@ -99,7 +121,7 @@ def main() -> int:
         print(f"release: {exc}", file=sys.stderr)
         return 2
     try:
-        run_release(services, lambda line: print(line, flush=True))
+        run_release(services, lambda line: print(line, flush=True), contract=options.contract)
     except UNAVAILABLE_ERRORS as exc:
         # The deploy stops here, and the version serving goes on: nothing half-done is lost,
         # since every step resumes where it stopped.

@@ -25,13 +25,14 @@ BLOCKS = {"namespace": "support", "agent": "triage-bot", "run_id": "run-7"}
 call, ok = op_helpers()
 
 
-def release(redis_url: str, data_dir: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+def release(redis_url: str, data_dir: Path, *flags: str,
+            **extra: str) -> subprocess.CompletedProcess[str]:
     env = {key: value for key, value in os.environ.items() if not key.startswith("LOOM_EMBED")}
     env.update(REDIS_URL=redis_url, LOOM_SECRET_KEY=TEST_SECRET, LOOM_DATA_DIR=str(data_dir),
                LOOM_LOG_FORMAT="text",
                PATH=os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", ""),
                PYTHONPATH=os.pathsep.join([str(ROOT / "sdk"), str(ROOT)]), **extra)
-    return subprocess.run(PROCFILE["release"], shell=True, cwd=ROOT, env=env,
+    return subprocess.run(" ".join([PROCFILE["release"], *flags]), shell=True, cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
 
 
@@ -79,3 +80,36 @@ def test_the_release_line_fails_the_deploy_when_the_store_does_not_answer(tmp_pa
     assert failed.returncode == 1
     assert "release: the store failed" in failed.stderr
     assert "run the release again" in failed.stderr
+
+
+def test_the_contract_run_moves_the_row_layout_only_when_asked(
+        app, client, redis_url, redis_client, tmp_path):
+    """The release line a platform runs beside the earlier version leaves the earlier row
+    layout in place (that version could not read the moved form); ``--contract``, run after the
+    deploy, moves it, and a second contract run writes nothing."""
+    from tests.test_memory_layout_move import back_to_the_earlier_layout
+
+    for i in range(3):
+        ok(client, "memory.set", **FACTS, key=f"walk{i}", value=f"harbour walk {i}")
+    before = reads(client)
+    back_to_the_earlier_layout(redis_client, "u-42")
+    earlier = dump_everything(redis_client)
+
+    plain = release(redis_url, tmp_path)
+    assert plain.returncode == 0, plain.stderr
+    assert "memory layout" not in plain.stdout
+    assert dump_everything(redis_client) == earlier
+    assert reads(client) == before
+
+    contract = release(redis_url, tmp_path, "--contract")
+    assert contract.returncode == 0, contract.stderr
+    assert "release: memory layout: 3 rows moved to the current row layout" in contract.stdout
+    assert "3 memory_id pointers moved" in contract.stdout
+    assert reads(client) == before
+    moved = dump_everything(redis_client)
+    assert moved != earlier
+
+    again = release(redis_url, tmp_path, "--contract")
+    assert again.returncode == 0, again.stderr
+    assert "the store was up to date; nothing written" in again.stdout
+    assert dump_everything(redis_client) == moved

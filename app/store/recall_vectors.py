@@ -68,8 +68,8 @@ QUANT_STEPS = 127
 QUEUED_MARKER_SECONDS = 600
 # What recall_vector_store.lua answers: outcomes the job counts, never refusals of a caller.
 STORE_OUTCOMES = ("OK", "MOVED", "GONE", "ERASING")
-# Most decoded vectors one process keeps between searches (float32: 1.5 KiB each at 384
-# dimensions, so about 150 MiB at most).
+# Most decoded vectors one process keeps between searches by default (float32: 1.5 KiB each at
+# 384 dimensions, so about 150 MiB at most); LOOM_RECALL_VECTOR_CACHE_MAX sets it.
 CACHE_VECTORS_MAX = 100_000
 # Namespaces whose vectors one process keeps laid out as one matrix (views of the same memory
 # as the users' kept vectors, so they add nothing but while one is rebuilt).
@@ -278,11 +278,12 @@ class RecallVectorStore:
         self._store = script(self.redis, "recall_vector_store")
         self._clustered = isinstance(self.redis, redis.RedisCluster)
         self._queue = script(self.redis, "recall_vector_queue")
-        # Users' decoded vectors, least recently searched first, at most CACHE_VECTORS_MAX.
+        # Users' decoded vectors, least recently searched first, at most ``cache_max``.
         self._cache: OrderedDict[tuple[str, str, str, int], _Block] = OrderedDict()
         self._cached_vectors = 0
         self._scopes: OrderedDict[tuple[str, str, int], _Scope] = OrderedDict()
         self._cache_lock = threading.Lock()
+        self.cache_max = services.settings.recall_vector_cache_max
         self.enabled = services.settings.embeddings_configured
         self.engine = engine_of(self.redis)
         # The vectors live in vector sets and the server scores them (module docstring).
@@ -556,11 +557,11 @@ class RecallVectorStore:
             old = self._cache.pop(where, None)
             if old is not None:
                 self._cached_vectors -= len(old.ids)
-            if len(block.ids) > CACHE_VECTORS_MAX:
+            if len(block.ids) > self.cache_max:
                 return
             self._cache[where] = block
             self._cached_vectors += len(block.ids)
-            while self._cached_vectors > CACHE_VECTORS_MAX:
+            while self._cached_vectors > self.cache_max:
                 _, evicted = self._cache.popitem(last=False)
                 self._cached_vectors -= len(evicted.ids)
 
@@ -634,7 +635,7 @@ class RecallVectorStore:
             meanwhile()
         if not blocks:
             return []
-        if len(blocks) == 1 or sum(len(block.ids) for _, block in blocks) > CACHE_VECTORS_MAX:
+        if len(blocks) == 1 or sum(len(block.ids) for _, block in blocks) > self.cache_max:
             # One user; or more vectors than a process keeps, whose one matrix would be laid
             # out again each search: each user's product, then one selection over their best.
             hits = []
@@ -673,7 +674,7 @@ class RecallVectorStore:
         ids = [memory_id for _, block in blocks for memory_id in block.ids]
         scope = _Scope(users, generations, np.repeat(np.arange(len(blocks)), sizes), ids,
                        matrix)
-        if len(ids) > CACHE_VECTORS_MAX:
+        if len(ids) > self.cache_max:
             return scope
         with self._cache_lock:
             offset = 0

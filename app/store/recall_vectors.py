@@ -55,6 +55,7 @@ from app.store import keys
 from app.store.intents import EmbedUserFacts
 from app.store.lua import script
 from app.store.replies import optional_texts
+from app.store.script_interfaces import RECALL_VECTOR_QUEUE, RECALL_VECTOR_STORE
 
 if TYPE_CHECKING:
     from app.store.services import StoreServices
@@ -305,9 +306,10 @@ class RecallVectorStore:
         names): (True, '') when set, the caller enqueuing that job; else (False, the id the
         marker holds). Never while the user is being erased: no job, and no marker, is left
         behind for the census."""
-        took, held = self._queue(keys=[keys.recall_vectors_queued(org, namespace, user_id),
-                                       keys.user_erasing(org, namespace, user_id)],
-                                 args=[QUEUED_MARKER_SECONDS, job_id, lost])
+        took, held = self._queue(*RECALL_VECTOR_QUEUE.ordered(
+            keys={"queued": keys.recall_vectors_queued(org, namespace, user_id),
+                  "erasing": keys.user_erasing(org, namespace, user_id)},
+            args={"ttl_seconds": QUEUED_MARKER_SECONDS, "job_id": job_id, "lost_job_id": lost}))
         return int(took) == 1, str(held)
 
     def _job_waiting(self, job_id: str) -> bool:
@@ -424,15 +426,18 @@ class RecallVectorStore:
         namespace_set = keys.recall_namespace_vector_set(org, namespace)
         element = keys.recall_namespace_element(user_id, memory_id)
         attributes = json.dumps({"user": user_id})
-        reply = self._store(
-            keys=[row_key, keys.recall_vectors(org, namespace, user_id),
-                  keys.recall_vectors_due(org, namespace, user_id),
-                  keys.user_erasing(org, namespace, user_id),
-                  keys.recall_vectors_generation(org, namespace, user_id),
-                  keys.recall_vector_set(org, namespace, user_id)],
-            args=[memory_id, str(version), value, vector,
-                  "" if self._clustered else namespace_set, element, attributes],
-        )
+        reply = self._store(*RECALL_VECTOR_STORE.ordered(
+            keys={"row": row_key,
+                  "recall_vectors": keys.recall_vectors(org, namespace, user_id),
+                  "recall_vectors_due": keys.recall_vectors_due(org, namespace, user_id),
+                  "erasing": keys.user_erasing(org, namespace, user_id),
+                  "recall_vectors_generation": keys.recall_vectors_generation(
+                      org, namespace, user_id),
+                  "recall_vector_set": keys.recall_vector_set(org, namespace, user_id),
+                  "namespace_vector_set": None if self._clustered else namespace_set},
+            args={"memory_id": memory_id, "version": str(version), "stored": value,
+                  "vector": vector, "namespace_set_given": "" if self._clustered else "1",
+                  "namespace_element": element, "namespace_attributes": attributes}))
         # On Redis Cluster the namespace's set is in another slot: its step follows. A process
         # that dies between the two leaves the namespace set behind the user's until the row's
         # next vector (the job's fingerprints check both, so the next job stores it again).

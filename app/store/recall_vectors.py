@@ -69,9 +69,6 @@ QUANT_STEPS = 127
 QUEUED_MARKER_SECONDS = 600
 # What recall_vector_store.lua answers: outcomes the job counts, never refusals of a caller.
 STORE_OUTCOMES = ("OK", "MOVED", "GONE", "ERASING")
-# Most decoded vectors one process keeps between searches by default (float32: 1.5 KiB each at
-# 384 dimensions, so about 150 MiB at most); LOOM_RECALL_VECTOR_CACHE_MAX sets it.
-CACHE_VECTORS_MAX = 100_000
 # Namespaces whose vectors one process keeps laid out as one matrix (views of the same memory
 # as the users' kept vectors, so they add nothing but while one is rebuilt).
 CACHE_SCOPES_MAX = 8
@@ -279,7 +276,8 @@ class RecallVectorStore:
         self._store = script(self.redis, "recall_vector_store")
         self._clustered = isinstance(self.redis, redis.RedisCluster)
         self._queue = script(self.redis, "recall_vector_queue")
-        # Users' decoded vectors, least recently searched first, at most ``cache_max``.
+        # Users' decoded vectors, least recently searched first, at most ``cache_max``
+        # (LOOM_RECALL_VECTOR_CACHE_MAX; float32, 1.5 KiB each at 384 dimensions).
         self._cache: OrderedDict[tuple[str, str, str, int], _Block] = OrderedDict()
         self._cached_vectors = 0
         self._scopes: OrderedDict[tuple[str, str, int], _Scope] = OrderedDict()

@@ -310,6 +310,13 @@ SETTINGS: tuple[Setting, ...] = (
             "wait for a vector (written before the endpoint was set, or whose job failed)."),
     Setting("LOOM_RECALL_EMBED_SWEEP_USERS_PER_PASS", "100", _int_range(1, 100000),
             "Most users one embeddings sweep requests a job for; the rest get the next turn."),
+    Setting("LOOM_RECALL_VECTOR_CACHE_MAX", "100000", _int_range(0, 10_000_000),
+            "Most decoded fact vectors one process keeps between searches where the server "
+            "has no vector sets (exact cosine; 1.5 KiB each at 384 dimensions, so the default "
+            "is about 150 MiB a process). Past it the least recently searched users' vectors "
+            "are dropped and read from Redis again at their next search; a search over more "
+            "vectors than the cap reads those not kept each time and holds them only while "
+            "it runs. 0 keeps none."),
     Setting("LOOM_MODEL_BUDGET_WINDOW_SECONDS", "86400", _SECONDS,
             "Length of the rolling window the model-call budgets (budget.set) count over."),
     Setting("LOOM_STRUCTURED_PROFILE_MEMORY_LIMIT", "100", _int_range(1, 10000),
@@ -437,6 +444,7 @@ class Settings:
     embed_document_prefix: str = 'passage: '
     recall_embed_sweep_interval_seconds: int = 300
     recall_embed_sweep_users_per_pass: int = 100
+    recall_vector_cache_max: int = 100000
     model_budget_window_seconds: int = 86400
     structured_profile_memory_limit: int = 100
     structured_profile_interval_seconds: int = 60

@@ -109,6 +109,11 @@ def namespace_elements(app, user_id: str) -> list[str]:
     return [name.split("\x00", 1)[1] for name in names if name.split("\x00", 1)[0] == user_id]
 
 
+def kept_users(store: RecallVectorStore) -> list[str]:
+    """The users whose decoded vectors the process keeps, least recently searched first."""
+    return [where[2] for where, block in store._cache.items() if block.ids]
+
+
 def due_of(app, user_id: str = "u-42") -> list[str]:
     redis = app.extensions["loom"].redis
     return list(redis.zrange(keys.recall_vectors_due(org_of(app), "support", user_id), 0, -1))
@@ -405,6 +410,44 @@ def test_a_searching_process_sees_every_change_to_the_vectors_it_keeps(app, clie
     ok(client, "memory.set", key="bike", value="rides a vehicle with two wheels")
     run_jobs(app)
     assert [key for key, _ in search(client, "car")] == ["bike"]
+
+
+def test_past_the_cache_cap_a_search_reads_the_vectors_again_and_answers_the_same(
+        app_factory, client, srv):
+    """LOOM_RECALL_VECTOR_CACHE_MAX bounds the decoded vectors a process keeps: the least
+    recently searched user's go first, and a scope larger than the cap is read from Redis at
+    each search (only as many as the cap stay kept, and no namespace matrix), with the same
+    answer as a process that keeps it all."""
+    settings = {"embed_base_url": srv.base_url, "embed_model": MODEL, "embed_batch_size": 4}
+    roomy = app_factory(**settings)
+    for user_id, value in (("u-42", "drives an automobile to work"),
+                           ("u-7", "owns a red vehicle"), ("u-9", "parks the car downtown")):
+        ok(roomy.test_client(), "memory.set", key="ride", value=value, user_id=user_id)
+        ok(roomy.test_client(), "memory.set", key="tea", value="a cuppa at four",
+           user_id=user_id)
+    run_jobs(roomy)
+    store = roomy.extensions["loom"].store(RecallVectorStore)
+    if store.on_engine:
+        pytest.skip("on the engine the server scores: no process keeps decoded vectors")
+    assert store.cache_max == 100_000  # the default
+    expected = search(roomy.test_client(), "automobile", read_scope="namespace")
+    assert len(expected) == 3 and store._cached_vectors == 6
+    tight = app_factory(**settings, recall_vector_cache_max=3)
+    small = tight.extensions["loom"].store(RecallVectorStore)
+    assert small.cache_max == 3
+    # A scope of six vectors, over the cap: read each time, at most the cap kept.
+    assert search(tight.test_client(), "automobile", read_scope="namespace") == expected
+    assert small._cached_vectors <= 3 and not small._scopes
+    # One user's two fit; a second user's push the first out (least recently searched).
+    assert search(tight.test_client(), "automobile", user_id="u-42",
+                  read_scope="own_user") == [("ride", ["lexical", "vector"])]
+    assert small._cached_vectors == 2
+    search(tight.test_client(), "automobile", user_id="u-7", read_scope="own_user")
+    assert kept_users(small) == ["u-7"] and small._cached_vectors == 2
+    assert search(tight.test_client(), "automobile", user_id="u-42",
+                  read_scope="own_user") == [("ride", ["lexical", "vector"])]
+    assert kept_users(small) == ["u-42"]
+    assert search(tight.test_client(), "automobile", read_scope="namespace") == expected
 
 
 # --- ledger and budgets ----------------------------------------------------------------------

@@ -126,8 +126,7 @@ SCRIPT_FILES = sorted(path.stem for path in LUA.glob("*.lua"))
 
 # Scripts other branches are moving onto declarations at the same time; the integrator empties
 # this set once they are merged.
-PENDING_ELSEWHERE = {"recall_search", "recall_posting", "recall_relayout", "recall_vector_store",
-                     "recall_vector_queue", "profile_vector_store"}
+PENDING_ELSEWHERE = {"recall_search", "recall_posting", "recall_relayout"}
 
 # Files of shared functions, pulled into scripts by ``--#include``, and the keyed wrapper
 # (app/store/lua keyed_source), which a write script's text is spliced into: never run alone,

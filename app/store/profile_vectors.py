@@ -41,6 +41,7 @@ from app.store.intents import RefreshProfileVectors
 from app.store.lua import script
 from app.store.recall_vectors import VECTORSET, engine_of
 from app.store.replies import text_map
+from app.store.script_interfaces import PROFILE_VECTOR_STORE
 
 if TYPE_CHECKING:
     from app.store.memory_row import Location
@@ -161,12 +162,13 @@ class ProfileVectorStore:
             value, packed = made_from, array("f", unit(vector)).tobytes()
         else:
             value, packed = encode_vector(vector, made_from), b""
-        stored = self._store(
-            keys=[location.row_key(), keys.profile_vectors(org, namespace, user_id),
-                  keys.user_erasing(org, namespace, user_id),
-                  keys.profile_vector_set(org, namespace, user_id)],
-            args=[memory_id, content_sha256, value, packed],
-        )
+        stored = self._store(*PROFILE_VECTOR_STORE.ordered(
+            keys={"row": location.row_key(),
+                  "profile_vectors": keys.profile_vectors(org, namespace, user_id),
+                  "erasing": keys.user_erasing(org, namespace, user_id),
+                  "section_vector_set": keys.profile_vector_set(org, namespace, user_id)},
+            args={"memory_id": memory_id, "content_sha256": content_sha256, "stored": value,
+                  "vector": packed}))
         return bool(int(stored))
 
     def drop(self, org: str, namespace: str, user_id: str, memory_ids: Iterable[str]) -> int:

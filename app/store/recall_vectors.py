@@ -55,6 +55,7 @@ from app.store import keys
 from app.store.intents import EmbedUserFacts
 from app.store.lua import script
 from app.store.replies import optional_texts
+from app.store.script_interfaces import RECALL_VECTOR_QUEUE, RECALL_VECTOR_STORE
 
 if TYPE_CHECKING:
     from app.store.services import StoreServices
@@ -68,9 +69,6 @@ QUANT_STEPS = 127
 QUEUED_MARKER_SECONDS = 600
 # What recall_vector_store.lua answers: outcomes the job counts, never refusals of a caller.
 STORE_OUTCOMES = ("OK", "MOVED", "GONE", "ERASING")
-# Most decoded vectors one process keeps between searches (float32: 1.5 KiB each at 384
-# dimensions, so about 150 MiB at most).
-CACHE_VECTORS_MAX = 100_000
 # Namespaces whose vectors one process keeps laid out as one matrix (views of the same memory
 # as the users' kept vectors, so they add nothing but while one is rebuilt).
 CACHE_SCOPES_MAX = 8
@@ -278,11 +276,13 @@ class RecallVectorStore:
         self._store = script(self.redis, "recall_vector_store")
         self._clustered = isinstance(self.redis, redis.RedisCluster)
         self._queue = script(self.redis, "recall_vector_queue")
-        # Users' decoded vectors, least recently searched first, at most CACHE_VECTORS_MAX.
+        # Users' decoded vectors, least recently searched first, at most ``cache_max``
+        # (LOOM_RECALL_VECTOR_CACHE_MAX; float32, 1.5 KiB each at 384 dimensions).
         self._cache: OrderedDict[tuple[str, str, str, int], _Block] = OrderedDict()
         self._cached_vectors = 0
         self._scopes: OrderedDict[tuple[str, str, int], _Scope] = OrderedDict()
         self._cache_lock = threading.Lock()
+        self.cache_max = services.settings.recall_vector_cache_max
         self.enabled = services.settings.embeddings_configured
         self.engine = engine_of(self.redis)
         # The vectors live in vector sets and the server scores them (module docstring).
@@ -304,9 +304,10 @@ class RecallVectorStore:
         names): (True, '') when set, the caller enqueuing that job; else (False, the id the
         marker holds). Never while the user is being erased: no job, and no marker, is left
         behind for the census."""
-        took, held = self._queue(keys=[keys.recall_vectors_queued(org, namespace, user_id),
-                                       keys.user_erasing(org, namespace, user_id)],
-                                 args=[QUEUED_MARKER_SECONDS, job_id, lost])
+        took, held = self._queue(*RECALL_VECTOR_QUEUE.ordered(
+            keys={"queued": keys.recall_vectors_queued(org, namespace, user_id),
+                  "erasing": keys.user_erasing(org, namespace, user_id)},
+            args={"ttl_seconds": QUEUED_MARKER_SECONDS, "job_id": job_id, "lost_job_id": lost}))
         return int(took) == 1, str(held)
 
     def _job_waiting(self, job_id: str) -> bool:
@@ -423,15 +424,18 @@ class RecallVectorStore:
         namespace_set = keys.recall_namespace_vector_set(org, namespace)
         element = keys.recall_namespace_element(user_id, memory_id)
         attributes = json.dumps({"user": user_id})
-        reply = self._store(
-            keys=[row_key, keys.recall_vectors(org, namespace, user_id),
-                  keys.recall_vectors_due(org, namespace, user_id),
-                  keys.user_erasing(org, namespace, user_id),
-                  keys.recall_vectors_generation(org, namespace, user_id),
-                  keys.recall_vector_set(org, namespace, user_id)],
-            args=[memory_id, str(version), value, vector,
-                  "" if self._clustered else namespace_set, element, attributes],
-        )
+        reply = self._store(*RECALL_VECTOR_STORE.ordered(
+            keys={"row": row_key,
+                  "recall_vectors": keys.recall_vectors(org, namespace, user_id),
+                  "recall_vectors_due": keys.recall_vectors_due(org, namespace, user_id),
+                  "erasing": keys.user_erasing(org, namespace, user_id),
+                  "recall_vectors_generation": keys.recall_vectors_generation(
+                      org, namespace, user_id),
+                  "recall_vector_set": keys.recall_vector_set(org, namespace, user_id),
+                  "namespace_vector_set": None if self._clustered else namespace_set},
+            args={"memory_id": memory_id, "version": str(version), "stored": value,
+                  "vector": vector, "namespace_set_given": "" if self._clustered else "1",
+                  "namespace_element": element, "namespace_attributes": attributes}))
         # On Redis Cluster the namespace's set is in another slot: its step follows. A process
         # that dies between the two leaves the namespace set behind the user's until the row's
         # next vector (the job's fingerprints check both, so the next job stores it again).
@@ -556,11 +560,11 @@ class RecallVectorStore:
             old = self._cache.pop(where, None)
             if old is not None:
                 self._cached_vectors -= len(old.ids)
-            if len(block.ids) > CACHE_VECTORS_MAX:
+            if len(block.ids) > self.cache_max:
                 return
             self._cache[where] = block
             self._cached_vectors += len(block.ids)
-            while self._cached_vectors > CACHE_VECTORS_MAX:
+            while self._cached_vectors > self.cache_max:
                 _, evicted = self._cache.popitem(last=False)
                 self._cached_vectors -= len(evicted.ids)
 
@@ -634,7 +638,7 @@ class RecallVectorStore:
             meanwhile()
         if not blocks:
             return []
-        if len(blocks) == 1 or sum(len(block.ids) for _, block in blocks) > CACHE_VECTORS_MAX:
+        if len(blocks) == 1 or sum(len(block.ids) for _, block in blocks) > self.cache_max:
             # One user; or more vectors than a process keeps, whose one matrix would be laid
             # out again each search: each user's product, then one selection over their best.
             hits = []
@@ -673,7 +677,7 @@ class RecallVectorStore:
         ids = [memory_id for _, block in blocks for memory_id in block.ids]
         scope = _Scope(users, generations, np.repeat(np.arange(len(blocks)), sizes), ids,
                        matrix)
-        if len(ids) > CACHE_VECTORS_MAX:
+        if len(ids) > self.cache_max:
             return scope
         with self._cache_lock:
             offset = 0

@@ -388,6 +388,44 @@ MEMORY_POINTER_MOVE = ScriptInterface(
     "memory_pointer_move", keys=("legacy_pointer", "pointers"), args=("memory_id",),
 )
 
+# --- vectors (jobs/recall_embed.py, app/store/recall_vectors.py, app/store/profile_vectors.py) ---
+
+# A fact's vector, stored by the embeddings job: every key in the user's slot but the
+# namespace's set, which on one server the script keeps in the same step (namespace_set_given
+# '1') and on Redis Cluster, in another slot, is passed as None: the script then answers the
+# change ('add' | 'remove') for the caller to send.
+RECALL_VECTOR_STORE = ScriptInterface(
+    "recall_vector_store",
+    keys=(
+        "row",  # the fact's row
+        "recall_vectors",  # memory_id -> fingerprint (and, without vector sets, the vector)
+        "recall_vectors_due",  # the rows waiting for a vector
+        "erasing",  # the user's erasure marker
+        "recall_vectors_generation",  # bumped by every change to the user's vectors
+        "recall_vector_set",  # the user's vector set (only on a server with vector sets)
+        "namespace_vector_set",  # every user's vectors again (keys.recall_namespace_vector_set)
+    ),
+    # version: the row's, the text was read at; stored: the value for recall_vectors ('' keeps
+    # the one there); vector: FP32 bytes for the sets on a server with vector sets, else '';
+    # namespace_element: user NUL memory_id in the namespace's set; namespace_attributes: its
+    # JSON attributes.
+    args=("memory_id", "version", "stored", "vector", "namespace_set_given",
+          "namespace_element", "namespace_attributes"),
+)
+# The user's queued-embeddings marker and erasure marker; lost_job_id: a job found no longer
+# waiting whose marker may be taken over ('' none).
+RECALL_VECTOR_QUEUE = ScriptInterface(
+    "recall_vector_queue", keys=("queued", "erasing"),
+    args=("ttl_seconds", "job_id", "lost_job_id"),
+)
+# A profile section's vector, every key in the user's slot. content_sha256: of the content
+# embedded; stored: the value for profile_vectors; vector: FP32 bytes for the section set on a
+# server with vector sets, else ''.
+PROFILE_VECTOR_STORE = ScriptInterface(
+    "profile_vector_store", keys=("row", "profile_vectors", "erasing", "section_vector_set"),
+    args=("memory_id", "content_sha256", "stored", "vector"),
+)
+
 INTERFACES: dict[str, ScriptInterface] = {
     interface.name: interface
     for interface in (MEMORY_SET, MEMORY_FLAG, MEMORY_DELETE, MEMORY_DELETE_VERSION,
@@ -402,7 +440,8 @@ INTERFACES: dict[str, ScriptInterface] = {
                       LEASE_ACQUIRE, LEASE_FENCE_CLAIM, RENEW_IF_HELD, RELEASE_IF_HELD,
                       STRUCTURED_BLACKLIST, STRUCTURED_PARK, STRUCTURED_UNPARK_DUE,
                       ACTIVITY_RECORD, METRICS_ADD_BY_ORG,
-                      MEMORY_RELAYOUT, MEMORY_POINTER_MOVE)
+                      MEMORY_RELAYOUT, MEMORY_POINTER_MOVE,
+                      RECALL_VECTOR_STORE, RECALL_VECTOR_QUEUE, PROFILE_VECTOR_STORE)
 }
 
 

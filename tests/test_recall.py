@@ -650,8 +650,11 @@ def test_a_resumed_call_redoes_nothing_an_earlier_call_of_the_search_did(app, mo
             expected = whole.lexical(org, "support", users, terms, top)
             assert len(works) == 1
             got: list = []
-            scored = _docs_hgets(app, lambda: got.extend(
-                chunked.lexical(org, "support", users, terms, top)))
+
+            def run(got: list = got, terms: list = terms, top: int = top) -> None:
+                got.extend(chunked.lexical(org, "support", users, terms, top))
+
+            scored = _docs_hgets(app, run)
             assert got == expected, (count, top)
             assert got == _bm25_reference(app, users, terms, top), (count, top)
             assert len(scored) == len(set(scored)), (count, top, Counter(scored).most_common(3))

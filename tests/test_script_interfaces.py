@@ -54,6 +54,20 @@ def test_a_call_missing_or_misspelling_a_name_fails_before_redis() -> None:
         no_tail.ordered({"a": "k"}, {}, more_args=["x"])
 
 
+def test_a_script_whose_keys_are_all_its_tail_takes_them_in_order(
+    redis_client: redis.Redis,
+) -> None:
+    """A script reading one set of keys per user (recall_search.lua) declares no fixed key: its
+    tail starts at the first key, and no first key is required."""
+    tail_only = ScriptInterface("tail_only", keys=(), args=("users",), more_keys="indexes")
+    probe = redis_client.register_script(
+        tail_only.preamble() + "return {K_indexes_from, A_users, KEYS[K_indexes_from + 1]}")
+    ordered_keys, ordered_args = tail_only.ordered({}, {"users": 2},
+                                                   more_keys=["k:{t}:1", "k:{t}:2"])
+    assert ordered_keys == ["k:{t}:1", "k:{t}:2"]
+    assert probe(keys=ordered_keys, args=ordered_args) == [1, "2", "k:{t}:2"]
+
+
 def test_a_name_declared_twice_or_not_a_lua_name_is_refused() -> None:
     with pytest.raises(ValueError, match="twice"):
         ScriptInterface("bad", keys=("row", "row"), args=())

@@ -70,11 +70,14 @@ class ScriptInterface:
         _check(self.name, "argument", self._arg_set, args)
         if (more_keys or more_args) and not (self.more_keys or self.more_args):
             raise TypeError(f"script {self.name} declares no variable tail")
+        ordered_keys: list[str] = []
         # A script whose keys are all its tail (one set per user it reads) has no first key.
-        first = keys[self.keys[0]] if self.keys else None
-        if self.keys and first is None:
-            raise TypeError(f"script {self.name}: its first key {self.keys[0]!r} is required")
-        ordered_keys = [first if (found := keys[name]) is None else found for name in self.keys]
+        if self.keys:
+            first = keys[self.keys[0]]
+            if first is None:
+                raise TypeError(f"script {self.name}: its first key {self.keys[0]!r} is required")
+            ordered_keys = [first if (found := keys[name]) is None else found
+                            for name in self.keys]
         ordered_args = [args[name] for name in self.args]
         ordered_keys.extend(more_keys)
         ordered_args.extend(more_args)

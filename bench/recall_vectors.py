@@ -16,7 +16,11 @@ that endpoint), then times ``memory.search`` through the Flask app (test client)
 query's embedding, one call to the endpoint; that call is also timed alone just before each
 search and shown apart, with the search less it. On the engine it also prints the share of
 the exact top 40 (VSIM TRUTH, a linear scan) that the search's VSIM found. After each scope,
-its lexical and vector legs alone, called as the search calls them.
+its lexical and vector legs alone, called as the search calls them. Last, the longest accepted
+search (as many distinct terms as a query may hold, ``limit`` at its maximum, ``read_scope``
+namespace, a tag no fact carries, so it reads down to the deepest round): the slowest single
+Redis call of its searches by the server's own clock (SLOWLOG), per command, and the vector
+leg alone at the deepest round's depth, timed by this process.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import redis
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -44,18 +49,27 @@ if str(ROOT) not in sys.path:
 from app import create_app  # noqa: E402
 from app.local import RedisServerProcess  # noqa: E402
 from app.model.embeddings import embedder_for  # noqa: E402
-from app.ops.recall import OVERFETCH  # noqa: E402
+from app.ops.recall import CANDIDATES_MAX, OVERFETCH, SEARCH_LIMIT_MAX  # noqa: E402
 from app.store import keys  # noqa: E402
 from app.store.memory import Content, Location, MemoryStore  # noqa: E402
 from app.store.recall import RecallStore  # noqa: E402
 from app.store.recall_terms import query_terms  # noqa: E402
-from app.store.recall_vectors import RecallVectorStore  # noqa: E402
+from app.store.recall_vectors import (  # noqa: E402
+    ENGINE_DEPTH_MAX,
+    ENGINE_EF_MIN,
+    RecallVectorStore,
+)
 from bench import results  # noqa: E402
 from jobs.recall_embed import embed_due  # noqa: E402
 
 NAMESPACE = "vectors"
 AGENT = "bench"
 MODEL = "bench-embed"
+# Commands the server's log keeps while the longest search runs: every call of every search.
+SLOWLOG_KEPT = 1_000_000
+SLOWLOG_DEFAULT_US = 10_000
+QUERY_TERMS_MAX = 32  # app.ops.recall's, for a tree from before it
+LONGEST_SEARCHES = 5
 
 
 class _Endpoint(ThreadingHTTPServer):
@@ -209,11 +223,104 @@ def run(engine: str, args: argparse.Namespace, workdir: Path, figures: dict[str,
                 f"lexical p50 {statistics.median(lexical):.1f} ms, vector p50 "
                 f"{statistics.median(vector):.1f} ms")
 
+        def longest(user_id: str) -> None:
+            """The longest accepted search, namespace scope: its slowest single Redis call by
+            the server's clock, per command (every command logged while it runs); then its
+            vector leg alone at the deepest round's depth (wall time here, which on the engine
+            is the server's VSIM and the round trip)."""
+            from app.ops import recall as recall_op
+
+            most = getattr(recall_op, "QUERY_TERMS_MAX", QUERY_TERMS_MAX)
+            chosen: list[str] = []
+            for word in vocabulary:
+                if len(query_terms(" ".join(chosen))) >= most:
+                    break
+                chosen.append(word)
+            query = " ".join(chosen)
+            log = redis.Redis.from_url(server.url)
+            log.config_set("slowlog-max-len", SLOWLOG_KEPT)
+            log.slowlog_reset()
+            log.config_set("slowlog-log-slower-than", 0)
+            took = []
+            try:
+                for _ in range(LONGEST_SEARCHES):
+                    begun = time.perf_counter()
+                    response = client.post("/v1/memory.search", json={
+                        "namespace": NAMESPACE, "agent": AGENT, "user_id": user_id,
+                        "query": query, "read_scope": "namespace", "limit": SEARCH_LIMIT_MAX,
+                        "tags": ["carried-by-no-fact"]})
+                    took.append(1000 * (time.perf_counter() - begun))
+                    assert response.status_code == 200, response.get_json()
+                entries = log.slowlog_get(SLOWLOG_KEPT)
+            finally:
+                log.config_set("slowlog-log-slower-than", SLOWLOG_DEFAULT_US)
+                log.slowlog_reset()
+            slowest: dict[str, float] = {}
+            calls: dict[str, int] = {}
+            for entry in entries:
+                name = _command_name(entry["command"])
+                slowest[name] = max(slowest.get(name, 0.0), entry["duration"] / 1000)
+                calls[name] = calls.get(name, 0) + 1
+            worst = max(slowest, key=slowest.__getitem__)
+            per_command = ", ".join(
+                f"{name} {ms:.2f} ms ({calls[name] / LONGEST_SEARCHES:.1f} a search)"
+                for name, ms in sorted(slowest.items(), key=lambda item: -item[1])[:6])
+            terms = query_terms(query)
+            users = list(dict.fromkeys(["-", user_id, *recall.namespace_users(org, NAMESPACE)]))
+            wanted = embedder.embed([query], purpose="query").vectors[0]
+            vector_leg = []
+            for _ in range(LONGEST_SEARCHES):
+                begun = time.perf_counter()
+                vectors.nearest(org, NAMESPACE, users, wanted, CANDIDATES_MAX,
+                                whole_namespace=True)
+                vector_leg.append(1000 * (time.perf_counter() - begun))
+            depths = ""
+            if vectors.on_engine:
+                # One VSIM over the namespace's set at each depth a search's rounds ask (COUNT
+                # and EF alike, as the leg asks past ENGINE_EF_MIN), by the server's clock:
+                # 4,000 is what the deepest round asked before ENGINE_DEPTH_MAX.
+                blob = np.asarray(wanted, dtype=np.float32)
+                blob = (blob / np.linalg.norm(blob)).astype(np.float32).tobytes()
+                namespace_set = keys.recall_namespace_vector_set(org, NAMESPACE)
+                swept = []
+                for depth in sorted({10 * OVERFETCH + 10, SEARCH_LIMIT_MAX * OVERFETCH + 10,
+                                     ENGINE_DEPTH_MAX, 1240, CANDIDATES_MAX}):
+                    log.slowlog_reset()
+                    log.config_set("slowlog-log-slower-than", 0)
+                    walls = []
+                    try:
+                        for _ in range(LONGEST_SEARCHES):
+                            begun = time.perf_counter()
+                            log.execute_command("VSIM", namespace_set, "FP32", blob, "WITHSCORES",
+                                                "COUNT", depth, "EF", max(ENGINE_EF_MIN, depth))
+                            walls.append(1000 * (time.perf_counter() - begun))
+                        logged = [entry["duration"] / 1000 for entry in log.slowlog_get(100)
+                                  if _command_name(entry["command"]) == "VSIM"]
+                    finally:
+                        log.config_set("slowlog-log-slower-than", SLOWLOG_DEFAULT_US)
+                        log.slowlog_reset()
+                    swept.append(f"{depth}: server max {max(logged, default=0):.2f} ms, wall max "
+                                 f"{max(walls):.1f} ms")
+                depths = "; VSIM over the namespace set at depth " + ", ".join(swept)
+            print(f"[{engine}] the longest accepted search ({len(terms)} terms, limit "
+                  f"{SEARCH_LIMIT_MAX}, namespace, a tag no fact carries), {stored:,} facts over "
+                  f"{len(users)} users: p50 {statistics.median(took):.1f} ms; slowest single "
+                  f"Redis call {slowest[worst]:.2f} ms ({worst}); by command: {per_command}; "
+                  f"its vector leg alone at depth {CANDIDATES_MAX}: max {max(vector_leg):.1f} "
+                  f"ms, p50 {statistics.median(vector_leg):.1f} ms{depths}", flush=True)
+            figures[f"{engine}: the longest accepted search, namespace"] = (
+                f"{len(terms)} terms, limit {SEARCH_LIMIT_MAX}, a tag no fact carries: p50 "
+                f"{statistics.median(took):.1f} ms; slowest single Redis call "
+                f"{slowest[worst]:.2f} ms ({worst}; SLOWLOG); by command: {per_command}; the "
+                f"vector leg alone at depth {CANDIDATES_MAX} max {max(vector_leg):.1f} ms"
+                + depths)
+
         recall = services.store(RecallStore)
         timed("solo", "own_user", args.queries)
         legs("solo", "own_user", args.queries)
         timed("u0", "namespace", max(20, args.queries // 2))
         legs("u0", "namespace", max(20, args.queries // 2))
+        longest("u0")
         if engine == "vectorset":
             found = []
             vector_set = keys.recall_vector_set(org, NAMESPACE, "solo")
@@ -236,6 +343,11 @@ def run(engine: str, args: argparse.Namespace, workdir: Path, figures: dict[str,
         server.stop()
         endpoint.shutdown()
     return redis_name
+
+
+def _command_name(command: Any) -> str:
+    text = command.decode(errors="replace") if isinstance(command, bytes) else str(command)
+    return text.split(" ")[0].upper()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -517,9 +517,11 @@ def test_an_index_on_the_first_layout_answers_the_same_and_the_backfill_moves_it
     assert "2 users, 0 facts moved" in again.output
 
 
-def _works_of_calls(monkeypatch) -> list[int]:
-    """The work each lexical script call reports (postings read plus commands run), in the
-    order the calls answer: recorded where the store merges each reply."""
+def _works_of_calls(monkeypatch, stops: list[str] | None = None) -> list[int]:
+    """The work each lexical script call reports (commands, postings, rows scored and kept by
+    their weights), in the order the calls answer: recorded where the store merges each reply.
+    ``stops`` gets where each call that hands on stopped: 'D' summing the figures, else 'A',
+    'T' or 'H' (recall_search.lua stop_before)."""
     from app.store import recall as recall_module
 
     works: list[int] = []
@@ -527,6 +529,10 @@ def _works_of_calls(monkeypatch) -> list[int]:
 
     def recorded(self, named, called, reply):
         works.append(int(reply[2]))
+        going_on = [text(v) for v in reply[1]]
+        if stops is not None and going_on:
+            phase = going_on[1 + len(named)]
+            stops.append(phase if phase == "D" else going_on[3 + len(named)])
         return merge(self, named, called, reply)
 
     monkeypatch.setattr(recall_module._Top, "merge", recorded)
@@ -553,17 +559,22 @@ def test_a_search_past_its_budget_goes_on_in_calls_each_within_it(app, monkeypat
     chunked = RecallStore(services)
     if clustered:
         whole._clustered = chunked._clustered = True
-    budget = chunked.work_per_call = 120
-    room = budget // 4
+    budget = chunked.work_per_call = 40
+    room = budget // 2
     most_tf = max(tf for user_id in users for stored in services.redis.hvals(
         keys.recall_docs(org, "support", user_id)) for tf in decode(text(stored)).values())
+    most_rows = max(services.redis.hlen(keys.recall_docs(org, "support", user_id))
+                    for user_id in users)
+    carried_max = max(2 * budget, 1000)  # recall_search.lua CARRIED_MAX
     works = _works_of_calls(monkeypatch)
     split = compared = 0
     for _ in range(40):
         terms = list(dict.fromkeys(rng.choices(vocabulary, k=rng.randint(1, 6))))
         # One step past the budget: a user's whole read (its figures, its lists and the rows
-        # kept), or the first posting of each of its runs, or one page.
-        step = 3 * room + 2 * len(terms) + 5 + 2 * len(terms) * most_tf
+        # kept), or the first posting of each of its runs, or one page of a run or of a scan
+        # (a small hash answers HSCAN whole); and a resumed call's state read in and handed on.
+        step = (3 * room + 4 * len(terms) + 8 + 3 * len(terms) * most_tf + 3 * most_rows
+                + budget // 8 + carried_max // 4)
         for top in (1, 10, 40, 1000):
             for exhaustive in (False, True):
                 works.clear()
@@ -584,3 +595,69 @@ def test_a_search_past_its_budget_goes_on_in_calls_each_within_it(app, monkeypat
     assert compared > 100
     # The small budget did split searches, many of them.
     assert split > 50
+
+
+def _docs_hgets(app, run) -> list[str]:
+    """Every HGET of a recall docs hash (a row scored from its stored terms) the server ran
+    while ``run`` ran: MONITOR shows the commands a script runs."""
+    redis_ = app.extensions["loom"].redis
+    seen: list[str] = []
+
+    def listen(monitor) -> None:
+        for command in monitor.listen():
+            line = command["command"]
+            if line.startswith("ECHO") and "docs-hgets-done" in line:
+                return
+            if line.startswith("HGET ") and "recall-docs" in line:
+                seen.append(line)
+
+    with redis_.monitor() as monitor:
+        listener = threading.Thread(target=listen, args=(monitor,))
+        listener.start()
+        run()
+        redis_.echo("docs-hgets-done")
+        listener.join(30)
+    assert not listener.is_alive()
+    return seen
+
+
+@pytest.mark.skipif(ON_CLUSTER, reason="MONITOR reads one server")
+def test_a_resumed_call_redoes_nothing_an_earlier_call_of_the_search_did(app, monkeypatch):
+    """A long query (many common terms) over users too large for one call's step, at a small
+    budget: its calls stop summing the figures, reading the threshold and scanning a user's
+    rows, and the next call goes on from each. No row is scored twice across
+    the calls (a row met again by another term's posting is known from the calls before), and
+    the hits are, bit for bit, the one-call answer and BM25 from the rows."""
+    import random
+
+    from app.store.recall import RecallStore
+
+    rng = random.Random(23)
+    users = [f"u-{n}" for n in range(1, 7)]
+    vocabulary = _random_corpus(app, rng, users, 1200)
+    services = app.extensions["loom"]
+    org = org_of(app)
+    whole = RecallStore(services)
+    whole.work_per_call = 10**9
+    chunked = RecallStore(services)
+    chunked.work_per_call = 60
+    stops: list[str] = []
+    works = _works_of_calls(monkeypatch, stops)
+    for count in (3, 8, 14):
+        terms = vocabulary[:count]
+        for top in (1, 5, 40, 400):
+            works.clear()
+            expected = whole.lexical(org, "support", users, terms, top)
+            assert len(works) == 1
+            got: list = []
+
+            def run(got: list = got, terms: list = terms, top: int = top) -> None:
+                got.extend(chunked.lexical(org, "support", users, terms, top))
+
+            scored = _docs_hgets(app, run)
+            assert got == expected, (count, top)
+            assert got == _bm25_reference(app, users, terms, top), (count, top)
+            assert len(scored) == len(set(scored)), (count, top, Counter(scored).most_common(3))
+    # Calls stopped summing the figures, reading the threshold and scanning, and were gone on
+    # from.
+    assert {"D", "T", "H"} <= set(stops), Counter(stops)

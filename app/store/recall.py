@@ -21,11 +21,13 @@ each term's postings best first and stops as soon as no unread posting can chang
 test that compares them and for an index still on the first posting layout).
 
 No call of a search holds the server long, whatever the query: the script stops once its work
-(postings read and commands run) passes ``work_per_call`` and answers its hits so far with where
-to go on; the next call goes on from there, told the score the merged top's worst holds (the
-floor), below which no row can enter. A search within the budget is one call, answered as
-before; a longer one is several calls of a few milliseconds each, with the same hits
-(docs/decisions.md).
+(commands run, postings read, rows scored and kept, each by its measured cost) passes
+``work_per_call`` and answers its hits so far with where to go on; the next call goes on from
+there, told the score the merged top's worst holds (the floor), below which no row can enter,
+and what the calls before it learnt (the summed figures, each run's place, a user's scan cursor,
+the rows the threshold already scored), so it redoes none of it. A search within the budget is
+one call, answered as before; a longer one is several calls of a few milliseconds each, with
+the same hits (docs/decisions.md).
 
 ``relayout`` moves an install's indexes written before that layout onto it
 (``flask loom recall backfill``), a bounded step at a time.
@@ -44,6 +46,7 @@ from redis.commands.core import Script
 from app.store import keys
 from app.store.lua import script
 from app.store.replies import optional_texts, text_set
+from app.store.script_interfaces import RECALL_RELAYOUT, RECALL_SEARCH, RECALL_USER_INDEX_KEYS
 
 if TYPE_CHECKING:
     from app.store.services import StoreServices
@@ -53,11 +56,13 @@ SOH = "\x01"
 # BM25's usual constants (Robertson and Zaragoza); bm25s uses the same.
 K1 = 1.5
 B = 0.75
-# The work one lexical script call does before it stops and hands on (postings read, commands
-# run, rows scored and kept). Measured by the server's CPU a call (bench/recall.py, the longest
-# accepted search, 11,000 facts, a loaded 2-core machine): 2,000 costs at most 9 ms (median
-# 4), 6,000 at most 25 ms (median 13; at 110,000 facts at most 37 ms).
-WORK_PER_CALL = 2000
+# The work one lexical script call does before it stops and hands on, in units of one command
+# the script runs, each step weighed by its measured cost (recall_search.lua). Measured by the
+# server's CPU a call (bench/recall.py, the longest accepted search; 11,000 facts over 12 users
+# on a 2-core machine at load 7): 2,500 runs calls of p50 7 ms, at most 23 ms, and the search's
+# calls sum to 1.3 times the CPU of one unbounded call (815 against 611 to 636 ms for its three
+# rounds).
+WORK_PER_CALL = 2500
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,8 +138,8 @@ class RecallStore:
                 user_keys = _index_keys(org, namespace, user_id)
                 state: _Continuation | None = _Continuation(weights, [])
                 while state is not None:
-                    reply = self._search(keys=user_keys, args=self._args(
-                        top, mode, top_so_far.floor(), named, state))
+                    reply = self._search(*self._call(user_keys, 1, top, mode, top_so_far.floor(),
+                                                     named, state))
                     state = top_so_far.merge(named, [user_id], reply)
             hits = top_so_far.hits()
             return PendingLexical(lambda: hits)
@@ -143,34 +148,37 @@ class RecallStore:
         # reads no further than that; a search past the call's budget goes on in more calls.
         named = list(terms)
         every_key = [k for user_id in users for k in _index_keys(org, namespace, user_id)]
-        sent = _SentScript(self.redis, self._search, every_key,
-                           self._args(top, mode, None, named, None))
+        sent = _SentScript(self.redis, self._search,
+                           *self._call(every_key, len(users), top, mode, None, named, None))
 
         def answer() -> list[LexicalHit]:
             top_so_far = _Top(top, users)
             state = top_so_far.merge(named, users, sent.reply())
             while state is not None:
-                reply = self._search(keys=every_key, args=self._args(
-                    top, mode, top_so_far.floor(), named, state))
+                reply = self._search(*self._call(every_key, len(users), top, mode,
+                                                 top_so_far.floor(), named, state))
                 state = top_so_far.merge(named, users, reply)
             return top_so_far.hits()
 
         return PendingLexical(answer, sent.abandon)
 
-    def _args(self, top: int, mode: str, floor: float | None, terms: Sequence[str],
-              state: _Continuation | None) -> list[str | float | int]:
-        """recall_search.lua's ARGV: a first call's (the script sums the weights), or one
-        going on from ``state`` (with the weights, once they are summed)."""
+    def _call(self, user_keys: list[str], users: int, top: int, mode: str, floor: float | None,
+              terms: Sequence[str], state: _Continuation | None) -> tuple[list[str], list[Any]]:
+        """recall_search.lua's KEYS and ARGV over ``users`` users' index keys: a first call's
+        (the script sums the weights), or one going on from ``state`` (with the weights, once
+        they are summed)."""
         weights = [] if state is None else state.weights
-        head: list[str | float | int] = [top, K1, B, weights[0] if weights else "", mode,
-                                         self.work_per_call,
-                                         "" if floor is None else repr(floor), len(terms)]
         if weights:
             body: list[str | float | int] = [v for pair in zip(terms, weights[1:], strict=True)
                                              for v in pair]
         else:
             body = list(terms)
-        return head + body + ([] if state is None else state.rest)
+        return RECALL_SEARCH.ordered(
+            {}, {"top": top, "k1": K1, "b": B, "avgdl": weights[0] if weights else "",
+                 "mode": mode, "budget": self.work_per_call,
+                 "floor": "" if floor is None else repr(floor), "users": users,
+                 "term_count": len(terms)},
+            more_keys=user_keys, more_args=body + ([] if state is None else state.rest))
 
     def _weights(
         self, org: str, namespace: str, users: Sequence[str], terms: Sequence[str],
@@ -223,7 +231,9 @@ class RecallStore:
         user_keys = _index_keys(org, namespace, user_id)
         cursor, moved = "0", 0
         while True:
-            answer = self._relayout(keys=user_keys, args=[cursor, step])
+            answer = self._relayout(*RECALL_RELAYOUT.ordered(
+                dict(zip(RECALL_USER_INDEX_KEYS, user_keys, strict=True)),
+                {"cursor": cursor, "step": step}))
             cursor = answer[0].decode() if isinstance(answer[0], bytes) else str(answer[0])
             moved += int(answer[1])
             if cursor == "0":
@@ -345,8 +355,8 @@ def _text(value: Any) -> str:
 
 
 def _index_keys(org: str, namespace: str, user_id: str) -> list[str]:
-    """A user's lexical index as recall_search.lua and recall_relayout.lua take it: postings,
-    docs, stats."""
+    """A user's lexical index as recall_search.lua and recall_relayout.lua take it
+    (RECALL_USER_INDEX_KEYS): postings, docs, stats."""
     return [keys.recall_postings(org, namespace, user_id),
             keys.recall_docs(org, namespace, user_id),
             keys.recall_stats(org, namespace, user_id)]

@@ -75,6 +75,14 @@ CACHE_SCOPES_MAX = 8
 # The engine's search effort: VSIM explores at least this many candidates (its EF), or as many
 # as the search asks for (bench/recall_vectors.py prints the share of the exact top 40 found).
 ENGINE_EF_MIN = 200
+# The deepest one VSIM goes, its COUNT and its EF alike: a search's deeper rounds (a filter that
+# keeps few hits reads on to CANDIDATES_MAX, 4,000) asked VSIM for 4,000 at EF 4,000. One VSIM
+# over a namespace set of 100,000 vectors (bench/recall_vectors.py, Redis 8.2, a loaded 2-core
+# machine) took 18.5 ms at depth 310, 28.8 at 1,000 and 92.5 at 4,000 by the server's clock, so
+# 500 keeps it near 22 ms, under the 25 ms a call may hold the server; a normal search's depth
+# (limit 100: 310) is under it, so its hits are unchanged. A deeper round gets the vector leg's
+# best ENGINE_DEPTH_MAX and the lexical leg's to its full depth.
+ENGINE_DEPTH_MAX = 500
 VECTORSET = "vectorset"
 # Due lists whose lengths one pipeline of the backlog's count reads.
 BACKLOG_BATCH = 500
@@ -608,7 +616,8 @@ class RecallVectorStore:
         """The ``top`` facts of these users closest to ``query`` by cosine, best first; only
         vectors of the query's length count (a model change leaves old ones until re-embedded),
         and only those pointing the query's way (cosine above 0). Exact without the engine;
-        on it, what VSIM finds (approximate past a few hundred vectors a user).
+        on it, what VSIM finds (approximate past a few hundred vectors a user), at most
+        ENGINE_DEPTH_MAX of them.
         ``whole_namespace`` says ``user_ids`` are every user of the namespace: on the engine
         that is one VSIM over the namespace's set, not one a user. ``meanwhile`` is called
         once this leg needs Redis no more (on exact cosine, before the product; on the engine,
@@ -699,11 +708,12 @@ class RecallVectorStore:
         (1 + cosine) / 2; a set of another length than the query's answers an error and is
         left out, as the exact path leaves such vectors out."""
         blob = wanted.astype(np.float32).tobytes()
-        effort = max(ENGINE_EF_MIN, top)
+        depth = min(top, ENGINE_DEPTH_MAX)
+        effort = max(ENGINE_EF_MIN, depth)
         pipe = self.redis.pipeline(transaction=False)
         for user_id in users:
             cast(Any, pipe).execute_command("VSIM", keys.recall_vector_set(org, namespace, user_id),
-                                 "FP32", blob, "WITHSCORES", "COUNT", top, "EF", effort)
+                                 "FP32", blob, "WITHSCORES", "COUNT", depth, "EF", effort)
         hits: list[VectorHit] = []
         for user_id, reply in zip(users, pipe.execute(raise_on_error=False), strict=True):
             if isinstance(reply, Exception) or not reply:
@@ -721,10 +731,11 @@ class RecallVectorStore:
                               wanted: np.ndarray, top: int) -> list[VectorHit]:
         """One VSIM over the namespace's set (its slot), each element naming its user: a
         user erased or left meanwhile (no longer in ``users``) is dropped here."""
+        depth = min(top, ENGINE_DEPTH_MAX)
         reply = cast(Any, self.redis).execute_command(
             "VSIM", keys.recall_namespace_vector_set(org, namespace), "FP32",
-            wanted.astype(np.float32).tobytes(), "WITHSCORES", "COUNT", top,
-            "EF", max(ENGINE_EF_MIN, top))
+            wanted.astype(np.float32).tobytes(), "WITHSCORES", "COUNT", depth,
+            "EF", max(ENGINE_EF_MIN, depth))
         if not reply:
             return []
         wanted_users = set(users)

@@ -70,10 +70,14 @@ class ScriptInterface:
         _check(self.name, "argument", self._arg_set, args)
         if (more_keys or more_args) and not (self.more_keys or self.more_args):
             raise TypeError(f"script {self.name} declares no variable tail")
-        first = keys[self.keys[0]]
-        if first is None:
-            raise TypeError(f"script {self.name}: its first key {self.keys[0]!r} is required")
-        ordered_keys = [first if (found := keys[name]) is None else found for name in self.keys]
+        ordered_keys: list[str] = []
+        # A script whose keys are all its tail (one set per user it reads) has no first key.
+        if self.keys:
+            first = keys[self.keys[0]]
+            if first is None:
+                raise TypeError(f"script {self.name}: its first key {self.keys[0]!r} is required")
+            ordered_keys = [first if (found := keys[name]) is None else found
+                            for name in self.keys]
         ordered_args = [args[name] for name in self.args]
         ordered_keys.extend(more_keys)
         ordered_args.extend(more_args)
@@ -426,6 +430,28 @@ PROFILE_VECTOR_STORE = ScriptInterface(
     args=("memory_id", "content_sha256", "stored", "vector"),
 )
 
+# The lexical recall index's scripts (app/store/recall.py). recall_posting.lua is an include
+# of theirs and of memory_write_lexical.lua: functions only, it reads no key or argument.
+# Each user a search reads brings its three index keys (app/store/recall.py _index_keys).
+RECALL_USER_INDEX_KEYS: tuple[str, ...] = ("postings", "docs", "stats")
+RECALL_SEARCH = ScriptInterface(
+    "recall_search", keys=(),
+    # top: hits to answer; k1, b: BM25's; avgdl: the average length ('' the script sums the
+    # figures itself); mode: pruned | exhaustive; budget: the call's work; floor: the merged
+    # top's worst ('' none); users: how many users' keys follow; term_count: how many terms.
+    args=("top", "k1", "b", "avgdl", "mode", "budget", "floor", "users", "term_count"),
+    # Per user in scope, RECALL_USER_INDEX_KEYS in turn.
+    more_keys="user_indexes",
+    # The terms (each with its idf once the weights are summed), then the continuation a
+    # call answered, passed back as it came.
+    more_args="terms",
+)
+RECALL_RELAYOUT = ScriptInterface(
+    "recall_relayout", keys=RECALL_USER_INDEX_KEYS,
+    # cursor: the HSCAN cursor over the docs ('0' to start); step: docs a step takes
+    args=("cursor", "step"),
+)
+
 INTERFACES: dict[str, ScriptInterface] = {
     interface.name: interface
     for interface in (MEMORY_SET, MEMORY_FLAG, MEMORY_DELETE, MEMORY_DELETE_VERSION,
@@ -441,7 +467,8 @@ INTERFACES: dict[str, ScriptInterface] = {
                       STRUCTURED_BLACKLIST, STRUCTURED_PARK, STRUCTURED_UNPARK_DUE,
                       ACTIVITY_RECORD, METRICS_ADD_BY_ORG,
                       MEMORY_RELAYOUT, MEMORY_POINTER_MOVE,
-                      RECALL_VECTOR_STORE, RECALL_VECTOR_QUEUE, PROFILE_VECTOR_STORE)
+                      RECALL_VECTOR_STORE, RECALL_VECTOR_QUEUE, PROFILE_VECTOR_STORE,
+                      RECALL_SEARCH, RECALL_RELAYOUT)
 }
 
 

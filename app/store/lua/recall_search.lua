@@ -1,29 +1,35 @@
--- BM25 over the lexical recall index of one or more users. KEYS: per user, in turn, its recall
--- postings, recall docs and recall stats (one user a call on Redis Cluster, where users live in
--- different slots; every user in scope in one call on a single server). ARGV: 1 how many hits
--- to answer, 2 k1, 3 b, 4 average document length, 5 'pruned' or 'exhaustive', 6 the call's
--- work budget, 7 the floor ('' none: see below), 8 how many query terms, then per query term:
--- the term and its idf (computed by the caller over every slot the search reaches, so scores
--- from several users compare). With ARGV 4 empty, the terms come alone and the script sums the
--- documents, lengths and each term's document frequency over its users itself (one server,
--- where every user is in this call: no round trip reads them first); a term no user holds then
--- keeps its number and matches nothing. After the terms, a continuation this script answered
--- before, if any.
+-- BM25 over the lexical recall index of one or more users. Keys and arguments are declared in
+-- app/store/script_interfaces.py (RECALL_SEARCH). KEYS, from K_user_indexes_from: per user, in
+-- turn, its recall postings, recall docs and recall stats (one user a call on Redis Cluster,
+-- where users live in different slots; every user in scope in one call on a single server),
+-- A_users of them. A_top: how many hits to answer; A_k1, A_b; A_avgdl: the average document
+-- length; A_mode: 'pruned' or 'exhaustive'; A_budget: the call's work budget; A_floor: the
+-- floor ('' none: see below); A_term_count: how many query terms. From A_terms_from, per query
+-- term: the term and its idf (computed by the caller over every slot the search reaches, so
+-- scores from several users compare). With A_avgdl empty, the terms come alone and the script
+-- sums the documents, lengths and each term's document frequency over its users itself (one
+-- server, where every user is in this call: no round trip reads them first); a term no user
+-- holds then keeps its number and matches nothing. After the terms, a continuation this script
+-- answered before, if any.
 --
 -- Answers {hits, next, work}. hits: flat (user number, memory_id, score, matched term numbers
 -- "1,3") best first, ties by memory_id, then user number. next: empty when the search is done;
 -- else the weights (average length then each term's idf, '' while not summed yet) and the
 -- state to pass back in the next call, whose hits the caller merges with these. work: what the
--- call did, postings read plus commands run plus, for a row scored from its stored terms, one
--- for each four query terms, plus two for each row kept.
+-- call did, in units of one command the script runs: a command is one, a posting read a sixth,
+-- a row scored from its stored terms an eighth for each query term, a row kept a half (their
+-- measured costs against a command's, so a unit is about the same time whatever the query).
 --
--- A call stops at the first point where it can resume once its work passes ARGV 6, so no call
+-- A call stops at the first point where it can resume once its work passes A_budget, so no call
 -- holds the server long whatever the query (a point is before a user's figures or scoring, or
 -- before a posting of the threshold's reading: at most one user's whole read, at most ROOM
 -- postings, or one page of a run, past the budget). The caller keeps the best hits of the calls
 -- so far and passes the score of the worst of its full top as the floor: a row below it cannot
 -- enter the top, and a reading that cannot beat it stops. A search that fits one budget, as a
--- normal one does, is one call, answered as before.
+-- normal one does, is one call, answered as before. What a call learnt goes on with the search,
+-- so a resumed call redoes none of it: the summed figures, each run's place, and the rows the
+-- threshold already scored that an unread posting may still name (a row met again is not
+-- scored again: its score went to the caller's top, or could not enter it, the first time).
 --
 -- 'pruned' answers exactly what 'exhaustive' does, reading far fewer postings (Fagin's
 -- threshold algorithm over the layout of recall_posting.lua): the best unread posting over
@@ -35,22 +41,45 @@
 -- one, so the threshold pays only where it can leave most postings unread, and the rows found
 -- so raise the top's floor before it starts.
 --#include recall_posting
-local top = tonumber(ARGV[1])
+local top = tonumber(A_top)
 -- Measured: at 100,000 facts over 101 users with a few postings each, reading each user whole
 -- halves the script's time against the threshold; on Zipf-drawn facts (a common term in most
 -- rows) it costs within a tenth of it, the lists read past a user's four tops being the waste.
 local READ_WHOLE_TOPS = 4
-local k1, b, avgdl = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local prune = ARGV[5] == 'pruned'
-local budget = tonumber(ARGV[6])
-local floor = tonumber(ARGV[7])
-local count = tonumber(ARGV[8])
--- The most postings one user's whole read may take: a quarter of the budget, so that read
--- stays a step of the call, never the call.
-local ROOM = math.min(top * READ_WHOLE_TOPS, math.floor(budget / 4))
-local users = #KEYS / 3
+local k1, b, avgdl = tonumber(A_k1), tonumber(A_b), tonumber(A_avgdl)
+local prune = A_mode == 'pruned'
+local budget = tonumber(A_budget)
+local floor = tonumber(A_floor)
+local count = tonumber(A_term_count)
+local users = tonumber(A_users)
+-- User u's three keys.
+local function postings_key(u) return KEYS[K_user_indexes_from + 3 * u - 3] end
+local function docs_key(u) return KEYS[K_user_indexes_from + 3 * u - 2] end
+local function stats_key(u) return KEYS[K_user_indexes_from + 3 * u - 1] end
+
+-- What the work counts, against one command the script runs (ZLEXCOUNT, an HGET, a range of a
+-- posting or two: about 1.7 us each on a loaded 2-core machine), each step by its measured
+-- cost against a command's: a posting read in a range a sixth (0.27 us), and half more where
+-- it is parsed and summed into its row's score; a row scored from its stored terms its HGET
+-- and a quarter a query term; a step of the threshold's reading a half and a sixteenth a
+-- query term (the bound sums every term's best unread posting); a row kept two (its heap
+-- steps, its sort and its place in the answer), one that cannot enter it an eighth; a row an
+-- earlier call scored and this one is told of, an eighth.
+local POSTING_WORK = 1 / 6
+local SUMMED_WORK = 1 / 2
+local TERM_WORK = 1 / 4
+local STEP_WORK = 1 / 2 + count / 16
+local KEEP_WORK = 2
+local REFUSED_WORK = 1 / 8
+local CARRIED_WORK = 1 / 8
+-- A row scanned from its stored terms (scan, below): its parse, the terms it holds.
+local SCANNED_WORK = 1
+-- The most postings one user's whole read may take: half the budget (at two thirds of a unit a
+-- posting read and summed, a third of it), so that read stays a step of the call, never the
+-- call.
+local ROOM = math.min(top * READ_WHOLE_TOPS, math.floor(budget / 2))
 local terms, idfs = {}, {}
-local at = 9
+local at = A_terms_from
 if avgdl then
   for n = 1, count do
     terms[n], idfs[n] = ARGV[at], tonumber(ARGV[at + 1])
@@ -67,7 +96,7 @@ local phase = ARGV[at]
 local work = 0
 local function range(...)
   local list = redis.call('ZRANGEBYLEX', ...)
-  work = work + 1 + #list
+  work = work + 1 + #list * POSTING_WORK
   return list
 end
 local function command(...)
@@ -79,19 +108,21 @@ local function exact(x)
 end
 
 -- What user u holds of each term, both layouts (term NUL ... is layout 1, term SOH ... layout
--- 2), read once for the document frequencies and for the choice of how the user is scored:
--- ``held[n]`` the count of term n's postings, and, while the user's postings of every term so
--- far fit ROOM, ``lists[n]`` the postings themselves (one read serves both). ``whole`` says
--- every term's list was read.
+-- 2): ``held[n]`` the count of term n's postings (nil where not counted), and, while the
+-- user's postings of every term so far fit ROOM, ``lists[n]`` the postings themselves (one
+-- read serves the document frequency and the scoring). ``whole`` says every term's list was
+-- read; ``total`` the count of all; ``fits`` whether they all fit ROOM.
 local read_of = {}
-local function postings_of(u)
-  local read = read_of[u]
-  if read then return read end
-  local key = KEYS[3 * u - 2]
-  local held, lists, room = {}, {}, ROOM
-  local whole = true
+local function bounds(term) return '[' .. term .. '\0', '[' .. term .. '\1\255' end
+-- The figures' read of user u: the counts, with the lists too while ``with_lists`` and they
+-- fit. Kept for the scoring pass of the same call; the scoring pass of a call that did not sum
+-- the figures reads it then.
+local function figures_of(u, with_lists)
+  local key = postings_key(u)
+  local held, lists, room, total = {}, {}, ROOM, 0
+  local whole = with_lists
   for n, term in ipairs(terms) do
-    local low, high = '[' .. term .. '\0', '[' .. term .. '\1\255'
+    local low, high = bounds(term)
     if whole then
       local list = range(key, low, high, 'LIMIT', 0, room + 1)
       if #list <= room then
@@ -101,8 +132,9 @@ local function postings_of(u)
       end
     end
     if not lists[n] then held[n] = command('ZLEXCOUNT', key, low, high) end
+    total = total + held[n]
   end
-  read = {held = held, lists = lists, whole = whole}
+  local read = {held = held, lists = lists, whole = whole, total = total, fits = total <= ROOM}
   read_of[u] = read
   return read
 end
@@ -113,6 +145,10 @@ if not avgdl then
     from, docs, length = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2]), tonumber(ARGV[at + 3])
     for n = 1, #terms do df[n] = tonumber(ARGV[at + 3 + n]) end
   end
+  -- The lists are read with the counts while the figures look like ending in this call (its
+  -- first, within half its budget), whose scoring pass then reads them from here; past that,
+  -- counts alone, so figures that go on in another call leave no list read for nothing.
+  local with_lists = phase ~= 'D'
   for u = from, users do
     if work >= budget then
       -- Out of budget before user u's figures: the next call sums on from there.
@@ -122,10 +158,11 @@ if not avgdl then
       for n = 1, #terms do next[#next + 1] = df[n] end
       return {{}, next, work}
     end
-    local stats = command('HMGET', KEYS[3 * u], 'docs', 'length')
+    local stats = command('HMGET', stats_key(u), 'docs', 'length')
     docs = docs + (tonumber(stats[1]) or 0)
     length = length + (tonumber(stats[2]) or 0)
-    for n, held in ipairs(postings_of(u).held) do df[n] = df[n] + held end
+    with_lists = with_lists and work < budget / 2
+    for n, held in ipairs(figures_of(u, with_lists).held) do df[n] = df[n] + held end
   end
   if docs <= 0 then return {{}, {}, work} end
   local any = false
@@ -161,11 +198,19 @@ local function worse(x, y)
   if mid_of[x] ~= mid_of[y] then return mid_of[x] > mid_of[y] end
   return user_of[x] > user_of[y]
 end
+-- Whether a row of this score may enter the top: not below the floor (the caller's top's
+-- worst), nor below the worst of a full top here (a tie is left to ``worse``). Asked before a
+-- row is made, so a row that cannot enter costs a comparison, not its row.
+local function may_enter(s)
+  if floor and s < floor then return false end
+  return #heap < top or s >= score[heap[1]]
+end
 local function keep(row)
-  -- A row below the floor cannot enter the caller's top, whose worst is the floor.
-  if floor and score[row] < floor then return end
-  -- A kept row costs its heap steps now and its sort and its place in the answer at the end.
-  work = work + 2
+  if not may_enter(score[row]) then
+    work = work + REFUSED_WORK
+    return
+  end
+  work = work + KEEP_WORK
   if #heap < top then
     heap[#heap + 1] = row
     local i = #heap
@@ -195,9 +240,9 @@ local function row_of(u, mid)
 end
 
 -- Every posting of every term of user u, summed per row over the terms in their order: from
--- the lists postings_of kept, else read whole (a term the user holds none of is not read).
+-- the lists its read kept, else read whole (a term the user holds none of is not read).
 local function score_all(u, read)
-  local postings = KEYS[3 * u - 2]
+  local postings = postings_key(u)
   local rows, total, hit = {}, {}, {}
   local function add(n, mid, s)
     if total[mid] then
@@ -210,10 +255,12 @@ local function score_all(u, read)
   for n, term in ipairs(terms) do
     local idf = idfs[n]
     local list = read.lists[n]
-    if not list and read.held[n] > 0 then
-      list = range(postings, '[' .. term .. '\0', '[' .. term .. '\1\255')
+    if not list and (read.held[n] or 1) > 0 then
+      list = range(postings, bounds(term))
     end
-    for _, posting in ipairs(list or {}) do
+    list = list or {}
+    work = work + #list * SUMMED_WORK
+    for _, posting in ipairs(list) do
       if string.byte(posting, #term + 1) == 1 then
         local tf, len, mid = parse(posting, #term)
         add(n, mid, bm25(idf, tf, len))
@@ -224,9 +271,13 @@ local function score_all(u, read)
     end
   end
   for _, mid in ipairs(rows) do
-    local row = row_of(u, mid)
-    score[row], matched[row] = total[mid], hit[mid]
-    keep(row)
+    if may_enter(total[mid]) then
+      local row = row_of(u, mid)
+      score[row], matched[row] = total[mid], hit[mid]
+      keep(row)
+    else
+      work = work + REFUSED_WORK
+    end
   end
 end
 
@@ -253,7 +304,7 @@ end
 -- most runs left are read no further).
 local PAGE_RESUMED = 2
 local function run_at(u, n, posting, page)
-  return {user = u, key = KEYS[3 * u - 2], prefix = string.sub(posting, 1, #terms[n] + 9),
+  return {user = u, key = postings_key(u), prefix = string.sub(posting, 1, #terms[n] + 9),
           buf = {posting}, pos = 1, last = posting, page = page, ended = false}
 end
 
@@ -270,44 +321,84 @@ local function answer()
   return reply
 end
 
+-- The rows the threshold over the current group has scored ('user number NUL memory_id'): a
+-- row is met again by each of its terms' postings, and scored once (its score went to the top,
+-- or could not enter it, the first time). ``carried``: those an earlier call scored, in the
+-- order they came; ``least_of``: for those this call scored, the least of their term scores.
+local seen, carried, least_of = {}, {}, {}
+-- The most scored rows a stopped call hands on (an eighth of a unit each to hand on and to read
+-- back in, so at most half the budget, or 250 units under a budget of 1,000): past it, a row
+-- met again is scored again, which costs time and changes no hit.
+local CARRIED_MAX = math.max(budget * 2, 1000)
+
 -- Out of budget: the hits so far, and what the next call starts from: user u of the pass over
 -- the users (users + 1 once it is done), whether the threshold over the group of runs was
--- under way ('T') or the group was still being gathered ('A'), and each of the group's runs
--- at its next unread posting.
-local function stop_before(u, how, group)
+-- under way ('T'), the group was still being gathered ('A') or user u's rows were being
+-- scanned ('H'), how many runs the group holds and each at its next unread posting; then, for
+-- 'T', the rows the group's threshold scored that an unread posting may still name, or, for
+-- 'H', the scan's cursor.
+local function stop_before(u, how, group, cursor)
   local next = {exact(avgdl)}
   for n = 1, #terms do next[#next + 1] = exact(idfs[n]) end
   next[#next + 1] = 'S'
   next[#next + 1] = u
   next[#next + 1] = how
-  for n, runs in ipairs(group) do
-    for _, run in ipairs(runs) do
+  local runs_at = #next + 1
+  next[runs_at] = 0
+  local runs, best_unread = 0, nil
+  for n, term_runs in ipairs(group) do
+    for _, run in ipairs(term_runs) do
       next[#next + 1] = run.user
       next[#next + 1] = n
       next[#next + 1] = run.buf[run.pos]
+      runs = runs + 1
+      if run.value and (not best_unread or run.value > best_unread) then
+        best_unread = run.value
+      end
     end
+  end
+  next[runs_at] = runs
+  if how == 'H' then next[#next + 1] = cursor end
+  if how == 'T' and best_unread then
+    -- The rows handed on before, as they came, then this call's that an unread posting may
+    -- still name: the least of their term scores is at most the best unread posting's.
+    local room = CARRIED_MAX
+    for _, where in ipairs(carried) do
+      if room == 0 then break end
+      next[#next + 1] = where
+      room = room - 1
+    end
+    for where, least in pairs(least_of) do
+      if room == 0 then break end
+      if least <= best_unread then
+        next[#next + 1] = where
+        room = room - 1
+      end
+    end
+    work = work + (CARRIED_MAX - room) * CARRIED_WORK
   end
   return {answer(), next, work}
 end
 
--- A row's whole score, summed over the terms in their order as the exhaustive way sums.
--- Scoring a row looks for every term in its stored list: a unit of work for each four terms
--- besides its read.
-local ROW_WORK = math.ceil(#terms / 4)
+-- A row's whole score, summed over the terms in their order as the exhaustive way sums; it
+-- answers the least of its term scores (nil for a row gone). Scoring a row looks for every
+-- term in its stored list.
+local ROW_WORK = #terms * TERM_WORK
 local function score_row(u, mid, len)
-  local stored = command('HGET', KEYS[3 * u - 1], mid)
+  local stored = command('HGET', docs_key(u), mid)
   work = work + ROW_WORK
-  if not stored then return end
+  if not stored then return nil end
   stored = ' ' .. stored
-  local total, hit = nil, nil
+  local total, hit, least = nil, nil, nil
   for n, term in ipairs(terms) do
     local _, at = string.find(stored, ' ' .. term .. ':', 1, true)
     if at then
       local s = bm25(idfs[n], tonumber(string.match(stored, '^%d+', at + 1)), len)
       if total then
         total, hit = total + s, hit .. ',' .. n
+        if s < least then least = s end
       else
-        total, hit = s, tostring(n)
+        total, hit, least = s, tostring(n), s
       end
     end
   end
@@ -315,6 +406,62 @@ local function score_row(u, mid, len)
     local row = row_of(u, mid)
     score[row], matched[row] = total, hit
     keep(row)
+  end
+  return least
+end
+
+-- User u's rows scored from their stored terms, a page of its docs at a time (HSCAN from
+-- ``cursor``), while the call's work is within its budget: the way for a user whose postings
+-- are too many for one step of a call but few enough that reading them all costs less than
+-- the threshold (READ_WHOLE_TOPS tops' worth). A row's length is the sum of its terms' tf, as
+-- its postings carry it, and its score sums its terms in their order, as every way sums.
+-- Answers nil once the scan is done, else the cursor to go on from. HSCAN may answer a row
+-- twice: it is kept once.
+local SCAN_PAGE = 100
+local scanned = {}
+local function scan(u, cursor)
+  local wanted = {}
+  for n, term in ipairs(terms) do wanted[term] = n end
+  local docs = docs_key(u)
+  while true do
+    local reply = command('HSCAN', docs, cursor, 'COUNT', SCAN_PAGE)
+    cursor = reply[2] and reply[1] or '0'
+    local flat = reply[2] or {}
+    work = work + (#flat / 2) * SCANNED_WORK
+    for i = 1, #flat, 2 do
+      local mid = flat[i]
+      local where = u .. '\0' .. mid
+      if not scanned[where] then
+        scanned[where] = true
+        local tfs, len = {}, 0
+        for term, tf in string.gmatch(flat[i + 1], '([^ ]+):(%d+)') do
+          tf = tonumber(tf)
+          len = len + tf
+          if wanted[term] then tfs[wanted[term]] = tf end
+        end
+        local total = nil
+        for n = 1, #terms do
+          local tf = tfs[n]
+          if tf then
+            local s = bm25(idfs[n], tf, len)
+            if total then total = total + s else total = s end
+          end
+        end
+        if total and may_enter(total) then
+          local hit = {}
+          for n = 1, #terms do
+            if tfs[n] then hit[#hit + 1] = n end
+          end
+          local row = row_of(u, mid)
+          score[row], matched[row] = total, table.concat(hit, ',')
+          keep(row)
+        elseif total then
+          work = work + REFUSED_WORK
+        end
+      end
+    end
+    if cursor == '0' then return nil end
+    if work >= budget then return cursor end
   end
 end
 
@@ -340,7 +487,6 @@ end
 -- The threshold's reading over a group of runs (``group[n]`` term n's): true once no unread
 -- posting of theirs can change the top, false when the budget ran out first, after at least
 -- one posting (each of the group's lists is then its term's runs left, at their heads).
-local seen = {}
 local function threshold(group)
   local heads = {}
   for n = 1, #terms do
@@ -378,11 +524,12 @@ local function threshold(group)
     end
     if #h > 0 then sift(h, 1) end
     read_one = true
+    work = work + STEP_WORK
     local _, len, mid = parse(posting, #terms[best])
     local where = run.user .. '\0' .. mid
     if not seen[where] then
       seen[where] = true
-      score_row(run.user, mid, len)
+      least_of[where] = score_row(run.user, mid, len)
     end
   end
 end
@@ -398,33 +545,68 @@ local function no_runs()
   for n = 1, #terms do group[n] = {} end
   return group
 end
+-- A group's threshold done: the next group's rows are others.
+local function group_done()
+  seen, carried, least_of = {}, {}, {}
+  return no_runs(), 0
+end
+-- Whether user u holds any posting of term n, as far as its read tells (true where unknown).
+local function holds(read, n)
+  if read.held[n] then return read.held[n] > 0 end
+  if read.lists[n] then return #read.lists[n] > 0 end
+  return true
+end
 local group, grouped, from = no_runs(), 0, 1
 if phase == 'S' then
   from = tonumber(ARGV[at + 1])
-  for i = at + 3, #ARGV, 3 do
+  local i = at + 4
+  for _ = 1, tonumber(ARGV[at + 3]) do
     local u, n = tonumber(ARGV[i]), tonumber(ARGV[i + 1])
     group[n][#group[n] + 1] = run_at(u, n, ARGV[i + 2], PAGE_RESUMED)
     grouped = grouped + 1
+    i = i + 3
   end
-  work = work + grouped
-  if ARGV[at + 2] == 'T' then
+  local how = ARGV[at + 2]
+  if how == 'T' then
+    for j = i, #ARGV do
+      seen[ARGV[j]] = true
+      carried[#carried + 1] = ARGV[j]
+    end
+  end
+  work = work + grouped + #carried * CARRIED_WORK
+  if how == 'T' then
     if not threshold(group) then return stop_before(from, 'T', group) end
-    group, grouped = no_runs(), 0
+    group, grouped = group_done()
+  elseif how == 'H' then
+    local cursor = scan(from, ARGV[i])
+    if cursor then return stop_before(from, 'H', group, cursor) end
+    from = from + 1
   end
 end
 local went_on = false
 for u = from, users do
   if went_on and work >= budget then return stop_before(u, 'A', group) end
   went_on = true
-  local read = postings_of(u)
-  local held = read.held
-  if read.whole or not prune or command('HGET', KEYS[3 * u], 'layout') ~= LAYOUT then
+  -- The figures' read of this call, else read now (a user whose counts already said they
+  -- overflow is read no further).
+  local read = read_of[u]
+  if not read or (not read.whole and read.fits) then read = figures_of(u, true) end
+  local pruned = not read.whole and prune
+    and command('HGET', stats_key(u), 'layout') == LAYOUT
+  if not pruned then
     score_all(u, read)
+  elseif read.total <= top * READ_WHOLE_TOPS
+      and command('HLEN', docs_key(u)) * SCANNED_WORK
+        <= read.total * (POSTING_WORK + SUMMED_WORK) then
+    -- Postings a whole read would pay for, too many for one step: scanned instead where that
+    -- costs no more (a long query's common terms, several postings a row).
+    local cursor = scan(u, '0')
+    if cursor then return stop_before(u, 'H', group, cursor) end
   else
-    local key = KEYS[3 * u - 2]
+    local key = postings_key(u)
     for n, term in ipairs(terms) do
       local from_posting, high = '[' .. term .. '\1', '[' .. term .. '\1\255'
-      while held[n] > 0 do
+      while holds(read, n) do
         local first = range(key, from_posting, high, 'LIMIT', 0, 1)[1]
         if not first then break end
         local run = run_at(u, n, first, PAGE_FIRST)
@@ -435,7 +617,7 @@ for u = from, users do
     end
     if grouped >= RUNS_MAX then
       if not threshold(group) then return stop_before(u + 1, 'T', group) end
-      group, grouped = no_runs(), 0
+      group, grouped = group_done()
     end
   end
 end

@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     from app.logs import configure_logging
     from app.services import Services
     from app.settings import SettingsError, load_settings
+    from app.store.connection import RedisUrlMissing
 
     parser = argparse.ArgumentParser(
         prog="python -m app.release", description="The upgrade steps of this Loom version.")
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # The processes' own services, as a worker builds them: the release needs no web app.
         services = Services(load_settings())
-    except SettingsError as exc:
+    except (SettingsError, RedisUrlMissing) as exc:
         print(f"release: {exc}", file=sys.stderr)
         return 2
     try:

@@ -113,3 +113,14 @@ def test_the_contract_run_moves_the_row_layout_only_when_asked(
     assert again.returncode == 0, again.stderr
     assert "the store was up to date; nothing written" in again.stdout
     assert dump_everything(redis_client) == moved
+
+
+def test_the_release_line_without_redis_url_says_what_to_set(tmp_path):
+    env = {key: value for key, value in os.environ.items() if key != "REDIS_URL"}
+    env.update(LOOM_SECRET_KEY=TEST_SECRET, LOOM_DATA_DIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join([str(ROOT / "sdk"), str(ROOT)]))
+    done = subprocess.run([sys.executable, "-m", "app.release", "--contract"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.startswith("release: REDIS_URL is not set"), done.stderr
+    assert "Traceback" not in done.stderr

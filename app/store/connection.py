@@ -62,11 +62,15 @@ def client_options(settings: Settings) -> dict[str, Any]:
     }
 
 
+class RedisUrlMissing(RuntimeError):
+    """No REDIS_URL: a process that needs the store was started without one."""
+
+
 def connect(settings: Settings, url: str | None = None, *, decode: bool = True) -> redis.Redis:
     """A client for ``url`` (default the data plane's REDIS_URL)."""
     url = settings.redis_url if url is None else url
     if not url:
-        raise RuntimeError(
+        raise RedisUrlMissing(
             "REDIS_URL is not set: set it, or start Loom with `python -m app.local`, "
             "which runs an embedded redis-server"
         )

@@ -113,7 +113,7 @@ from app.store.recall_vectors import (
     engine_of,
     new_job_id,
 )
-from app.store.replies import optional_texts, scored, text_map, text_set, texts
+from app.store.replies import optional_texts, scored, text, text_map, text_set, texts
 from app.store.script_interfaces import (
     CLEAR_UNLESS_CHANGED_SINCE,
     MEMORY_DELETE,
@@ -290,7 +290,7 @@ class MemoryStore:
     def users_with_rows(self) -> Iterator[tuple[str, str, str]]:
         """(org, namespace, user_id) of every user with rows, on every node."""
         for key in self.redis.scan_iter(match=keys.memory_keys_pattern(), count=1000):
-            yield keys.user_tag_parts(key.decode() if isinstance(key, bytes) else str(key))
+            yield keys.user_tag_parts(text(key))
 
     def history(
         self, location: Location, *, before: int | None = None, limit: int = 20
@@ -460,7 +460,7 @@ class MemoryStore:
         moved = 0
         for found in self.redis.scan_iter(match=keys.memory_pointers_everywhere_pattern(),
                                           count=1000):
-            key = found.decode() if isinstance(found, bytes) else str(found)
+            key = text(found)
             org, namespace, memory_id = keys.memory_pointer_parts(key)
             moved += int(self._pointer_move(*MEMORY_POINTER_MOVE.ordered(
                 {"legacy_pointer": key, "pointers": keys.memory_pointers(org, namespace)},

@@ -25,6 +25,7 @@ from typing import Any
 from app.clock import iso_from_ns
 from app.store import keys
 from app.store.recall_terms import indexable, row_terms
+from app.store.replies import text
 
 SOURCE_TYPES = frozenset({"semantic", "preference", "decision"})
 # The structured profile's row (agent '-', session '-') and the worker that writes it: a write
@@ -98,14 +99,10 @@ def version_snapshots(
     hash, padded version -> JSON) and the current one from ``row`` (its fields), which an
     earlier layout also kept in ``stored``."""
     found: dict[str, Mapping[str, Any]] = {
-        _text(padded): json.loads(raw) for padded, raw in stored.items()}
+        text(padded): json.loads(raw) for padded, raw in stored.items()}
     if row:
         found.setdefault(pad_version(row["version"]), row)
     return found
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def trace_names(source_trace: str, memory_id: str) -> bool:

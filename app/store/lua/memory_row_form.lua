@@ -19,25 +19,28 @@ local function expanded(r)
   return r
 end
 
+-- r without the fields at their default: what is stored of it.
+local function without_defaults(r)
+  local kept = {}
+  for k, v in pairs(r) do
+    if ROW_DEFAULTS[k] ~= v then kept[k] = v end
+  end
+  return kept
+end
+
 -- r's fields as stored: a flat field/value list without the defaults.
 local function stored_flat(r)
   local flat = {}
-  for k, v in pairs(r) do
-    if ROW_DEFAULTS[k] ~= v then
-      flat[#flat + 1] = k
-      flat[#flat + 1] = v
-    end
+  for k, v in pairs(without_defaults(r)) do
+    flat[#flat + 1] = k
+    flat[#flat + 1] = v
   end
   return flat
 end
 
 -- r as a version snapshot: JSON without the defaults.
 local function stored_json(r)
-  local kept = {}
-  for k, v in pairs(r) do
-    if ROW_DEFAULTS[k] ~= v then kept[k] = v end
-  end
-  return cjson.encode(kept)
+  return cjson.encode(without_defaults(r))
 end
 
 -- Whether a stored table holds a field at its default (the earlier layout's full form).
